@@ -1,0 +1,29 @@
+//! rkube's built-in store: an etcd-compatible MVCC key-value store replicated with Raft.
+//!
+//! - [`mvcc`]: the data model (revisions, versions, leases, compaction) on sled, and watchers.
+//! - [`raft`]: openraft's log storage, state machine and peer network.
+//! - [`server`]: a member (`rkube server`): the Raft node, the peer service, the etcd v3 client
+//!   API, lease expiry on the leader, metrics and health.
+//! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
+
+pub mod error;
+pub mod mvcc;
+pub mod pki;
+pub mod raft;
+
+/// Generated gRPC code: etcd's v3 API (wire-compatible) and the peer protocol.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    pub mod peer {
+        tonic::include_proto!("rkubepeer");
+    }
+}

@@ -1,0 +1,845 @@
+//! The MVCC key-value store on sled.
+//!
+//! Trees:
+//! - `hist`: revision -> [`Record`]: every change ever made (until compacted), in revision order.
+//!   Watch replay and compaction read it; it is the only tree a snapshot strictly needs.
+//! - `kidx`: escaped key ‖ revision -> (): the generations of each key, for reads at a past
+//!   revision.
+//! - `cur`: key -> [`KeyValue`]: the live version of each key, for reads at the newest revision.
+//! - `leases`: lease id -> [`Lease`]; `lkeys`: lease id ‖ key -> (): the keys attached to a lease.
+//! - `meta`: the store revision, the compacted revision, member attributes, and whatever the
+//!   caller (the Raft state machine) commits with each change.
+//!
+//! # Correctness
+//! Only [`MvccStore::apply`] and [`MvccStore::restore`] write, and the Raft state machine calls
+//! them one at a time. Each applied command is one sled transaction over every tree, together with
+//! the caller's metadata (the last applied log id), so a crash never leaves half a command on disk
+//! and re-applying the log after a restart starts exactly where the state ends. Readers hold the
+//! read side of `lock` while the writer holds the write side for the commit, so a read never sees
+//! half a transaction.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionalTree};
+use sled::Transactional;
+use tokio::sync::broadcast;
+
+use super::keys::{escape_key, index_key, split_index_key, Revision};
+use super::types::*;
+use crate::error::{MvccError, StorageError};
+
+/// Largest TTL etcd accepts for a lease, in seconds.
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+/// etcd's limit on operations in one transaction.
+pub const MAX_TXN_OPS: usize = 128;
+
+const META_REVISION: &[u8] = b"revision";
+const META_COMPACT: &[u8] = b"compact_revision";
+const META_MEMBER_PREFIX: &[u8] = b"member/";
+
+/// One change in the history: a new version of a key, or its deletion (a tombstone).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    kv: KeyValue,
+    tombstone: bool,
+}
+
+/// All events of one revision, as the watch hub broadcasts them.
+#[derive(Debug, Clone)]
+pub struct RevisionBatch {
+    pub revision: i64,
+    pub events: Vec<Event>,
+    /// The whole state was replaced (a snapshot was installed): watchers re-read history.
+    pub restored: bool,
+}
+
+/// Published attributes of a member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberAttrs {
+    pub name: String,
+    pub client_urls: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Trees {
+    hist: sled::Tree,
+    kidx: sled::Tree,
+    cur: sled::Tree,
+    leases: sled::Tree,
+    lkeys: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl Trees {
+    fn all(&self) -> [(&'static str, &sled::Tree); 6] {
+        [
+            ("hist", &self.hist),
+            ("kidx", &self.kidx),
+            ("cur", &self.cur),
+            ("leases", &self.leases),
+            ("lkeys", &self.lkeys),
+            ("meta", &self.meta),
+        ]
+    }
+}
+
+/// A raw copy of every tree: what a Raft snapshot carries.
+#[derive(Serialize, Deserialize)]
+pub struct Dump {
+    trees: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>,
+}
+
+impl Dump {
+    /// A metadata value as of the dump.
+    pub fn meta(&self, key: &[u8]) -> Option<&[u8]> {
+        let (_, rows) = self.trees.iter().find(|(n, _)| n == "meta")?;
+        rows.iter().find(|(k, _)| k.as_slice() == key).map(|(_, v)| v.as_slice())
+    }
+}
+
+pub struct MvccStore {
+    trees: Trees,
+    lock: RwLock<()>,
+    revision: AtomicI64,
+    compact_revision: AtomicI64,
+    hub: broadcast::Sender<Arc<RevisionBatch>>,
+}
+
+/// Changes computed by a command, committed at once.
+#[derive(Default)]
+struct WriteSet {
+    main: i64,
+    next_sub: i64,
+    /// Pending view of changed keys, for reads inside the same transaction.
+    overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    records: Vec<(Revision, Record)>,
+    events: Vec<Event>,
+    lease_puts: Vec<Lease>,
+    lease_removes: Vec<i64>,
+    lkey_puts: Vec<(i64, Vec<u8>)>,
+    lkey_removes: Vec<(i64, Vec<u8>)>,
+    meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn lkey(id: i64, key: &[u8]) -> Vec<u8> {
+    let mut out = (id as u64).to_be_bytes().to_vec();
+    out.extend_from_slice(key);
+    out
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StorageError> {
+    Ok(bincode::deserialize(bytes)?)
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing plain data structs into a Vec cannot fail.
+    bincode::serialize(value).unwrap_or_default()
+}
+
+fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<i64, StorageError> {
+    match tree.get(key)? {
+        Some(v) => Ok(i64::from_be_bytes(
+            v.as_ref().try_into().map_err(|_| StorageError::Corrupt(format!("meta {}", String::from_utf8_lossy(key))))?,
+        )),
+        None => Ok(0),
+    }
+}
+
+impl MvccStore {
+    /// Opens (or creates) the MVCC trees in `db`.
+    pub fn open(db: &sled::Db) -> Result<Self, StorageError> {
+        let trees = Trees {
+            hist: db.open_tree("mvcc_hist")?,
+            kidx: db.open_tree("mvcc_kidx")?,
+            cur: db.open_tree("mvcc_cur")?,
+            leases: db.open_tree("mvcc_leases")?,
+            lkeys: db.open_tree("mvcc_lkeys")?,
+            meta: db.open_tree("mvcc_meta")?,
+        };
+        let revision = read_i64(&trees.meta, META_REVISION)?;
+        let compact = read_i64(&trees.meta, META_COMPACT)?;
+        let (hub, _) = broadcast::channel(4096);
+        Ok(Self {
+            trees,
+            lock: RwLock::new(()),
+            revision: AtomicI64::new(revision),
+            compact_revision: AtomicI64::new(compact),
+            hub,
+        })
+    }
+
+    /// The newest revision.
+    pub fn revision(&self) -> i64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_revision.load(Ordering::Acquire)
+    }
+
+    /// Live events, one batch per revision. A receiver that falls too far behind gets
+    /// `Lagged` and must catch up from [`MvccStore::history`].
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<RevisionBatch>> {
+        self.hub.subscribe()
+    }
+
+    pub fn watcher_count(&self) -> usize {
+        self.hub.receiver_count()
+    }
+
+    /// A value the caller committed alongside a command.
+    pub fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.trees.meta.get(key)?.map(|v| v.to_vec()))
+    }
+
+    /// Approximate bytes on disk of the MVCC trees.
+    pub fn size_estimate(&self) -> u64 {
+        self.trees.all().iter().map(|(_, t)| t.iter().filter_map(|r| r.ok()).map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>()).sum()
+    }
+
+    // ---- reads ----
+
+    /// A range read at the newest or at a past revision. Returns the result and the store
+    /// revision the read saw.
+    pub fn range(&self, req: &RangeRequest) -> Result<(RangeResult, i64), MvccError> {
+        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let current = self.revision();
+        let result = self.range_locked(req, current, None)?;
+        Ok((result, current))
+    }
+
+    fn range_locked(&self, req: &RangeRequest, current: i64, ws: Option<&WriteSet>) -> Result<RangeResult, MvccError> {
+        let at = if req.revision > 0 { req.revision } else { current };
+        if at > current {
+            return Err(MvccError::FutureRevision);
+        }
+        let compact = self.compact_revision();
+        if req.revision > 0 && at < compact {
+            return Err(MvccError::Compacted { compact_revision: compact });
+        }
+        let mut kvs = if at == current {
+            self.scan_current(&req.range, ws).map_err(|_| MvccError::FutureRevision)?
+        } else {
+            self.scan_at(&req.range, at).map_err(|_| MvccError::FutureRevision)?
+        };
+        let count = kvs.len() as i64;
+        kvs.retain(|kv| {
+            (req.min_mod_revision == 0 || kv.mod_revision >= req.min_mod_revision)
+                && (req.max_mod_revision == 0 || kv.mod_revision <= req.max_mod_revision)
+                && (req.min_create_revision == 0 || kv.create_revision >= req.min_create_revision)
+                && (req.max_create_revision == 0 || kv.create_revision <= req.max_create_revision)
+        });
+        sort_kvs(&mut kvs, req.sort_order, req.sort_target);
+        let mut more = false;
+        if req.limit > 0 && kvs.len() as i64 > req.limit {
+            kvs.truncate(req.limit as usize);
+            more = true;
+        }
+        if req.count_only {
+            kvs.clear();
+        } else if req.keys_only {
+            for kv in &mut kvs {
+                kv.value.clear();
+            }
+        }
+        Ok(RangeResult { kvs, more, count })
+    }
+
+    /// Live keys in the range, with the pending changes of `ws` laid over them.
+    fn scan_current(&self, range: &KeyRange, ws: Option<&WriteSet>) -> Result<Vec<KeyValue>, StorageError> {
+        let mut out: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
+        if range.is_single() {
+            if let Some(v) = self.trees.cur.get(&range.key)? {
+                out.insert(range.key.clone(), decode(&v)?);
+            }
+        } else {
+            let iter = match range.end() {
+                Some(end) => self.trees.cur.range(range.start().to_vec()..end.to_vec()),
+                None => self.trees.cur.range(range.start().to_vec()..),
+            };
+            for item in iter {
+                let (k, v) = item?;
+                out.insert(k.to_vec(), decode(&v)?);
+            }
+        }
+        if let Some(ws) = ws {
+            for (k, v) in &ws.overlay {
+                if range.contains(k) {
+                    match v {
+                        Some(kv) => out.insert(k.clone(), kv.clone()),
+                        None => out.remove(k),
+                    };
+                }
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// Keys in the range as they were at revision `at`.
+    fn scan_at(&self, range: &KeyRange, at: i64) -> Result<Vec<KeyValue>, StorageError> {
+        let (lo, hi) = if range.is_single() {
+            let k = escape_key(&range.key);
+            let mut hi = k.clone();
+            hi.extend_from_slice(&[0xff; 16]);
+            (k, Some(hi))
+        } else {
+            (escape_key(range.start()), range.end().map(escape_key))
+        };
+        let iter = match hi {
+            Some(hi) => self.trees.kidx.range(lo..hi),
+            None => self.trees.kidx.range(lo..),
+        };
+        // For each key, the newest revision at or before `at`.
+        let mut latest: Vec<(Vec<u8>, Revision)> = Vec::new();
+        for item in iter {
+            let (entry, _) = item?;
+            let (key, rev) = split_index_key(&entry).ok_or_else(|| StorageError::Corrupt("key index entry".into()))?;
+            if rev.main > at {
+                continue;
+            }
+            match latest.last_mut() {
+                Some((k, r)) if *k == key => *r = rev,
+                _ => latest.push((key, rev)),
+            }
+        }
+        let mut out = Vec::with_capacity(latest.len());
+        for (_, rev) in latest {
+            if let Some(v) = self.trees.hist.get(rev.to_bytes())? {
+                let record: Record = decode(&v)?;
+                if !record.tombstone {
+                    out.push(record.kv);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The version of `key` live just before revision `before`, for a watch's prev_kv.
+    fn version_before(&self, key: &[u8], before: Revision) -> Result<Option<KeyValue>, StorageError> {
+        let lo = escape_key(key);
+        let hi = index_key(key, before);
+        if let Some(item) = self.trees.kidx.range(lo..hi).next_back() {
+            let (entry, _) = item?;
+            if let Some((_, rev)) = split_index_key(&entry) {
+                if let Some(v) = self.trees.hist.get(rev.to_bytes())? {
+                    let record: Record = decode(&v)?;
+                    if !record.tombstone {
+                        return Ok(Some(record.kv));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Events of revisions `from..=to` inside `range`, grouped per revision, at most about
+    /// `max_events` of them (a revision is never split). With `prev_kv`, each event carries the
+    /// version it replaced.
+    pub fn history(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        to: i64,
+        prev_kv: bool,
+        max_events: usize,
+    ) -> Result<Vec<RevisionBatch>, MvccError> {
+        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let compact = self.compact_revision();
+        if from < compact {
+            return Err(MvccError::Compacted { compact_revision: compact });
+        }
+        self.history_locked(range, from, to, prev_kv, max_events)
+            .map_err(|_| MvccError::Compacted { compact_revision: compact })
+    }
+
+    fn history_locked(
+        &self,
+        range: &KeyRange,
+        from: i64,
+        to: i64,
+        prev_kv: bool,
+        max_events: usize,
+    ) -> Result<Vec<RevisionBatch>, StorageError> {
+        let mut out: Vec<RevisionBatch> = Vec::new();
+        let mut seen = 0usize;
+        for item in self.trees.hist.range(Revision::first_of(from)..Revision::first_of(to.saturating_add(1))) {
+            let (k, v) = item?;
+            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            if seen >= max_events && out.last().map_or(false, |b| b.revision != rev.main) {
+                break;
+            }
+            let record: Record = decode(&v)?;
+            if !range.contains(&record.kv.key) {
+                continue;
+            }
+            let prev = if prev_kv { self.version_before(&record.kv.key, rev)? } else { None };
+            let event = Event {
+                kind: if record.tombstone { EventKind::Delete } else { EventKind::Put },
+                kv: record.kv,
+                prev_kv: prev,
+            };
+            seen += 1;
+            match out.last_mut() {
+                Some(batch) if batch.revision == rev.main => batch.events.push(event),
+                _ => out.push(RevisionBatch { revision: rev.main, events: vec![event], restored: false }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// All leases with their TTL.
+    pub fn leases(&self) -> Result<Vec<Lease>, StorageError> {
+        let mut out = Vec::new();
+        for item in self.trees.leases.iter() {
+            let (_, v) = item?;
+            out.push(decode(&v)?);
+        }
+        Ok(out)
+    }
+
+    pub fn lease(&self, id: i64) -> Result<Option<Lease>, StorageError> {
+        match self.trees.leases.get((id as u64).to_be_bytes())? {
+            Some(v) => Ok(Some(decode(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn lease_keys(&self, id: i64) -> Result<Vec<Vec<u8>>, StorageError> {
+        let mut out = Vec::new();
+        for item in self.trees.lkeys.scan_prefix((id as u64).to_be_bytes()) {
+            let (k, _) = item?;
+            out.push(k[8..].to_vec());
+        }
+        Ok(out)
+    }
+
+    pub fn member_attrs(&self) -> Result<HashMap<u64, MemberAttrs>, StorageError> {
+        let mut out = HashMap::new();
+        for item in self.trees.meta.scan_prefix(META_MEMBER_PREFIX) {
+            let (k, v) = item?;
+            let id = std::str::from_utf8(&k[META_MEMBER_PREFIX.len()..])
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| StorageError::Corrupt("member attribute key".into()))?;
+            out.insert(id, decode(&v)?);
+        }
+        Ok(out)
+    }
+
+    /// A hash of the key history in (compact revision, `revision`], equal on every member that
+    /// applied the same log (etcd's HashKV). Returns the hash and the compact revision.
+    pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), MvccError> {
+        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let current = self.revision();
+        let at = if revision > 0 { revision } else { current };
+        if at > current {
+            return Err(MvccError::FutureRevision);
+        }
+        let compact = self.compact_revision();
+        if at < compact {
+            return Err(MvccError::Compacted { compact_revision: compact });
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        for item in self.trees.hist.range(Revision::first_of(compact + 1)..Revision::first_of(at + 1)) {
+            let (k, v) = item.map_err(|_| MvccError::FutureRevision)?;
+            hasher.update(&k);
+            hasher.update(&v);
+        }
+        Ok((hasher.finalize(), compact))
+    }
+
+    // ---- writes ----
+
+    /// Applies one command and commits its changes together with `extra_meta`. An `Err` inside
+    /// [`Applied::output`] means the command was refused and nothing but `extra_meta` changed.
+    pub fn apply(&self, cmd: &Command, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Applied, StorageError> {
+        let current = self.revision();
+        let mut ws = WriteSet { main: current + 1, ..Default::default() };
+        let output = match cmd {
+            Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
+            Command::LeaseGrant { id, ttl } => self.apply_grant(*id, *ttl, &mut ws),
+            Command::LeaseRevoke { id } => self.apply_revoke(*id, &mut ws),
+            Command::Compact { revision } => self.check_compact(*revision, current).map(|_| Output::Compacted),
+            Command::MemberAttrs { id, name, client_urls } => {
+                let mut key = META_MEMBER_PREFIX.to_vec();
+                key.extend_from_slice(id.to_string().as_bytes());
+                ws.meta_puts.push((key, encode(&MemberAttrs { name: name.clone(), client_urls: client_urls.clone() })));
+                Ok(Output::MemberAttrs)
+            }
+        };
+        let output = match output {
+            Ok(o) => o,
+            Err(e) => {
+                // Refused: drop every computed change, keep only the caller's metadata.
+                ws = WriteSet { main: current + 1, meta_puts: Vec::new(), ..Default::default() };
+                self.commit(ws, extra_meta)?;
+                return Ok(Applied { revision: current, output: Err(e) });
+            }
+        };
+        let revision = self.commit(ws, extra_meta)?;
+        if let Command::Compact { revision: rev } = cmd {
+            self.compact(*rev)?;
+        }
+        Ok(Applied { revision, output: Ok(output) })
+    }
+
+    /// Commits the changes; returns the store revision after them.
+    fn commit(&self, mut ws: WriteSet, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<i64, StorageError> {
+        let changed = !ws.records.is_empty();
+        let revision = if changed { ws.main } else { ws.main - 1 };
+        if changed {
+            ws.meta_puts.push((META_REVISION.to_vec(), revision.to_be_bytes().to_vec()));
+        }
+        ws.meta_puts.extend(extra_meta);
+        let records: Vec<(Revision, Vec<u8>, Record)> =
+            ws.records.iter().map(|(rev, r)| (*rev, encode(r), r.clone())).collect();
+        let t = &self.trees;
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        (&t.hist, &t.kidx, &t.cur, &t.leases, &t.lkeys, &t.meta).transaction(
+            |(hist, kidx, cur, leases, lkeys, meta): &(
+                TransactionalTree,
+                TransactionalTree,
+                TransactionalTree,
+                TransactionalTree,
+                TransactionalTree,
+                TransactionalTree,
+            )| {
+                for (rev, bytes, record) in &records {
+                    hist.insert(&rev.to_bytes()[..], bytes.as_slice())?;
+                    kidx.insert(index_key(&record.kv.key, *rev), &[][..])?;
+                    if record.tombstone {
+                        cur.remove(record.kv.key.as_slice())?;
+                    } else {
+                        cur.insert(record.kv.key.as_slice(), encode(&record.kv))?;
+                    }
+                }
+                for lease in &ws.lease_puts {
+                    leases.insert(&(lease.id as u64).to_be_bytes()[..], encode(lease))?;
+                }
+                for id in &ws.lease_removes {
+                    leases.remove(&(*id as u64).to_be_bytes()[..])?;
+                }
+                for (id, key) in &ws.lkey_removes {
+                    lkeys.remove(lkey(*id, key))?;
+                }
+                for (id, key) in &ws.lkey_puts {
+                    lkeys.insert(lkey(*id, key), &[][..])?;
+                }
+                for (k, v) in &ws.meta_puts {
+                    meta.insert(k.as_slice(), v.as_slice())?;
+                }
+                Ok::<(), ConflictableTransactionError<StorageError>>(())
+            },
+        )?;
+        if changed {
+            self.revision.store(revision, Ordering::Release);
+        }
+        drop(_guard);
+        if changed {
+            // No receivers is fine: nobody is watching.
+            let _ = self.hub.send(Arc::new(RevisionBatch { revision, events: std::mem::take(&mut ws.events), restored: false }));
+        }
+        Ok(revision)
+    }
+
+    fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
+        if let Some(v) = ws.overlay.get(key) {
+            return Ok(v.clone());
+        }
+        match self.trees.cur.get(key)? {
+            Some(v) => Ok(Some(decode(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn apply_txn(&self, txn: &TxnRequest, current: i64, ws: &mut WriteSet) -> Result<TxnResult, MvccError> {
+        let mut succeeded = true;
+        for cmp in &txn.compare {
+            if !self.compare(cmp, ws)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded { &txn.success } else { &txn.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            responses.push(self.apply_op(op, current, ws)?);
+        }
+        Ok(TxnResult { succeeded, responses })
+    }
+
+    fn compare(&self, cmp: &Compare, ws: &WriteSet) -> Result<bool, MvccError> {
+        let kvs = self.scan_current(&cmp.range, Some(ws)).map_err(|_| MvccError::FutureRevision)?;
+        if kvs.is_empty() {
+            if matches!(cmp.target, CompareTarget::Value(_)) {
+                return Ok(false);
+            }
+            return Ok(compare_kv(cmp, &KeyValue::default()));
+        }
+        Ok(kvs.iter().all(|kv| compare_kv(cmp, kv)))
+    }
+
+    fn apply_op(&self, op: &Op, current: i64, ws: &mut WriteSet) -> Result<OpResult, MvccError> {
+        let storage = |_: StorageError| MvccError::FutureRevision;
+        match op {
+            Op::Range(req) => {
+                // Reads inside a transaction see the transaction's own earlier writes.
+                let mut req = req.clone();
+                if req.revision == current {
+                    req.revision = 0;
+                }
+                Ok(OpResult::Range(self.range_locked(&req, current, Some(ws))?))
+            }
+            Op::Put(req) => {
+                let prev = self.current_kv(&req.key, ws).map_err(storage)?;
+                let value = if req.ignore_value {
+                    prev.as_ref().map(|p| p.value.clone()).ok_or(MvccError::KeyNotFound)?
+                } else {
+                    req.value.clone()
+                };
+                let lease = if req.ignore_lease {
+                    prev.as_ref().map(|p| p.lease).ok_or(MvccError::KeyNotFound)?
+                } else {
+                    req.lease
+                };
+                if lease != 0 && self.lease(lease).map_err(storage)?.is_none() {
+                    return Err(MvccError::LeaseNotFound);
+                }
+                let rev = Revision { main: ws.main, sub: ws.next_sub };
+                ws.next_sub += 1;
+                let kv = KeyValue {
+                    key: req.key.clone(),
+                    create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
+                    mod_revision: rev.main,
+                    version: prev.as_ref().map_or(1, |p| p.version + 1),
+                    value,
+                    lease,
+                };
+                if let Some(p) = &prev {
+                    if p.lease != 0 && p.lease != lease {
+                        ws.lkey_removes.push((p.lease, req.key.clone()));
+                    }
+                }
+                if lease != 0 {
+                    ws.lkey_puts.push((lease, req.key.clone()));
+                }
+                ws.overlay.insert(req.key.clone(), Some(kv.clone()));
+                ws.records.push((rev, Record { kv: kv.clone(), tombstone: false }));
+                ws.events.push(Event { kind: EventKind::Put, kv, prev_kv: prev.clone() });
+                Ok(OpResult::Put(PutResult { prev_kv: if req.prev_kv { prev } else { None } }))
+            }
+            Op::Delete(req) => {
+                let existing = self.scan_current(&req.range, Some(ws)).map_err(storage)?;
+                for prev in &existing {
+                    let rev = Revision { main: ws.main, sub: ws.next_sub };
+                    ws.next_sub += 1;
+                    let tomb = KeyValue { key: prev.key.clone(), mod_revision: rev.main, ..Default::default() };
+                    if prev.lease != 0 {
+                        ws.lkey_removes.push((prev.lease, prev.key.clone()));
+                    }
+                    ws.overlay.insert(prev.key.clone(), None);
+                    ws.records.push((rev, Record { kv: tomb.clone(), tombstone: true }));
+                    ws.events.push(Event { kind: EventKind::Delete, kv: tomb, prev_kv: Some(prev.clone()) });
+                }
+                Ok(OpResult::Delete(DeleteResult {
+                    deleted: existing.len() as i64,
+                    prev_kvs: if req.prev_kv { existing } else { Vec::new() },
+                }))
+            }
+            Op::Txn(inner) => Ok(OpResult::Txn(self.apply_txn(inner, current, ws)?)),
+        }
+    }
+
+    fn apply_grant(&self, id: i64, ttl: i64, ws: &mut WriteSet) -> Result<Output, MvccError> {
+        if ttl > MAX_LEASE_TTL {
+            return Err(MvccError::LeaseTtlTooLarge);
+        }
+        if self.lease(id).map_err(|_| MvccError::LeaseNotFound)?.is_some() {
+            return Err(MvccError::LeaseExists);
+        }
+        ws.lease_puts.push(Lease { id, ttl });
+        Ok(Output::LeaseGranted { id, ttl })
+    }
+
+    fn apply_revoke(&self, id: i64, ws: &mut WriteSet) -> Result<Output, MvccError> {
+        if self.lease(id).map_err(|_| MvccError::LeaseNotFound)?.is_none() {
+            return Err(MvccError::LeaseNotFound);
+        }
+        let keys = self.lease_keys(id).map_err(|_| MvccError::LeaseNotFound)?;
+        for key in keys {
+            let current = ws.main - 1;
+            self.apply_op(&Op::Delete(DeleteRequest { range: KeyRange::single(key), prev_kv: false }), current, ws)?;
+        }
+        ws.lease_removes.push(id);
+        Ok(Output::LeaseRevoked)
+    }
+
+    fn check_compact(&self, revision: i64, current: i64) -> Result<(), MvccError> {
+        let compact = self.compact_revision();
+        if revision <= compact {
+            return Err(MvccError::Compacted { compact_revision: compact });
+        }
+        if revision > current {
+            return Err(MvccError::FutureRevision);
+        }
+        Ok(())
+    }
+
+    /// Drops history older than `revision`, keeping for every key its newest version at or
+    /// before it (unless that version is a deletion). Idempotent, so a crash midway is mended
+    /// by running it again.
+    fn compact(&self, revision: i64) -> Result<(), StorageError> {
+        let t = &self.trees;
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        // Newest revision at or before `revision` of every key touched in that history.
+        let mut keep: HashMap<Vec<u8>, (Revision, bool)> = HashMap::new();
+        for item in t.hist.range(..Revision::first_of(revision + 1)) {
+            let (k, v) = item?;
+            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let record: Record = decode(&v)?;
+            keep.insert(record.kv.key, (rev, record.tombstone));
+        }
+        let mut hist_batch = sled::Batch::default();
+        let mut kidx_batch = sled::Batch::default();
+        for item in t.hist.range(..Revision::first_of(revision + 1)) {
+            let (k, v) = item?;
+            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let record: Record = decode(&v)?;
+            let kept = keep.get(&record.kv.key).map_or(false, |(r, tomb)| *r == rev && !tomb);
+            if !kept {
+                hist_batch.remove(k);
+                kidx_batch.remove(index_key(&record.kv.key, rev));
+            }
+        }
+        t.hist.apply_batch(hist_batch)?;
+        t.kidx.apply_batch(kidx_batch)?;
+        t.meta.insert(META_COMPACT, &revision.to_be_bytes())?;
+        self.compact_revision.store(revision, Ordering::Release);
+        Ok(())
+    }
+
+    // ---- snapshots ----
+
+    /// A raw copy of every tree, consistent with one point of the applied log.
+    pub fn dump(&self) -> Result<Dump, StorageError> {
+        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let mut trees = Vec::new();
+        for (name, tree) in self.trees.all() {
+            let mut rows = Vec::new();
+            for item in tree.iter() {
+                let (k, v) = item?;
+                rows.push((k.to_vec(), v.to_vec()));
+            }
+            trees.push((name.to_string(), rows));
+        }
+        Ok(Dump { trees })
+    }
+
+    /// Replaces the whole state with a dump.
+    pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
+        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        for (name, tree) in self.trees.all() {
+            tree.clear()?;
+            if let Some((_, rows)) = dump.trees.iter().find(|(n, _)| n == name) {
+                let mut batch = sled::Batch::default();
+                for (k, v) in rows {
+                    batch.insert(k.as_slice(), v.as_slice());
+                }
+                tree.apply_batch(batch)?;
+            }
+        }
+        self.revision.store(read_i64(&self.trees.meta, META_REVISION)?, Ordering::Release);
+        self.compact_revision.store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
+        drop(_guard);
+        let _ = self.hub.send(Arc::new(RevisionBatch { revision: self.revision(), events: Vec::new(), restored: true }));
+        Ok(())
+    }
+
+    /// Commits only caller metadata (for log entries that carry no command).
+    pub fn commit_meta(&self, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StorageError> {
+        let current = self.revision();
+        self.commit(WriteSet { main: current + 1, ..Default::default() }, extra_meta).map(|_| ())
+    }
+}
+
+fn compare_kv(cmp: &Compare, kv: &KeyValue) -> bool {
+    use std::cmp::Ordering as O;
+    let ord = match &cmp.target {
+        CompareTarget::Version(v) => kv.version.cmp(v),
+        CompareTarget::CreateRevision(v) => kv.create_revision.cmp(v),
+        CompareTarget::ModRevision(v) => kv.mod_revision.cmp(v),
+        CompareTarget::Lease(v) => kv.lease.cmp(v),
+        CompareTarget::Value(v) => kv.value.as_slice().cmp(v.as_slice()),
+    };
+    match cmp.result {
+        CompareResult::Equal => ord == O::Equal,
+        CompareResult::NotEqual => ord != O::Equal,
+        CompareResult::Greater => ord == O::Greater,
+        CompareResult::Less => ord == O::Less,
+    }
+}
+
+fn sort_kvs(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
+    let order = match (order, target) {
+        (SortOrder::None, SortTarget::Key) => return,
+        (SortOrder::None, _) => SortOrder::Ascend,
+        (o, _) => o,
+    };
+    kvs.sort_by(|a, b| {
+        let ord = match target {
+            SortTarget::Key => a.key.cmp(&b.key),
+            SortTarget::Version => a.version.cmp(&b.version),
+            SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+            SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+            SortTarget::Value => a.value.cmp(&b.value),
+        };
+        if order == SortOrder::Descend {
+            ord.reverse()
+        } else {
+            ord
+        }
+    });
+}
+
+/// Checks a transaction before it is proposed: op count, empty keys, duplicate puts.
+pub fn validate_txn(txn: &TxnRequest) -> Result<(), MvccError> {
+    if txn.compare.len() > MAX_TXN_OPS || txn.success.len() > MAX_TXN_OPS || txn.failure.len() > MAX_TXN_OPS {
+        return Err(MvccError::TooManyOps);
+    }
+    for branch in [&txn.success, &txn.failure] {
+        let mut puts: Vec<&[u8]> = Vec::new();
+        collect_puts(branch, &mut puts)?;
+        puts.sort();
+        if puts.windows(2).any(|w| w[0] == w[1]) {
+            return Err(MvccError::DuplicateKey);
+        }
+    }
+    Ok(())
+}
+
+fn collect_puts<'a>(ops: &'a [Op], out: &mut Vec<&'a [u8]>) -> Result<(), MvccError> {
+    for op in ops {
+        match op {
+            Op::Put(p) => {
+                if p.key.is_empty() {
+                    return Err(MvccError::EmptyKey);
+                }
+                if p.ignore_value && !p.value.is_empty() {
+                    return Err(MvccError::ValueProvided);
+                }
+                if p.ignore_lease && p.lease != 0 {
+                    return Err(MvccError::LeaseProvided);
+                }
+                out.push(&p.key);
+            }
+            Op::Range(r) if r.range.key.is_empty() => return Err(MvccError::EmptyKey),
+            Op::Delete(d) if d.range.key.is_empty() => return Err(MvccError::EmptyKey),
+            Op::Txn(t) => validate_txn(t)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! The data model shared by the state machine, the Raft log and the client API: key-value
+//! records with etcd's revision fields, the commands that go through the log, and their results.
+
+use serde::{Deserialize, Serialize};
+
+/// One version of a key, as etcd's `mvccpb.KeyValue` describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+    pub version: i64,
+    pub value: Vec<u8>,
+    pub lease: i64,
+}
+
+/// What a watcher is told about one changed key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    /// For a delete, `kv` carries the key and the deleting revision only.
+    pub kv: KeyValue,
+    pub prev_kv: Option<KeyValue>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    Put,
+    Delete,
+}
+
+/// The key selection of a range, delete or watch, with etcd's conventions for `range_end`:
+/// empty means the single key, `\0` means every key from `key` on, and `key = range_end = \0`
+/// means every key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct KeyRange {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+}
+
+impl KeyRange {
+    pub fn single(key: impl Into<Vec<u8>>) -> Self {
+        Self { key: key.into(), range_end: Vec::new() }
+    }
+
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        let key = prefix.into();
+        let range_end = prefix_end(&key);
+        Self { key, range_end }
+    }
+
+    pub fn is_single(&self) -> bool {
+        self.range_end.is_empty()
+    }
+
+    /// Lower bound (inclusive) of the selection.
+    pub fn start(&self) -> &[u8] {
+        if self.key == [0] && self.range_end == [0] {
+            &[]
+        } else {
+            &self.key
+        }
+    }
+
+    /// Upper bound (exclusive) of the selection; `None` when unbounded.
+    pub fn end(&self) -> Option<&[u8]> {
+        if self.range_end == [0] {
+            None
+        } else {
+            Some(&self.range_end)
+        }
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        if self.is_single() {
+            return key == self.key.as_slice();
+        }
+        key >= self.start() && self.end().map_or(true, |end| key < end)
+    }
+}
+
+/// The smallest key greater than every key with this prefix (etcd's `GetPrefixRangeEnd`).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All bytes were 0xff (or the prefix was empty): every key from the prefix on.
+    vec![0]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SortOrder {
+    #[default]
+    None,
+    Ascend,
+    Descend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SortTarget {
+    #[default]
+    Key,
+    Version,
+    Create,
+    Mod,
+    Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RangeRequest {
+    pub range: KeyRange,
+    pub limit: i64,
+    /// Read at this revision; zero or less means the newest.
+    pub revision: i64,
+    pub sort_order: SortOrder,
+    pub sort_target: SortTarget,
+    pub keys_only: bool,
+    pub count_only: bool,
+    pub min_mod_revision: i64,
+    pub max_mod_revision: i64,
+    pub min_create_revision: i64,
+    pub max_create_revision: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PutRequest {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub lease: i64,
+    pub prev_kv: bool,
+    pub ignore_value: bool,
+    pub ignore_lease: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeleteRequest {
+    pub range: KeyRange,
+    pub prev_kv: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Range(RangeRequest),
+    Put(PutRequest),
+    Delete(DeleteRequest),
+    Txn(TxnRequest),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompareResult {
+    Equal,
+    Greater,
+    Less,
+    NotEqual,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompareTarget {
+    Version(i64),
+    CreateRevision(i64),
+    ModRevision(i64),
+    Value(Vec<u8>),
+    Lease(i64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compare {
+    pub range: KeyRange,
+    pub result: CompareResult,
+    pub target: CompareTarget,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TxnRequest {
+    pub compare: Vec<Compare>,
+    pub success: Vec<Op>,
+    pub failure: Vec<Op>,
+}
+
+/// A command carried by the Raft log and applied by every member in the same order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Txn(TxnRequest),
+    Compact { revision: i64 },
+    LeaseGrant { id: i64, ttl: i64 },
+    LeaseRevoke { id: i64 },
+    /// A member publishes its name and client address (etcd's member attributes).
+    MemberAttrs { id: u64, name: String, client_urls: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RangeResult {
+    pub kvs: Vec<KeyValue>,
+    pub more: bool,
+    pub count: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PutResult {
+    pub prev_kv: Option<KeyValue>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct DeleteResult {
+    pub deleted: i64,
+    pub prev_kvs: Vec<KeyValue>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpResult {
+    Range(RangeResult),
+    Put(PutResult),
+    Delete(DeleteResult),
+    Txn(TxnResult),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TxnResult {
+    pub succeeded: bool,
+    pub responses: Vec<OpResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Output {
+    Txn(TxnResult),
+    Compacted,
+    LeaseGranted { id: i64, ttl: i64 },
+    LeaseRevoked,
+    MemberAttrs,
+    /// Raft's own entries (blank, membership) carry no command.
+    None,
+}
+
+/// The state machine's answer to one applied log entry: the store revision after it, and what
+/// the command produced or why it was refused (refusals change nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub revision: i64,
+    pub output: Result<Output, crate::error::MvccError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub id: i64,
+    pub ttl: i64,
+}

@@ -1,0 +1,142 @@
+//! Watchers: history replayed from the MVCC trees, then live events from the hub.
+//!
+//! Each watcher is a task that owns a bounded channel to its consumer. While it is in sync it
+//! forwards the hub's batches; when its consumer is slow the task waits on its own channel, the
+//! hub's ring buffer overtakes it (`Lagged`), and it catches up from history. Writers never wait
+//! on a watcher. A watcher whose next revision has been compacted away gets a compacted error
+//! and stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc};
+
+use super::store::{MvccStore, RevisionBatch};
+use super::types::{Event, EventKind, KeyRange};
+
+/// Most events read from history in one step of a catch-up.
+const CATCH_UP_EVENTS: usize = 1000;
+
+#[derive(Debug, Clone, Default)]
+pub struct WatchSpec {
+    pub range: KeyRange,
+    /// First revision to report; zero or less means "from the next revision".
+    pub start_revision: i64,
+    pub prev_kv: bool,
+    pub no_put: bool,
+    pub no_delete: bool,
+    /// Send a progress notification (an empty batch) after this long without events.
+    pub progress_every: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchMessage {
+    /// Events of one revision (never split across messages).
+    Events { revision: i64, events: Vec<Event> },
+    /// Nothing happened in range; everything up to `revision` has been reported.
+    Progress { revision: i64 },
+    /// The watcher's next revision is compacted; it is cancelled.
+    Compacted { compact_revision: i64 },
+}
+
+/// Starts a watcher. Returns the receiving end; dropping it stops the watcher.
+pub fn start(store: Arc<MvccStore>, spec: WatchSpec, buffer: usize) -> mpsc::Receiver<WatchMessage> {
+    let (tx, rx) = mpsc::channel(buffer.max(1));
+    // Subscribe before reading the current revision, so nothing falls between history and live.
+    let live = store.subscribe();
+    let next = if spec.start_revision > 0 { spec.start_revision } else { store.revision() + 1 };
+    tokio::spawn(run(store, spec, live, next, tx));
+    rx
+}
+
+async fn run(
+    store: Arc<MvccStore>,
+    spec: WatchSpec,
+    mut live: broadcast::Receiver<Arc<RevisionBatch>>,
+    mut next: i64,
+    tx: mpsc::Sender<WatchMessage>,
+) {
+    loop {
+        // Catch up from history until the next revision is the store's next one.
+        loop {
+            let current = store.revision();
+            if next > current {
+                break;
+            }
+            let batches = match store.history(&spec.range, next, current, spec.prev_kv, CATCH_UP_EVENTS) {
+                Ok(b) => b,
+                Err(crate::error::MvccError::Compacted { compact_revision }) => {
+                    let _ = tx.send(WatchMessage::Compacted { compact_revision }).await;
+                    return;
+                }
+                Err(_) => return,
+            };
+            let mut reached = current;
+            let full = batches.iter().map(|b| b.events.len()).sum::<usize>() >= CATCH_UP_EVENTS;
+            if full {
+                // A partial read: continue after the last revision it returned.
+                reached = batches.last().map_or(current, |b| b.revision);
+            }
+            for batch in batches {
+                if !send_batch(&spec, &tx, batch.revision, batch.events).await {
+                    return;
+                }
+            }
+            next = reached + 1;
+        }
+        // Follow live events.
+        loop {
+            let received = match spec.progress_every {
+                Some(every) => match tokio::time::timeout(every, live.recv()).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        if tx.send(WatchMessage::Progress { revision: next - 1 }).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                },
+                None => live.recv().await,
+            };
+            match received {
+                Ok(batch) => {
+                    if batch.restored || batch.revision > next {
+                        // The state was replaced under the watcher: read what it missed from history.
+                        break;
+                    }
+                    if batch.revision < next {
+                        continue;
+                    }
+                    if !send_batch(&spec, &tx, batch.revision, batch.events.clone()).await {
+                        return;
+                    }
+                    next = batch.revision + 1;
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Filters one revision's events for the watcher and sends them; false when the consumer is gone.
+async fn send_batch(spec: &WatchSpec, tx: &mpsc::Sender<WatchMessage>, revision: i64, events: Vec<Event>) -> bool {
+    let events: Vec<Event> = events
+        .into_iter()
+        .filter(|e| spec.range.contains(&e.kv.key))
+        .filter(|e| !(spec.no_put && e.kind == EventKind::Put) && !(spec.no_delete && e.kind == EventKind::Delete))
+        .map(|mut e| {
+            if !spec.prev_kv {
+                e.prev_kv = None;
+            }
+            e
+        })
+        .collect();
+    if events.is_empty() {
+        return !tx.is_closed();
+    }
+    tx.send(WatchMessage::Events { revision, events }).await.is_ok()
+}

@@ -1,0 +1,158 @@
+//! The Raft log and vote in sled.
+//!
+//! # Correctness
+//! `append` reports completion only after sled has flushed (fsync) the entries; `save_vote`
+//! flushes before returning. The log and the state machine share one sled database, so a flush
+//! also makes every state change applied before it durable.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+
+use super::{logs_delete, logs_read, logs_write, store_read, store_write, vote_write, Entry, LogId, RaftStorageError, TypeConfig, Vote};
+
+const VOTE: &[u8] = b"vote";
+const COMMITTED: &[u8] = b"committed";
+const LAST_PURGED: &[u8] = b"last_purged";
+
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl LogStore {
+    pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+        Ok(Self { db: db.clone(), log: db.open_tree("raft_log")?, meta: db.open_tree("raft_meta")? })
+    }
+
+    fn get_meta<T: for<'de> serde::Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
+        match self.meta.get(key).map_err(store_read)? {
+            Some(v) => bincode::deserialize(&v).map(Some).map_err(store_read),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T) -> Result<(), RaftStorageError> {
+        let bytes = bincode::serialize(value).map_err(store_write)?;
+        self.meta.insert(key, bytes).map_err(store_write)?;
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), sled::Error> {
+        self.db.flush_async().await.map(|_| ())
+    }
+
+    /// Number of entries currently kept.
+    pub fn len(&self) -> usize {
+        self.log.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.log.is_empty()
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, RaftStorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let mut out = Vec::new();
+        for item in self.log.range(index_key(start)..) {
+            let (k, v) = item.map_err(logs_read)?;
+            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
+            if !range.contains(&index) {
+                break;
+            }
+            out.push(bincode::deserialize(&v).map_err(logs_read)?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
+        let last_purged: Option<LogId> = self.get_meta(LAST_PURGED)?;
+        let last = match self.log.last().map_err(logs_read)? {
+            Some((_, v)) => {
+                let entry: Entry = bincode::deserialize(&v).map_err(logs_read)?;
+                Some(entry.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
+        self.put_meta(VOTE, vote)?;
+        self.flush().await.map_err(vote_write)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
+        self.get_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        self.put_meta(COMMITTED, &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
+        Ok(self.get_meta::<Option<LogId>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let bytes = bincode::serialize(&entry).map_err(logs_write)?;
+            batch.insert(&index_key(entry.log_id.index), bytes);
+        }
+        self.log.apply_batch(batch).map_err(logs_write)?;
+        let flushed = self.flush().await.map_err(std::io::Error::other);
+        callback.log_io_completed(flushed);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(index_key(log_id.index)..) {
+            let (k, _) = item.map_err(logs_delete)?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(logs_delete)?;
+        self.flush().await.map_err(logs_delete)
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        self.put_meta(LAST_PURGED, &log_id)?;
+        let mut batch = sled::Batch::default();
+        for item in self.log.range(..=index_key(log_id.index)) {
+            let (k, _) = item.map_err(logs_delete)?;
+            batch.remove(k);
+        }
+        self.log.apply_batch(batch).map_err(logs_delete)?;
+        Ok(())
+    }
+}

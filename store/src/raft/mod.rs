@@ -1,0 +1,78 @@
+//! Consensus: openraft over sled. One file per openraft trait: the log storage, the state
+//! machine, and the network (a tonic client per peer).
+
+pub mod log_store;
+pub mod network;
+pub mod state_machine;
+
+use std::fmt;
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+use crate::mvcc::{Applied, Command};
+
+/// What the membership stores about a member: where its peers and clients reach it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Member {
+    /// `host:port` of the peer (Raft) listener.
+    pub peer_addr: String,
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.peer_addr)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// rkube's Raft types: commands and results of the MVCC store, u64 member ids.
+    pub TypeConfig:
+        D = Command,
+        R = Applied,
+        NodeId = u64,
+        Node = Member,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type NodeId = u64;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
+pub type RaftStorageError = openraft::StorageError<NodeId>;
+
+pub(crate) fn storage_err(
+    subject: openraft::ErrorSubject<NodeId>,
+    verb: openraft::ErrorVerb,
+    e: impl std::error::Error + 'static,
+) -> RaftStorageError {
+    openraft::StorageIOError::new(subject, verb, openraft::AnyError::new(&e)).into()
+}
+
+macro_rules! storage_error_fns {
+    ($($name:ident => $subject:expr, $verb:expr;)*) => {
+        $(
+            pub(crate) fn $name<E: std::error::Error + 'static>(e: E) -> RaftStorageError {
+                storage_err($subject, $verb, e)
+            }
+        )*
+    };
+}
+
+use openraft::{ErrorSubject as S, ErrorVerb as V};
+storage_error_fns! {
+    logs_read => S::Logs, V::Read;
+    logs_write => S::Logs, V::Write;
+    logs_delete => S::Logs, V::Delete;
+    store_read => S::Store, V::Read;
+    store_write => S::Store, V::Write;
+    vote_write => S::Vote, V::Write;
+    sm_read => S::StateMachine, V::Read;
+    sm_write => S::StateMachine, V::Write;
+    snapshot_read => S::Snapshot(None), V::Read;
+    snapshot_write => S::Snapshot(None), V::Write;
+}

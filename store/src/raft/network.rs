@@ -1,0 +1,124 @@
+//! openraft's network: one tonic channel per peer over mutual TLS, carrying bincode payloads.
+
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use super::{Member, NodeId, TypeConfig};
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::Payload;
+
+/// Builds peer channels. Cloned into openraft; each target gets its own lazily connected channel.
+#[derive(Clone)]
+pub struct PeerNetwork {
+    tls: ClientTlsConfig,
+}
+
+impl PeerNetwork {
+    pub fn new(tls: ClientTlsConfig) -> Self {
+        Self { tls }
+    }
+
+    /// A channel to a peer address (`host:port`).
+    pub fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        Ok(Endpoint::from_shared(format!("https://{addr}"))?
+            .tls_config(self.tls.clone())?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy())
+    }
+}
+
+pub struct PeerConnection {
+    target: NodeId,
+    client: Result<PeerClient<Channel>, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConnection;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
+        let client = self.channel(&node.peer_addr).map(PeerClient::new).map_err(|e| e.to_string());
+        PeerConnection { target, client }
+    }
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
+
+impl PeerConnection {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        kind: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(e.clone())))),
+        };
+        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(option.hard_ttl());
+        let reply = match kind {
+            Rpc::Append => client.append_entries(request).await,
+            Rpc::Vote => client.vote(request).await,
+            Rpc::Snapshot => client.install_snapshot(request).await,
+        };
+        let reply = reply.map_err(|status| match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                RPCError::Unreachable(Unreachable::new(&status))
+            }
+            _ => RPCError::Network(NetworkError::new(&status)),
+        })?;
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            bincode::deserialize(&reply.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl RaftNetwork<TypeConfig> for PeerConnection {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+}

@@ -1,0 +1,197 @@
+//! openraft's state machine over the MVCC store, and its snapshots.
+//!
+//! A snapshot is a raw dump of every MVCC tree (history included, so watches can still resume
+//! from any retained revision after a member was caught up by snapshot). The newest snapshot is
+//! kept as a file in the data dir, written to a temporary name and renamed into place.
+//!
+//! # Correctness
+//! The last applied log id and the membership are committed in the same sled transaction as the
+//! command they belong to, so after a crash openraft re-applies exactly the entries that follow.
+//! Installing a snapshot first writes the snapshot file and a marker; the marker is removed when
+//! the trees hold the snapshot, and a member that finds the marker at start-up installs again.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
+use serde::{Deserialize, Serialize};
+
+use super::{sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId, RaftStorageError, StoredMembership, TypeConfig};
+use crate::error::StorageError;
+use crate::mvcc::{Applied, MvccStore, Output};
+
+const META_APPLIED: &[u8] = b"raft_applied";
+const META_MEMBERSHIP: &[u8] = b"raft_membership";
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+const INSTALL_MARKER: &str = "snapshot.installing";
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta<NodeId, Member>,
+    data: Vec<u8>,
+}
+
+#[derive(Clone)]
+pub struct StateMachine {
+    mvcc: Arc<MvccStore>,
+    dir: PathBuf,
+    counter: Arc<AtomicU64>,
+}
+
+
+impl StateMachine {
+    /// Opens the state machine, finishing a snapshot installation a crash interrupted.
+    pub fn open(mvcc: Arc<MvccStore>, dir: &Path) -> Result<Self, StorageError> {
+        let sm = Self { mvcc, dir: dir.to_path_buf(), counter: Arc::new(AtomicU64::new(0)) };
+        if dir.join(INSTALL_MARKER).exists() {
+            if let Some(file) = sm.read_snapshot_file()? {
+                sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
+            }
+            std::fs::remove_file(dir.join(INSTALL_MARKER))?;
+        }
+        Ok(sm)
+    }
+
+    pub fn mvcc(&self) -> &Arc<MvccStore> {
+        &self.mvcc
+    }
+
+    /// The last applied log id as committed in the store.
+    pub fn applied(&self) -> Result<Option<LogId>, StorageError> {
+        match self.mvcc.meta(META_APPLIED)? {
+            Some(v) => Ok(bincode::deserialize(&v)?),
+            None => Ok(None),
+        }
+    }
+
+    fn membership(&self) -> Result<StoredMembership, StorageError> {
+        match self.mvcc.meta(META_MEMBERSHIP)? {
+            Some(v) => Ok(bincode::deserialize(&v)?),
+            None => Ok(StoredMembership::default()),
+        }
+    }
+
+    fn read_snapshot_file(&self) -> Result<Option<SnapshotFile>, StorageError> {
+        match std::fs::read(self.dir.join(SNAPSHOT_FILE)) {
+            Ok(bytes) => Ok(Some(bincode::deserialize(&bytes)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn write_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let bytes = bincode::serialize(file)?;
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError> {
+        let sm = self.clone();
+        let built = tokio::task::spawn_blocking(move || -> Result<Snapshot<TypeConfig>, StorageError> {
+            let dump = sm.mvcc.dump()?;
+            let data = bincode::serialize(&dump)?;
+            // The applied id and membership as of the dump, not as of now.
+            let applied: Option<LogId> = match dump.meta(META_APPLIED) {
+                Some(v) => bincode::deserialize(v)?,
+                None => None,
+            };
+            let membership: StoredMembership = match dump.meta(META_MEMBERSHIP) {
+                Some(v) => bincode::deserialize(v)?,
+                None => StoredMembership::default(),
+            };
+            let n = sm.counter.fetch_add(1, Ordering::Relaxed);
+            let snapshot_id = match applied {
+                Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
+                None => format!("0-0-{n}"),
+            };
+            let meta = SnapshotMeta { last_log_id: applied, last_membership: membership, snapshot_id };
+            let file = SnapshotFile { meta: meta.clone(), data };
+            sm.write_snapshot_file(&file)?;
+            Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(file.data)) })
+        })
+        .await
+        .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?;
+        built.map_err(|e| snapshot_write(e))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
+        let applied = self.applied().map_err(|e| sm_read(e))?;
+        let membership = self.membership().map_err(|e| sm_read(e))?;
+        Ok((applied, membership))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, RaftStorageError>
+    where
+        I: IntoIterator<Item = Entry> + openraft::OptionalSend,
+        I::IntoIter: openraft::OptionalSend,
+    {
+        let mut out = Vec::new();
+        for entry in entries {
+            let mut meta = vec![(META_APPLIED.to_vec(), bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?)];
+            let applied = match &entry.payload {
+                EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
+                EntryPayload::Membership(m) => {
+                    let stored = StoredMembership::new(Some(entry.log_id), m.clone());
+                    meta.push((META_MEMBERSHIP.to_vec(), bincode::serialize(&stored).map_err(sm_write)?));
+                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
+                    Applied { revision: self.mvcc.revision(), output: Ok(Output::None) }
+                }
+                EntryPayload::Blank => {
+                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
+                    Applied { revision: self.mvcc.revision(), output: Ok(Output::None) }
+                }
+            };
+            out.push(applied);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, Member>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), RaftStorageError> {
+        let sm = self.clone();
+        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
+        tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
+            let dump = bincode::deserialize(&file.data)?;
+            sm.write_snapshot_file(&file)?;
+            std::fs::write(sm.dir.join(INSTALL_MARKER), b"")?;
+            sm.mvcc.restore(dump)?;
+            std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?
+        .map_err(|e| snapshot_write(e))
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
+        let file = self.read_snapshot_file().map_err(|e| snapshot_read(e))?;
+        Ok(file.map(|f| Snapshot { meta: f.meta, snapshot: Box::new(Cursor::new(f.data)) }))
+    }
+}
