@@ -10,6 +10,7 @@ pub mod error;
 pub mod mvcc;
 pub mod pki;
 pub mod raft;
+pub mod server;
 
 /// Generated gRPC code: etcd's v3 API (wire-compatible) and the peer protocol.
 pub mod proto {

@@ -7,6 +7,10 @@
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::metrics::histogram::Histogram;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
@@ -22,11 +26,27 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The committed index as openraft last reported it, for status and metrics.
+    committed: Arc<AtomicU64>,
+    fsync_seconds: Option<Histogram>,
 }
 
 impl LogStore {
     pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
-        Ok(Self { db: db.clone(), log: db.open_tree("raft_log")?, meta: db.open_tree("raft_meta")? })
+        Ok(Self {
+            db: db.clone(),
+            log: db.open_tree("raft_log")?,
+            meta: db.open_tree("raft_meta")?,
+            committed: Arc::new(AtomicU64::new(0)),
+            fsync_seconds: None,
+        })
+    }
+
+    /// Reports the committed index into `committed` and fsync times into `fsync_seconds`.
+    pub fn observed(mut self, committed: Arc<AtomicU64>, fsync_seconds: Histogram) -> Self {
+        self.committed = committed;
+        self.fsync_seconds = Some(fsync_seconds);
+        self
     }
 
     fn get_meta<T: for<'de> serde::Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
@@ -43,7 +63,12 @@ impl LogStore {
     }
 
     async fn flush(&self) -> Result<(), sled::Error> {
-        self.db.flush_async().await.map(|_| ())
+        let started = std::time::Instant::now();
+        self.db.flush_async().await?;
+        if let Some(h) = &self.fsync_seconds {
+            h.observe(started.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 
     /// Number of entries currently kept.
@@ -112,11 +137,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        self.committed.store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
         self.put_meta(COMMITTED, &committed)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
-        Ok(self.get_meta::<Option<LogId>>(COMMITTED)?.flatten())
+        let committed = self.get_meta::<Option<LogId>>(COMMITTED)?.flatten();
+        self.committed.store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
+        Ok(committed)
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>

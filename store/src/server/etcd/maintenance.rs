@@ -1,0 +1,95 @@
+//! etcd's Maintenance service: Status, Hash, HashKV and Alarm. Snapshot, Defragment,
+//! MoveLeader and Downgrade are not provided yet and answer `Unimplemented` saying so.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use super::status;
+use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::maintenance_server::Maintenance;
+use crate::server::node::Node;
+
+/// The etcd API version rkube's store speaks.
+pub const ETCD_API_VERSION: &str = "3.5.0";
+
+pub struct MaintenanceService(pub Arc<Node>);
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotResponse, Status>> + Send>>;
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("etcdserver: {what} is not supported by rkube yet"))
+}
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
+        let req = request.into_inner();
+        if req.action != pb::alarm_request::AlarmAction::Get as i32 {
+            return Err(not_yet("activating or deactivating alarms"));
+        }
+        // No alarm is ever raised yet (there is no space quota), so the list is truthfully empty.
+        Ok(Response::new(pb::AlarmResponse { header: self.0.header(self.0.mvcc.revision()), alarms: vec![] }))
+    }
+
+    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+        let node = &self.0;
+        let m = node.raft.metrics().borrow().clone();
+        let is_learner = !m.membership_config.voter_ids().any(|id| id == node.id);
+        let db_size = node.db.size_on_disk().unwrap_or(0) as i64;
+        let mut errors = Vec::new();
+        if m.current_leader.is_none() {
+            errors.push("etcdserver: no leader".to_string());
+        }
+        Ok(Response::new(pb::StatusResponse {
+            header: node.header(node.mvcc.revision()),
+            version: ETCD_API_VERSION.to_string(),
+            db_size,
+            leader: m.current_leader.unwrap_or(0),
+            raft_index: super::super::node::committed_index(&node.committed),
+            raft_term: m.current_term,
+            raft_applied_index: m.last_applied.map_or(0, |l| l.index),
+            errors,
+            db_size_in_use: db_size,
+            is_learner,
+            ..Default::default()
+        }))
+    }
+
+    async fn defragment(&self, _request: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
+        Err(not_yet("defragment"))
+    }
+
+    async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+        let (hash, _) = self.0.mvcc.hash_kv(0).map_err(|e| status(e.into()))?;
+        Ok(Response::new(pb::HashResponse { header: self.0.header(self.0.mvcc.revision()), hash }))
+    }
+
+    async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+        let revision = request.into_inner().revision;
+        let at = if revision > 0 { revision } else { self.0.mvcc.revision() };
+        let (hash, compact_revision) = self.0.mvcc.hash_kv(at).map_err(|e| status(e.into()))?;
+        Ok(Response::new(pb::HashKvResponse {
+            header: self.0.header(self.0.mvcc.revision()),
+            hash,
+            compact_revision,
+            hash_revision: at,
+        }))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(not_yet("the snapshot stream"))
+    }
+
+    async fn move_leader(&self, _request: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(not_yet("move-leader"))
+    }
+
+    async fn downgrade(&self, _request: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(not_yet("downgrade"))
+    }
+}

@@ -1,0 +1,316 @@
+//! One control-plane member (`rkube server`): opens the data dir, starts the Raft node over
+//! sled, serves the peer port (mutual TLS), the etcd v3 client port (mutual TLS unless
+//! insecure), and metrics/health over HTTP, and runs the leader's lease clock.
+
+pub mod datadir;
+pub mod etcd;
+pub mod metrics;
+pub mod node;
+pub mod peer;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity as TlsIdentity, Server, ServerTlsConfig};
+
+use crate::mvcc::{Command, MemberAttrs, MvccStore};
+use crate::pki::TlsFiles;
+use crate::proto::etcdserverpb::{
+    auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer, lease_server::LeaseServer,
+    maintenance_server::MaintenanceServer, watch_server::WatchServer,
+};
+use crate::proto::peer::peer_server::PeerServer;
+use crate::raft::log_store::LogStore;
+use crate::raft::network::PeerNetwork;
+use crate::raft::state_machine::StateMachine;
+use crate::raft::{Member, Raft};
+use datadir::{DataDir, MemberRecord};
+use node::{cluster_id, member_id, Identity, Node, Timing};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    /// Bootstrap a new cluster from the initial membership.
+    New,
+    /// Join a cluster that already added this member (`member add`).
+    Existing,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub listen_peer: SocketAddr,
+    pub listen_client: SocketAddr,
+    pub listen_metrics: Option<SocketAddr>,
+    /// URLs clients reach this member at, as published in the member list.
+    pub advertise_client: Vec<String>,
+    /// name -> peer address (`host:port`), this member included.
+    pub initial_cluster: Vec<(String, String)>,
+    pub initial_cluster_state: ClusterState,
+    pub cluster_token: String,
+    pub pki_dir: PathBuf,
+    pub insecure_client: bool,
+    pub heartbeat: Duration,
+    pub election_timeout: Duration,
+    pub snapshot_count: u64,
+    pub snapshot_catchup_entries: u64,
+    pub request_timeout: Duration,
+    pub progress_interval: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    DataDir(#[from] datadir::DataDirError),
+    #[error(transparent)]
+    Pki(#[from] crate::pki::PkiError),
+    #[error("cannot open the store in {dir}: {source}")]
+    Storage { dir: PathBuf, source: crate::error::StorageError },
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("TLS setup: {0}")]
+    Tls(#[from] tonic::transport::Error),
+}
+
+impl ServerConfig {
+    fn own_peer_addr(&self) -> Result<String, ServerError> {
+        self.initial_cluster.iter().find(|(n, _)| *n == self.name).map(|(_, a)| a.clone()).ok_or_else(|| {
+            ServerError::Config(format!(
+                "--initial-cluster has no entry for this member's --name {:?}; add {}=<peer address>",
+                self.name, self.name
+            ))
+        })
+    }
+}
+
+/// Parses `n1=host:port,n2=https://host:port,...`.
+pub fn parse_initial_cluster(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, url) = part.split_once('=').ok_or_else(|| format!("{part:?} is not NAME=ADDRESS"))?;
+        let addr = etcd::cluster::peer_addr_of(url).map_err(|e| e.message().to_string())?;
+        if out.iter().any(|(n, _)| n == name) {
+            return Err(format!("member {name:?} appears twice"));
+        }
+        out.push((name.to_string(), addr));
+    }
+    if out.is_empty() {
+        return Err("the initial cluster is empty".into());
+    }
+    Ok(out)
+}
+
+/// A running member. Dropping it does not stop it; call [`RunningServer::shutdown`].
+pub struct RunningServer {
+    pub node: Arc<Node>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _data_dir: DataDir,
+}
+
+impl RunningServer {
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.node.raft.shutdown().await;
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
+        let _ = self.node.db.flush_async().await;
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr).await.map_err(|source| ServerError::Listen { addr, what, source })
+}
+
+/// Starts a member and returns once it listens on all its ports.
+pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
+    let peer_addr = cfg.own_peer_addr()?;
+    let id = member_id(&cfg.cluster_token, &peer_addr);
+    let cid = cluster_id(&cfg.cluster_token);
+    let record = MemberRecord { name: cfg.name.clone(), member_id: id, cluster_id: cid, peer_addr: peer_addr.clone() };
+    let data_dir = DataDir::open(&cfg.data_dir, &record)?;
+
+    let tls = TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
+    let server_tls = ServerTlsConfig::new()
+        .identity(TlsIdentity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .client_ca_root(Certificate::from_pem(&tls.ca_pem));
+    let client_tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+        .identity(TlsIdentity::from_pem(&tls.cert_pem, &tls.key_pem));
+
+    let storage_err = |source| ServerError::Storage { dir: cfg.data_dir.clone(), source };
+    let db = sled::Config::new()
+        .path(cfg.data_dir.join("db"))
+        .cache_capacity(256 * 1024 * 1024)
+        .open()
+        .map_err(|e| storage_err(e.into()))?;
+    let mvcc = Arc::new(MvccStore::open(&db).map_err(storage_err)?);
+    let sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let committed = Arc::new(AtomicU64::new(0));
+    let log_store = LogStore::open(&db)
+        .map_err(|e| storage_err(e.into()))?
+        .observed(committed.clone(), metrics.fsync_seconds.clone());
+
+    let election_ms = cfg.election_timeout.as_millis() as u64;
+    let raft_config = openraft::Config {
+        cluster_name: cfg.cluster_token.clone(),
+        heartbeat_interval: cfg.heartbeat.as_millis() as u64,
+        election_timeout_min: election_ms,
+        election_timeout_max: election_ms * 2,
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
+        max_in_snapshot_log_to_keep: cfg.snapshot_catchup_entries,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| ServerError::Config(e.to_string()))?;
+
+    let network = PeerNetwork::new(client_tls);
+    let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
+        .await
+        .map_err(|e| ServerError::Raft(e.to_string()))?;
+
+    let client_urls = if cfg.advertise_client.is_empty() {
+        let scheme = if cfg.insecure_client { "http" } else { "https" };
+        vec![format!("{scheme}://{}", cfg.listen_client)]
+    } else {
+        cfg.advertise_client.clone()
+    };
+    let identity = Identity { id, name: cfg.name.clone(), cluster_token: cfg.cluster_token.clone(), cluster_id: cid, client_urls };
+    let timing = Timing { election_timeout: cfg.election_timeout, request_timeout: cfg.request_timeout };
+    let node = Arc::new(Node::new(identity, raft.clone(), mvcc, db, metrics, committed, timing, network));
+
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let mut tasks = Vec::new();
+
+    // Peer port first, so that peers can reach this member as soon as it votes.
+    let peer_listener = bind(cfg.listen_peer, "peer").await?;
+    let peer_service = PeerServer::new(peer::PeerService(node.clone()))
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    let peer_server = Server::builder().tls_config(server_tls.clone())?.add_service(peer_service);
+    let stop_peer = stopped();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = peer_server.serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stop_peer).await {
+            tracing::error!(error = %e, "peer server failed");
+        }
+    }));
+
+    if data_dir.fresh && cfg.initial_cluster_state == ClusterState::New {
+        let members: BTreeMap<u64, Member> = cfg
+            .initial_cluster
+            .iter()
+            .map(|(_, addr)| (member_id(&cfg.cluster_token, addr), Member { peer_addr: addr.clone() }))
+            .collect();
+        // Every initial member initializes with the same membership; openraft accepts that.
+        if let Err(e) = raft.initialize(members).await {
+            tracing::info!(error = %e, "raft already initialized");
+        }
+    }
+
+    let client_listener = bind(cfg.listen_client, "client").await?;
+    let max = 2 * etcd::MAX_REQUEST_BYTES + 4096;
+    let mut builder = Server::builder();
+    if !cfg.insecure_client {
+        builder = builder.tls_config(server_tls)?;
+    }
+    let client_server = builder
+        .add_service(KvServer::new(etcd::kv::KvService(node.clone())).max_decoding_message_size(max))
+        .add_service(WatchServer::new(etcd::watch::WatchService {
+            node: node.clone(),
+            progress_interval: cfg.progress_interval,
+        }))
+        .add_service(LeaseServer::new(etcd::lease::LeaseService {
+            node: node.clone(),
+            min_ttl: ((cfg.election_timeout.as_millis() as u64 * 3 / 2).div_ceil(1000) as i64).max(1),
+        }))
+        .add_service(ClusterServer::new(etcd::cluster::ClusterService(node.clone())))
+        .add_service(MaintenanceServer::new(etcd::maintenance::MaintenanceService(node.clone())))
+        .add_service(AuthServer::new(etcd::auth::AuthService { node: node.clone() }));
+    let stop_client = stopped();
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = client_server.serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), stop_client).await {
+            tracing::error!(error = %e, "client server failed");
+        }
+    }));
+
+    if let Some(addr) = cfg.listen_metrics {
+        let listener = bind(addr, "metrics").await?;
+        let app = metrics::router(node.clone());
+        let stop_http = stopped();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop_http).await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        }));
+    }
+
+    tasks.push(tokio::spawn(background(node.clone(), stopped())));
+    tracing::info!(name = %cfg.name, id = format!("{id:x}"), peer = %peer_addr, client = %cfg.listen_client, "member started");
+    Ok(RunningServer { node, stop, tasks, _data_dir: data_dir })
+}
+
+/// The member's periodic work: the leader's lease clock, publishing this member's attributes,
+/// and counting leader changes.
+async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut metrics_rx = node.raft.metrics();
+    let mut leader = None;
+    let mut published = false;
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tick.tick() => {
+                node.expire_leases().await;
+                if !published && node.leader().is_some() {
+                    published = publish_attrs(&node).await;
+                }
+            }
+            changed = metrics_rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = metrics_rx.borrow().current_leader;
+                if now != leader {
+                    if now.is_some() {
+                        node.metrics.leader_changes.inc();
+                        tracing::info!(leader = now.map(|l| format!("{l:x}")), "leader changed");
+                    }
+                    leader = now;
+                }
+            }
+        }
+    }
+}
+
+/// Proposes this member's name and client URLs if the store does not have them yet.
+async fn publish_attrs(node: &Arc<Node>) -> bool {
+    let mine = MemberAttrs { name: node.name.clone(), client_urls: node.identity.client_urls.clone() };
+    match node.mvcc.member_attrs() {
+        Ok(attrs) if attrs.get(&node.id) == Some(&mine) => return true,
+        Ok(_) => {}
+        Err(_) => return false,
+    }
+    let cmd = Command::MemberAttrs { id: node.id, name: mine.name, client_urls: mine.client_urls };
+    node.propose(cmd).await.is_ok()
+}

@@ -1,0 +1,550 @@
+//! A member's core: the Raft handle and the MVCC store, and the operations every client API
+//! needs from them — proposing a command (forwarded to the leader from a follower), a
+//! linearizable read barrier, lease keep-alive and time-to-live (decided by the leader), and
+//! membership changes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+use super::metrics::Metrics;
+use crate::error::{MvccError, StoreError};
+use crate::mvcc::{Applied, Command, MvccStore};
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::Payload;
+use crate::raft::network::PeerNetwork;
+use crate::raft::{Member, NodeId, Raft};
+
+/// A request a follower hands to the leader.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Forward {
+    Propose(Command),
+    ReadIndex,
+    LeaseKeepAlive(i64),
+    LeaseTimeToLive(i64),
+    Membership(MembershipChange),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Applied(Applied),
+    ReadIndex(u64),
+    KeepAlive { ttl: i64 },
+    TimeToLive { ttl: i64, granted: i64 },
+    Membership,
+}
+
+/// Errors as they travel between members.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardError {
+    NotLeader,
+    Mvcc(MvccError),
+    Unavailable(String),
+    Timeout,
+    NotFound(String),
+    FailedPrecondition(String),
+    InvalidArgument(String),
+}
+
+impl From<StoreError> for ForwardError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Mvcc(m) => ForwardError::Mvcc(m),
+            StoreError::Unavailable(m) => ForwardError::Unavailable(m),
+            StoreError::Timeout => ForwardError::Timeout,
+            StoreError::NotFound(m) => ForwardError::NotFound(m),
+            StoreError::FailedPrecondition(m) => ForwardError::FailedPrecondition(m),
+            StoreError::InvalidArgument(m) => ForwardError::InvalidArgument(m),
+            StoreError::Storage(e) => ForwardError::Unavailable(e.to_string()),
+            StoreError::Stopped => ForwardError::Unavailable("server stopped".into()),
+        }
+    }
+}
+
+impl From<ForwardError> for StoreError {
+    fn from(e: ForwardError) -> Self {
+        match e {
+            ForwardError::NotLeader => StoreError::Unavailable("leader changed".into()),
+            ForwardError::Mvcc(m) => StoreError::Mvcc(m),
+            ForwardError::Unavailable(m) => StoreError::Unavailable(m),
+            ForwardError::Timeout => StoreError::Timeout,
+            ForwardError::NotFound(m) => StoreError::NotFound(m),
+            ForwardError::FailedPrecondition(m) => StoreError::FailedPrecondition(m),
+            ForwardError::InvalidArgument(m) => StoreError::InvalidArgument(m),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MembershipChange {
+    AddLearner { id: NodeId, member: Member },
+    AddVoter { id: NodeId, member: Member },
+    Promote { id: NodeId },
+    Remove { id: NodeId },
+    Update { id: NodeId, member: Member },
+}
+
+/// Timing of a member, from its flags.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    pub election_timeout: Duration,
+    /// How long a client request may wait for a leader, a quorum or the apply.
+    pub request_timeout: Duration,
+}
+
+/// Who a member is.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub id: NodeId,
+    pub name: String,
+    pub cluster_token: String,
+    pub cluster_id: u64,
+    /// Client URLs this member publishes.
+    pub client_urls: Vec<String>,
+}
+
+pub struct Node {
+    pub id: NodeId,
+    pub name: String,
+    pub cluster_id: u64,
+    pub identity: Identity,
+    pub raft: Raft,
+    pub mvcc: Arc<MvccStore>,
+    pub db: sled::Db,
+    pub metrics: Arc<Metrics>,
+    pub committed: Arc<AtomicU64>,
+    pub timing: Timing,
+    network: PeerNetwork,
+    peers: Mutex<HashMap<NodeId, (String, PeerClient<Channel>)>>,
+    leases: LeaseClock,
+}
+
+/// The leader's view of when each lease expires. Kept in memory only: a new leader starts every
+/// lease's clock afresh at its full TTL, so a leadership change never expires a lease early.
+#[derive(Default)]
+struct LeaseClock {
+    inner: Mutex<LeaseClockInner>,
+}
+
+#[derive(Default)]
+struct LeaseClockInner {
+    /// The term these deadlines belong to; a different term means they are stale.
+    term: u64,
+    deadlines: HashMap<i64, Instant>,
+    /// Leases whose revoke has been proposed, and when (to retry if it got lost).
+    revoking: HashMap<i64, Instant>,
+}
+
+impl Node {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        identity: Identity,
+        raft: Raft,
+        mvcc: Arc<MvccStore>,
+        db: sled::Db,
+        metrics: Arc<Metrics>,
+        committed: Arc<AtomicU64>,
+        timing: Timing,
+        network: PeerNetwork,
+    ) -> Self {
+        Self {
+            id: identity.id,
+            name: identity.name.clone(),
+            cluster_id: identity.cluster_id,
+            identity,
+            raft,
+            mvcc,
+            db,
+            metrics,
+            committed,
+            timing,
+            network,
+            peers: Mutex::new(HashMap::new()),
+            leases: LeaseClock::default(),
+        }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// Waits (bounded by the request timeout) until some member is leader.
+    async fn wait_for_leader(&self, deadline: Instant) -> Result<NodeId, StoreError> {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Some(leader) = rx.borrow().current_leader {
+                return Ok(leader);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(StoreError::Unavailable("no leader".into()));
+            }
+        }
+    }
+
+    /// A leader that has not heard from a quorum for longer than an election timeout is cut
+    /// off; it refuses work at once instead of letting clients wait for a commit that cannot come.
+    fn check_quorum_contact(&self) -> Result<(), StoreError> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        if m.state == ServerState::Leader {
+            if let Some(ms) = m.millis_since_quorum_ack {
+                if ms > 2 * self.timing.election_timeout.as_millis() as u64 {
+                    return Err(StoreError::Unavailable(
+                        "no leader (this member lost contact with a quorum of the cluster)".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let addr = membership.nodes().find(|(nid, _)| **nid == id).map(|(_, n)| n.peer_addr.clone());
+        let addr = addr.ok_or_else(|| StoreError::Unavailable(format!("leader {id:x} is not in the membership")))?;
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((a, client)) = peers.get(&id) {
+            if *a == addr {
+                return Ok(client.clone());
+            }
+        }
+        let channel = self.network.channel(&addr).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let client = PeerClient::new(channel).max_decoding_message_size(usize::MAX);
+        peers.insert(id, (addr, client.clone()));
+        Ok(client)
+    }
+
+    /// Sends a request to the current leader (possibly this member), retrying while the
+    /// leadership moves, within the request timeout.
+    async fn to_leader(&self, req: Forward) -> Result<ForwardReply, StoreError> {
+        let deadline = Instant::now() + self.timing.request_timeout;
+        loop {
+            let leader = self.wait_for_leader(deadline).await?;
+            let result = if leader == self.id {
+                self.serve_forward(clone_forward(&req)).await
+            } else {
+                self.send_forward(leader, &req, deadline).await
+            };
+            match result {
+                Err(ForwardError::NotLeader) if Instant::now() < deadline => {
+                    // Leadership moved under us; wait for metrics to catch up and retry.
+                    let mut rx = self.raft.metrics();
+                    let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
+                    let _ = tokio::time::timeout(left, rx.changed()).await;
+                }
+                Err(ForwardError::NotLeader) => return Err(StoreError::Unavailable("no leader".into())),
+                Err(e) => return Err(e.into()),
+                Ok(r) => return Ok(r),
+            }
+        }
+    }
+
+    async fn send_forward(&self, leader: NodeId, req: &Forward, deadline: Instant) -> Result<ForwardReply, ForwardError> {
+        let mut client = self.peer(leader).map_err(ForwardError::from)?;
+        let data = bincode::serialize(req).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(50)));
+        let propose = matches!(req, Forward::Propose(_) | Forward::Membership(_));
+        match client.forward(request).await {
+            Ok(reply) => bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
+                .map_err(|e| ForwardError::Unavailable(e.to_string()))?,
+            // The request may or may not have reached the leader's log: only a read can be
+            // retried safely; a write reports the ambiguity as etcd does.
+            Err(status) if status.code() == tonic::Code::DeadlineExceeded => Err(ForwardError::Timeout),
+            Err(_) if !propose => Err(ForwardError::NotLeader),
+            Err(status) if status.code() == tonic::Code::Unavailable && is_connect_error(&status) => {
+                Err(ForwardError::NotLeader)
+            }
+            Err(status) => Err(ForwardError::Unavailable(format!("leader unreachable: {}", status.message()))),
+        }
+    }
+
+    /// Serves a request on this member as leader; `NotLeader` when it is not.
+    pub async fn serve_forward(&self, req: Forward) -> Result<ForwardReply, ForwardError> {
+        if !self.is_leader() {
+            return Err(ForwardError::NotLeader);
+        }
+        self.check_quorum_contact()?;
+        match req {
+            Forward::Propose(cmd) => self.propose_local(cmd).await.map(ForwardReply::Applied),
+            Forward::ReadIndex => {
+                let fut = self.raft.get_read_log_id();
+                match tokio::time::timeout(self.timing.request_timeout, fut).await {
+                    Err(_) => Err(ForwardError::Timeout),
+                    Ok(Ok((read, _))) => Ok(ForwardReply::ReadIndex(read.map_or(0, |l| l.index))),
+                    Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
+                    Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                        Err(ForwardError::Unavailable("no leader (quorum not reachable)".into()))
+                    }
+                    Ok(Err(RaftError::Fatal(f))) => Err(ForwardError::Unavailable(f.to_string())),
+                }
+            }
+            Forward::LeaseKeepAlive(id) => self.keep_alive_local(id).map(|ttl| ForwardReply::KeepAlive { ttl }),
+            Forward::LeaseTimeToLive(id) => {
+                self.ttl_local(id).map(|(ttl, granted)| ForwardReply::TimeToLive { ttl, granted })
+            }
+            Forward::Membership(change) => self.change_membership_local(change).await.map(|_| ForwardReply::Membership),
+        }
+    }
+
+    async fn propose_local(&self, cmd: Command) -> Result<Applied, ForwardError> {
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.timing.request_timeout, self.raft.client_write(cmd)).await;
+        self.metrics.proposal_seconds.observe(started.elapsed().as_secs_f64());
+        match result {
+            Err(_) => {
+                self.metrics.proposals_failed.inc();
+                Err(ForwardError::Timeout)
+            }
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
+            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
+                Err(ForwardError::FailedPrecondition(e.to_string()))
+            }
+            Ok(Err(RaftError::Fatal(f))) => Err(ForwardError::Unavailable(f.to_string())),
+        }
+    }
+
+    /// Proposes a command through the leader and returns what the state machine made of it.
+    pub async fn propose(&self, cmd: Command) -> Result<Applied, StoreError> {
+        match self.to_leader(Forward::Propose(cmd)).await? {
+            ForwardReply::Applied(a) => Ok(a),
+            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+        }
+    }
+
+    /// Returns once this member has applied everything committed before the call: the
+    /// read-index protocol (the leader confirms its leadership with a quorum).
+    pub async fn linearizable_barrier(&self) -> Result<(), StoreError> {
+        let index = match self.to_leader(Forward::ReadIndex).await? {
+            ForwardReply::ReadIndex(i) => i,
+            other => return Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+        };
+        self.raft
+            .wait(Some(self.timing.request_timeout))
+            .applied_index_at_least(Some(index), "linearizable read")
+            .await
+            .map(|_| ())
+            .map_err(|_| StoreError::Timeout)
+    }
+
+    // ---- leases ----
+
+    pub async fn lease_keep_alive(&self, id: i64) -> Result<i64, StoreError> {
+        match self.to_leader(Forward::LeaseKeepAlive(id)).await? {
+            ForwardReply::KeepAlive { ttl } => Ok(ttl),
+            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+        }
+    }
+
+    /// Remaining and granted TTL of a lease, in seconds.
+    pub async fn lease_time_to_live(&self, id: i64) -> Result<(i64, i64), StoreError> {
+        match self.to_leader(Forward::LeaseTimeToLive(id)).await? {
+            ForwardReply::TimeToLive { ttl, granted } => Ok((ttl, granted)),
+            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+        }
+    }
+
+    fn lease_clock(&self) -> std::sync::MutexGuard<'_, LeaseClockInner> {
+        let term = self.term();
+        let mut clock = self.leases.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if clock.term != term {
+            clock.term = term;
+            clock.deadlines.clear();
+            clock.revoking.clear();
+        }
+        clock
+    }
+
+    fn keep_alive_local(&self, id: i64) -> Result<i64, ForwardError> {
+        let lease = self.mvcc.lease(id).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
+        let mut clock = self.lease_clock();
+        if clock.revoking.contains_key(&id) {
+            return Err(ForwardError::Mvcc(MvccError::LeaseNotFound));
+        }
+        clock.deadlines.insert(id, Instant::now() + Duration::from_secs(lease.ttl as u64));
+        Ok(lease.ttl)
+    }
+
+    fn ttl_local(&self, id: i64) -> Result<(i64, i64), ForwardError> {
+        let lease = self.mvcc.lease(id).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
+        let mut clock = self.lease_clock();
+        let full = Instant::now() + Duration::from_secs(lease.ttl as u64);
+        let deadline = *clock.deadlines.entry(id).or_insert(full);
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Round up, as etcd reports remaining seconds.
+        let secs = left.as_millis().div_ceil(1000) as i64;
+        Ok((secs, lease.ttl))
+    }
+
+    /// One pass of the leader's lease clock: leases whose time ran out are revoked through the
+    /// log, so every member deletes their keys at the same revision.
+    pub async fn expire_leases(self: &Arc<Self>) {
+        if !self.is_leader() {
+            return;
+        }
+        let leases = match self.mvcc.leases() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read leases");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        {
+            let mut clock = self.lease_clock();
+            let live: BTreeSet<i64> = leases.iter().map(|l| l.id).collect();
+            clock.deadlines.retain(|id, _| live.contains(id));
+            clock.revoking.retain(|id, _| live.contains(id));
+            for lease in &leases {
+                let deadline =
+                    *clock.deadlines.entry(lease.id).or_insert(now + Duration::from_secs(lease.ttl as u64));
+                let retry = clock.revoking.get(&lease.id).map_or(true, |at| now.duration_since(*at) > Duration::from_secs(5));
+                if deadline <= now && retry {
+                    clock.revoking.insert(lease.id, now);
+                    expired.push(lease.id);
+                }
+            }
+        }
+        for id in expired {
+            let node = self.clone();
+            tokio::spawn(async move {
+                match node.propose(Command::LeaseRevoke { id }).await {
+                    Ok(_) => tracing::info!(lease = format!("{id:x}"), "lease expired and revoked"),
+                    Err(e) => tracing::warn!(lease = format!("{id:x}"), error = %e, "revoking expired lease failed"),
+                }
+            });
+        }
+    }
+
+    // ---- membership ----
+
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<(), StoreError> {
+        self.to_leader(Forward::Membership(change)).await.map(|_| ())
+    }
+
+    async fn change_membership_local(&self, change: MembershipChange) -> Result<(), ForwardError> {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let known = |id: &NodeId| membership.nodes().any(|(n, _)| n == id);
+        let result = match change {
+            MembershipChange::AddLearner { id, member } | MembershipChange::AddVoter { id, member } if known(&id) => {
+                let _ = member;
+                return Err(ForwardError::FailedPrecondition("member ID already exist".into()));
+            }
+            MembershipChange::AddLearner { id, member } => self.raft.add_learner(id, member, false).await,
+            MembershipChange::AddVoter { id, member } => {
+                let nodes = BTreeMap::from([(id, member)]);
+                self.raft.change_membership(ChangeMembers::AddVoters(nodes), false).await
+            }
+            MembershipChange::Promote { id } => {
+                if !known(&id) {
+                    return Err(ForwardError::NotFound("member not found".into()));
+                }
+                if voters.contains(&id) {
+                    return Err(ForwardError::FailedPrecondition("can only promote a learner member".into()));
+                }
+                if !self.learner_in_sync(id) {
+                    return Err(ForwardError::FailedPrecondition(
+                        "can only promote a learner member which is in sync with leader".into(),
+                    ));
+                }
+                self.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await
+            }
+            MembershipChange::Remove { id } => {
+                if !known(&id) {
+                    return Err(ForwardError::NotFound("member not found".into()));
+                }
+                if voters.contains(&id) {
+                    if voters.len() == 1 {
+                        return Err(ForwardError::FailedPrecondition(
+                            "re-configuration failed due to not enough started members".into(),
+                        ));
+                    }
+                    self.raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await
+                } else {
+                    self.raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await
+                }
+            }
+            MembershipChange::Update { id, member } => {
+                if !known(&id) {
+                    return Err(ForwardError::NotFound("member not found".into()));
+                }
+                self.raft.change_membership(ChangeMembers::SetNodes(BTreeMap::from([(id, member)])), false).await
+            }
+        };
+        match result {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ForwardError::NotLeader),
+            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                Err(ForwardError::FailedPrecondition(e.to_string()))
+            }
+            Err(RaftError::Fatal(f)) => Err(ForwardError::Unavailable(f.to_string())),
+        }
+    }
+
+    /// A learner is in sync when it has matched the leader's log to within a small lag.
+    fn learner_in_sync(&self, id: NodeId) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map_or(0, |l| l.index);
+        last.saturating_sub(matched) <= 100
+    }
+}
+
+fn clone_forward(req: &Forward) -> Forward {
+    match req {
+        Forward::Propose(c) => Forward::Propose(c.clone()),
+        Forward::ReadIndex => Forward::ReadIndex,
+        Forward::LeaseKeepAlive(id) => Forward::LeaseKeepAlive(*id),
+        Forward::LeaseTimeToLive(id) => Forward::LeaseTimeToLive(*id),
+        Forward::Membership(m) => Forward::Membership(m.clone()),
+    }
+}
+
+/// True when the call failed before any byte reached the peer (so it was never served).
+fn is_connect_error(status: &tonic::Status) -> bool {
+    let text = format!("{status:?}").to_lowercase();
+    text.contains("connection refused") || text.contains("tcp connect error") || text.contains("error trying to connect")
+}
+
+/// A member's Raft id: derived from the cluster token and its advertised peer address, so
+/// that `member add` (which knows only the address) and the member itself agree on it.
+pub fn member_id(cluster_token: &str, peer_addr: &str) -> NodeId {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{cluster_token}\n{peer_addr}").as_bytes());
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&digest[..8]);
+    // Non-zero and positive as an i64, which keeps etcd clients that print it signed happy.
+    (u64::from_be_bytes(bytes) >> 1).max(1)
+}
+
+pub fn cluster_id(cluster_token: &str) -> u64 {
+    member_id(cluster_token, "")
+}
+
+/// Keeps the committed index that openraft reports to the log store.
+pub fn committed_index(committed: &AtomicU64) -> u64 {
+    committed.load(Ordering::Relaxed)
+}
