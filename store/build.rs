@@ -3,6 +3,9 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(["rpc.proto", "peer.proto"], ["proto"])?;
-    tonic_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
+    tonic_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -1,1 +1,212 @@
-fn main(){}
+//! rkube: a Kubernetes-compatible control plane in one binary. This crate only wires the
+//! command line to the components.
+
+mod bench;
+mod client;
+mod kv;
+mod status;
+mod up;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use rkube_store::server::{parse_initial_cluster, ClusterState, ServerConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rkube",
+    version,
+    about = "A Kubernetes-compatible control plane with a built-in Raft store"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one control-plane server.
+    Server(Box<ServerArgs>),
+    /// Start a local HA cluster on loopback.
+    Up(up::UpArgs),
+    /// Stop a local cluster started with `up --detach`.
+    Down(up::DownArgs),
+    /// Read and write keys of the store.
+    Kv {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        #[command(subcommand)]
+        command: kv::KvCommand,
+    },
+    /// Manage leases.
+    Lease {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        #[command(subcommand)]
+        command: kv::LeaseCommand,
+    },
+    /// Show every member's role, term, indexes, revision and size.
+    Status {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        /// Output format: table or json.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
+    /// Benchmarks against a running cluster.
+    Bench {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Put throughput and latency.
+    Put(bench::BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServerArgs {
+    /// Member name, unique in the cluster.
+    #[arg(long)]
+    name: String,
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address for Raft traffic from other members.
+    #[arg(long)]
+    listen_peer: SocketAddr,
+    /// Address for clients (etcd v3 gRPC API).
+    #[arg(long)]
+    listen_client: SocketAddr,
+    /// Address for /metrics, /livez and /readyz (plain HTTP).
+    #[arg(long)]
+    listen_metrics: Option<SocketAddr>,
+    /// Client URLs to publish (default: derived from --listen-client).
+    #[arg(long, value_delimiter = ',')]
+    advertise_client_urls: Vec<String>,
+    /// Every initial member as NAME=PEER_ADDRESS, comma-separated, this one included.
+    #[arg(long)]
+    initial_cluster: String,
+    /// `new` bootstraps; `existing` joins a cluster that already added this member.
+    #[arg(long, default_value = "new")]
+    initial_cluster_state: String,
+    /// Distinguishes clusters: members of one cluster share it; a data dir of another is refused.
+    #[arg(long, default_value = "rkube-cluster")]
+    initial_cluster_token: String,
+    /// Directory with ca.crt, NAME.crt and NAME.key.
+    #[arg(long)]
+    pki: PathBuf,
+    /// Serve clients over plain TCP instead of mutual TLS.
+    #[arg(long)]
+    insecure_client: bool,
+    /// Raft heartbeat interval, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Raft election timeout, milliseconds (randomized up to twice this).
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+    /// Take a Raft snapshot after this many applied entries.
+    #[arg(long, default_value_t = 10_000)]
+    snapshot_count: u64,
+    /// Entries kept in the log behind a snapshot for slow followers.
+    #[arg(long, default_value_t = 5_000)]
+    snapshot_catchup_entries: u64,
+    /// Longest a client request waits for a leader, a quorum or the apply, milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    request_timeout: u64,
+    /// Interval of watch progress notifications, seconds.
+    #[arg(long, default_value_t = 600)]
+    watch_progress_notify_interval: u64,
+}
+
+fn server_config(a: ServerArgs) -> Result<ServerConfig> {
+    let state = match a.initial_cluster_state.as_str() {
+        "new" => ClusterState::New,
+        "existing" => ClusterState::Existing,
+        other => anyhow::bail!("--initial-cluster-state must be new or existing, not {other:?}"),
+    };
+    Ok(ServerConfig {
+        name: a.name,
+        data_dir: a.data_dir,
+        listen_peer: a.listen_peer,
+        listen_client: a.listen_client,
+        listen_metrics: a.listen_metrics,
+        advertise_client: a.advertise_client_urls,
+        initial_cluster: parse_initial_cluster(&a.initial_cluster)
+            .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?,
+        initial_cluster_state: state,
+        cluster_token: a.initial_cluster_token,
+        pki_dir: a.pki,
+        insecure_client: a.insecure_client,
+        heartbeat: Duration::from_millis(a.heartbeat_interval),
+        election_timeout: Duration::from_millis(a.election_timeout),
+        snapshot_count: a.snapshot_count,
+        snapshot_catchup_entries: a.snapshot_catchup_entries,
+        request_timeout: Duration::from_millis(a.request_timeout),
+        progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
+    })
+}
+
+async fn run_server(args: ServerArgs) -> Result<()> {
+    let cfg = server_config(args)?;
+    let server = rkube_store::server::start(cfg).await?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = sigint.recv() => {}
+        _ = sigterm.recv() => {}
+    }
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RKUBE_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(
+                    "info,openraft=warn,sled=warn,h2=warn,tower=warn",
+                )
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()).await {
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Server(args) => run_server(*args).await,
+        Command::Up(args) => up::up(args).await,
+        Command::Down(args) => up::down(args).await,
+        Command::Kv { cluster, command } => {
+            let ch = cluster.resolve()?.connect().await?;
+            kv::run(ch, command).await
+        }
+        Command::Lease { cluster, command } => {
+            let ch = cluster.resolve()?.connect().await?;
+            kv::lease(ch, command).await
+        }
+        Command::Status { cluster, output } => {
+            let target = cluster.resolve()?;
+            status::run(&target, output == "json")
+                .await
+                .context("status")
+        }
+        Command::Bench {
+            cluster,
+            command: BenchCommand::Put(args),
+        } => bench::put(&cluster.resolve()?, args).await,
+    }
+}

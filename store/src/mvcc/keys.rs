@@ -80,13 +80,22 @@ mod tests {
 
     #[test]
     fn escaping_keeps_key_order_and_round_trips() {
-        let keys: Vec<&[u8]> = vec![b"", b"\0", b"\0\0", b"\x01", b"a", b"a\0", b"a\0b", b"a\x01", b"ab", b"b"];
-        let mut encoded: Vec<Vec<u8>> = keys.iter().map(|k| index_key(k, Revision { main: 7, sub: 1 })).collect();
+        let keys: Vec<&[u8]> = vec![
+            b"", b"\0", b"\0\0", b"\x01", b"a", b"a\0", b"a\0b", b"a\x01", b"ab", b"b",
+        ];
+        let mut encoded: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| index_key(k, Revision { main: 7, sub: 1 }))
+            .collect();
         let sorted = encoded.clone();
         encoded.sort();
-        assert_eq!(encoded, sorted, "encoding must preserve the order of the keys");
+        assert_eq!(
+            encoded, sorted,
+            "encoding must preserve the order of the keys"
+        );
         for key in keys {
-            let (back, rev) = split_index_key(&index_key(key, Revision { main: 3, sub: 2 })).expect("decodes");
+            let (back, rev) =
+                split_index_key(&index_key(key, Revision { main: 3, sub: 2 })).expect("decodes");
             assert_eq!(back, key);
             assert_eq!(rev, Revision { main: 3, sub: 2 });
         }

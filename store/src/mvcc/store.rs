@@ -96,7 +96,9 @@ impl Dump {
     /// A metadata value as of the dump.
     pub fn meta(&self, key: &[u8]) -> Option<&[u8]> {
         let (_, rows) = self.trees.iter().find(|(n, _)| n == "meta")?;
-        rows.iter().find(|(k, _)| k.as_slice() == key).map(|(_, v)| v.as_slice())
+        rows.iter()
+            .find(|(k, _)| k.as_slice() == key)
+            .map(|(_, v)| v.as_slice())
     }
 }
 
@@ -141,9 +143,9 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 
 fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<i64, StorageError> {
     match tree.get(key)? {
-        Some(v) => Ok(i64::from_be_bytes(
-            v.as_ref().try_into().map_err(|_| StorageError::Corrupt(format!("meta {}", String::from_utf8_lossy(key))))?,
-        )),
+        Some(v) => Ok(i64::from_be_bytes(v.as_ref().try_into().map_err(|_| {
+            StorageError::Corrupt(format!("meta {}", String::from_utf8_lossy(key)))
+        })?)),
         None => Ok(0),
     }
 }
@@ -197,7 +199,16 @@ impl MvccStore {
 
     /// Approximate bytes on disk of the MVCC trees.
     pub fn size_estimate(&self) -> u64 {
-        self.trees.all().iter().map(|(_, t)| t.iter().filter_map(|r| r.ok()).map(|(k, v)| (k.len() + v.len()) as u64).sum::<u64>()).sum()
+        self.trees
+            .all()
+            .iter()
+            .map(|(_, t)| {
+                t.iter()
+                    .filter_map(|r| r.ok())
+                    .map(|(k, v)| (k.len() + v.len()) as u64)
+                    .sum::<u64>()
+            })
+            .sum()
     }
 
     // ---- reads ----
@@ -211,19 +222,32 @@ impl MvccStore {
         Ok((result, current))
     }
 
-    fn range_locked(&self, req: &RangeRequest, current: i64, ws: Option<&WriteSet>) -> Result<RangeResult, MvccError> {
-        let at = if req.revision > 0 { req.revision } else { current };
+    fn range_locked(
+        &self,
+        req: &RangeRequest,
+        current: i64,
+        ws: Option<&WriteSet>,
+    ) -> Result<RangeResult, MvccError> {
+        let at = if req.revision > 0 {
+            req.revision
+        } else {
+            current
+        };
         if at > current {
             return Err(MvccError::FutureRevision);
         }
         let compact = self.compact_revision();
         if req.revision > 0 && at < compact {
-            return Err(MvccError::Compacted { compact_revision: compact });
+            return Err(MvccError::Compacted {
+                compact_revision: compact,
+            });
         }
         let mut kvs = if at == current {
-            self.scan_current(&req.range, ws).map_err(|_| MvccError::FutureRevision)?
+            self.scan_current(&req.range, ws)
+                .map_err(|_| MvccError::FutureRevision)?
         } else {
-            self.scan_at(&req.range, at).map_err(|_| MvccError::FutureRevision)?
+            self.scan_at(&req.range, at)
+                .map_err(|_| MvccError::FutureRevision)?
         };
         let count = kvs.len() as i64;
         kvs.retain(|kv| {
@@ -249,7 +273,11 @@ impl MvccStore {
     }
 
     /// Live keys in the range, with the pending changes of `ws` laid over them.
-    fn scan_current(&self, range: &KeyRange, ws: Option<&WriteSet>) -> Result<Vec<KeyValue>, StorageError> {
+    fn scan_current(
+        &self,
+        range: &KeyRange,
+        ws: Option<&WriteSet>,
+    ) -> Result<Vec<KeyValue>, StorageError> {
         let mut out: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
         if range.is_single() {
             if let Some(v) = self.trees.cur.get(&range.key)? {
@@ -296,7 +324,8 @@ impl MvccStore {
         let mut latest: Vec<(Vec<u8>, Revision)> = Vec::new();
         for item in iter {
             let (entry, _) = item?;
-            let (key, rev) = split_index_key(&entry).ok_or_else(|| StorageError::Corrupt("key index entry".into()))?;
+            let (key, rev) = split_index_key(&entry)
+                .ok_or_else(|| StorageError::Corrupt("key index entry".into()))?;
             if rev.main > at {
                 continue;
             }
@@ -318,7 +347,11 @@ impl MvccStore {
     }
 
     /// The version of `key` live just before revision `before`, for a watch's prev_kv.
-    fn version_before(&self, key: &[u8], before: Revision) -> Result<Option<KeyValue>, StorageError> {
+    fn version_before(
+        &self,
+        key: &[u8],
+        before: Revision,
+    ) -> Result<Option<KeyValue>, StorageError> {
         let lo = escape_key(key);
         let hi = index_key(key, before);
         if let Some(item) = self.trees.kidx.range(lo..hi).next_back() {
@@ -349,10 +382,14 @@ impl MvccStore {
         let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
         let compact = self.compact_revision();
         if from < compact {
-            return Err(MvccError::Compacted { compact_revision: compact });
+            return Err(MvccError::Compacted {
+                compact_revision: compact,
+            });
         }
         self.history_locked(range, from, to, prev_kv, max_events)
-            .map_err(|_| MvccError::Compacted { compact_revision: compact })
+            .map_err(|_| MvccError::Compacted {
+                compact_revision: compact,
+            })
     }
 
     fn history_locked(
@@ -365,9 +402,14 @@ impl MvccStore {
     ) -> Result<Vec<RevisionBatch>, StorageError> {
         let mut out: Vec<RevisionBatch> = Vec::new();
         let mut seen = 0usize;
-        for item in self.trees.hist.range(Revision::first_of(from)..Revision::first_of(to.saturating_add(1))) {
+        for item in self
+            .trees
+            .hist
+            .range(Revision::first_of(from)..Revision::first_of(to.saturating_add(1)))
+        {
             let (k, v) = item?;
-            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let rev = Revision::from_bytes(&k)
+                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
             if seen >= max_events && out.last().map_or(false, |b| b.revision != rev.main) {
                 break;
             }
@@ -375,16 +417,28 @@ impl MvccStore {
             if !range.contains(&record.kv.key) {
                 continue;
             }
-            let prev = if prev_kv { self.version_before(&record.kv.key, rev)? } else { None };
+            let prev = if prev_kv {
+                self.version_before(&record.kv.key, rev)?
+            } else {
+                None
+            };
             let event = Event {
-                kind: if record.tombstone { EventKind::Delete } else { EventKind::Put },
+                kind: if record.tombstone {
+                    EventKind::Delete
+                } else {
+                    EventKind::Put
+                },
                 kv: record.kv,
                 prev_kv: prev,
             };
             seen += 1;
             match out.last_mut() {
                 Some(batch) if batch.revision == rev.main => batch.events.push(event),
-                _ => out.push(RevisionBatch { revision: rev.main, events: vec![event], restored: false }),
+                _ => out.push(RevisionBatch {
+                    revision: rev.main,
+                    events: vec![event],
+                    restored: false,
+                }),
             }
         }
         Ok(out)
@@ -440,10 +494,16 @@ impl MvccStore {
         }
         let compact = self.compact_revision();
         if at < compact {
-            return Err(MvccError::Compacted { compact_revision: compact });
+            return Err(MvccError::Compacted {
+                compact_revision: compact,
+            });
         }
         let mut hasher = crc32fast::Hasher::new();
-        for item in self.trees.hist.range(Revision::first_of(compact + 1)..Revision::first_of(at + 1)) {
+        for item in self
+            .trees
+            .hist
+            .range(Revision::first_of(compact + 1)..Revision::first_of(at + 1))
+        {
             let (k, v) = item.map_err(|_| MvccError::FutureRevision)?;
             hasher.update(&k);
             hasher.update(&v);
@@ -455,18 +515,37 @@ impl MvccStore {
 
     /// Applies one command and commits its changes together with `extra_meta`. An `Err` inside
     /// [`Applied::output`] means the command was refused and nothing but `extra_meta` changed.
-    pub fn apply(&self, cmd: &Command, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<Applied, StorageError> {
+    pub fn apply(
+        &self,
+        cmd: &Command,
+        extra_meta: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<Applied, StorageError> {
         let current = self.revision();
-        let mut ws = WriteSet { main: current + 1, ..Default::default() };
+        let mut ws = WriteSet {
+            main: current + 1,
+            ..Default::default()
+        };
         let output = match cmd {
             Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
             Command::LeaseGrant { id, ttl } => self.apply_grant(*id, *ttl, &mut ws),
             Command::LeaseRevoke { id } => self.apply_revoke(*id, &mut ws),
-            Command::Compact { revision } => self.check_compact(*revision, current).map(|_| Output::Compacted),
-            Command::MemberAttrs { id, name, client_urls } => {
+            Command::Compact { revision } => self
+                .check_compact(*revision, current)
+                .map(|_| Output::Compacted),
+            Command::MemberAttrs {
+                id,
+                name,
+                client_urls,
+            } => {
                 let mut key = META_MEMBER_PREFIX.to_vec();
                 key.extend_from_slice(id.to_string().as_bytes());
-                ws.meta_puts.push((key, encode(&MemberAttrs { name: name.clone(), client_urls: client_urls.clone() })));
+                ws.meta_puts.push((
+                    key,
+                    encode(&MemberAttrs {
+                        name: name.clone(),
+                        client_urls: client_urls.clone(),
+                    }),
+                ));
                 Ok(Output::MemberAttrs)
             }
         };
@@ -474,28 +553,46 @@ impl MvccStore {
             Ok(o) => o,
             Err(e) => {
                 // Refused: drop every computed change, keep only the caller's metadata.
-                ws = WriteSet { main: current + 1, meta_puts: Vec::new(), ..Default::default() };
+                ws = WriteSet {
+                    main: current + 1,
+                    meta_puts: Vec::new(),
+                    ..Default::default()
+                };
                 self.commit(ws, extra_meta)?;
-                return Ok(Applied { revision: current, output: Err(e) });
+                return Ok(Applied {
+                    revision: current,
+                    output: Err(e),
+                });
             }
         };
         let revision = self.commit(ws, extra_meta)?;
         if let Command::Compact { revision: rev } = cmd {
             self.compact(*rev)?;
         }
-        Ok(Applied { revision, output: Ok(output) })
+        Ok(Applied {
+            revision,
+            output: Ok(output),
+        })
     }
 
     /// Commits the changes; returns the store revision after them.
-    fn commit(&self, mut ws: WriteSet, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<i64, StorageError> {
+    fn commit(
+        &self,
+        mut ws: WriteSet,
+        extra_meta: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<i64, StorageError> {
         let changed = !ws.records.is_empty();
         let revision = if changed { ws.main } else { ws.main - 1 };
         if changed {
-            ws.meta_puts.push((META_REVISION.to_vec(), revision.to_be_bytes().to_vec()));
+            ws.meta_puts
+                .push((META_REVISION.to_vec(), revision.to_be_bytes().to_vec()));
         }
         ws.meta_puts.extend(extra_meta);
-        let records: Vec<(Revision, Vec<u8>, Record)> =
-            ws.records.iter().map(|(rev, r)| (*rev, encode(r), r.clone())).collect();
+        let records: Vec<(Revision, Vec<u8>, Record)> = ws
+            .records
+            .iter()
+            .map(|(rev, r)| (*rev, encode(r), r.clone()))
+            .collect();
         let t = &self.trees;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         (&t.hist, &t.kidx, &t.cur, &t.leases, &t.lkeys, &t.meta).transaction(
@@ -540,7 +637,11 @@ impl MvccStore {
         drop(_guard);
         if changed {
             // No receivers is fine: nobody is watching.
-            let _ = self.hub.send(Arc::new(RevisionBatch { revision, events: std::mem::take(&mut ws.events), restored: false }));
+            let _ = self.hub.send(Arc::new(RevisionBatch {
+                revision,
+                events: std::mem::take(&mut ws.events),
+                restored: false,
+            }));
         }
         Ok(revision)
     }
@@ -555,7 +656,12 @@ impl MvccStore {
         }
     }
 
-    fn apply_txn(&self, txn: &TxnRequest, current: i64, ws: &mut WriteSet) -> Result<TxnResult, MvccError> {
+    fn apply_txn(
+        &self,
+        txn: &TxnRequest,
+        current: i64,
+        ws: &mut WriteSet,
+    ) -> Result<TxnResult, MvccError> {
         let mut succeeded = true;
         for cmp in &txn.compare {
             if !self.compare(cmp, ws)? {
@@ -563,16 +669,25 @@ impl MvccStore {
                 break;
             }
         }
-        let ops = if succeeded { &txn.success } else { &txn.failure };
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
             responses.push(self.apply_op(op, current, ws)?);
         }
-        Ok(TxnResult { succeeded, responses })
+        Ok(TxnResult {
+            succeeded,
+            responses,
+        })
     }
 
     fn compare(&self, cmp: &Compare, ws: &WriteSet) -> Result<bool, MvccError> {
-        let kvs = self.scan_current(&cmp.range, Some(ws)).map_err(|_| MvccError::FutureRevision)?;
+        let kvs = self
+            .scan_current(&cmp.range, Some(ws))
+            .map_err(|_| MvccError::FutureRevision)?;
         if kvs.is_empty() {
             if matches!(cmp.target, CompareTarget::Value(_)) {
                 return Ok(false);
@@ -591,24 +706,35 @@ impl MvccStore {
                 if req.revision == current {
                     req.revision = 0;
                 }
-                Ok(OpResult::Range(self.range_locked(&req, current, Some(ws))?))
+                Ok(OpResult::Range(self.range_locked(
+                    &req,
+                    current,
+                    Some(ws),
+                )?))
             }
             Op::Put(req) => {
                 let prev = self.current_kv(&req.key, ws).map_err(storage)?;
                 let value = if req.ignore_value {
-                    prev.as_ref().map(|p| p.value.clone()).ok_or(MvccError::KeyNotFound)?
+                    prev.as_ref()
+                        .map(|p| p.value.clone())
+                        .ok_or(MvccError::KeyNotFound)?
                 } else {
                     req.value.clone()
                 };
                 let lease = if req.ignore_lease {
-                    prev.as_ref().map(|p| p.lease).ok_or(MvccError::KeyNotFound)?
+                    prev.as_ref()
+                        .map(|p| p.lease)
+                        .ok_or(MvccError::KeyNotFound)?
                 } else {
                     req.lease
                 };
                 if lease != 0 && self.lease(lease).map_err(storage)?.is_none() {
                     return Err(MvccError::LeaseNotFound);
                 }
-                let rev = Revision { main: ws.main, sub: ws.next_sub };
+                let rev = Revision {
+                    main: ws.main,
+                    sub: ws.next_sub,
+                };
                 ws.next_sub += 1;
                 let kv = KeyValue {
                     key: req.key.clone(),
@@ -627,22 +753,51 @@ impl MvccStore {
                     ws.lkey_puts.push((lease, req.key.clone()));
                 }
                 ws.overlay.insert(req.key.clone(), Some(kv.clone()));
-                ws.records.push((rev, Record { kv: kv.clone(), tombstone: false }));
-                ws.events.push(Event { kind: EventKind::Put, kv, prev_kv: prev.clone() });
-                Ok(OpResult::Put(PutResult { prev_kv: if req.prev_kv { prev } else { None } }))
+                ws.records.push((
+                    rev,
+                    Record {
+                        kv: kv.clone(),
+                        tombstone: false,
+                    },
+                ));
+                ws.events.push(Event {
+                    kind: EventKind::Put,
+                    kv,
+                    prev_kv: prev.clone(),
+                });
+                Ok(OpResult::Put(PutResult {
+                    prev_kv: if req.prev_kv { prev } else { None },
+                }))
             }
             Op::Delete(req) => {
                 let existing = self.scan_current(&req.range, Some(ws)).map_err(storage)?;
                 for prev in &existing {
-                    let rev = Revision { main: ws.main, sub: ws.next_sub };
+                    let rev = Revision {
+                        main: ws.main,
+                        sub: ws.next_sub,
+                    };
                     ws.next_sub += 1;
-                    let tomb = KeyValue { key: prev.key.clone(), mod_revision: rev.main, ..Default::default() };
+                    let tomb = KeyValue {
+                        key: prev.key.clone(),
+                        mod_revision: rev.main,
+                        ..Default::default()
+                    };
                     if prev.lease != 0 {
                         ws.lkey_removes.push((prev.lease, prev.key.clone()));
                     }
                     ws.overlay.insert(prev.key.clone(), None);
-                    ws.records.push((rev, Record { kv: tomb.clone(), tombstone: true }));
-                    ws.events.push(Event { kind: EventKind::Delete, kv: tomb, prev_kv: Some(prev.clone()) });
+                    ws.records.push((
+                        rev,
+                        Record {
+                            kv: tomb.clone(),
+                            tombstone: true,
+                        },
+                    ));
+                    ws.events.push(Event {
+                        kind: EventKind::Delete,
+                        kv: tomb,
+                        prev_kv: Some(prev.clone()),
+                    });
                 }
                 Ok(OpResult::Delete(DeleteResult {
                     deleted: existing.len() as i64,
@@ -657,7 +812,11 @@ impl MvccStore {
         if ttl > MAX_LEASE_TTL {
             return Err(MvccError::LeaseTtlTooLarge);
         }
-        if self.lease(id).map_err(|_| MvccError::LeaseNotFound)?.is_some() {
+        if self
+            .lease(id)
+            .map_err(|_| MvccError::LeaseNotFound)?
+            .is_some()
+        {
             return Err(MvccError::LeaseExists);
         }
         ws.lease_puts.push(Lease { id, ttl });
@@ -665,13 +824,24 @@ impl MvccStore {
     }
 
     fn apply_revoke(&self, id: i64, ws: &mut WriteSet) -> Result<Output, MvccError> {
-        if self.lease(id).map_err(|_| MvccError::LeaseNotFound)?.is_none() {
+        if self
+            .lease(id)
+            .map_err(|_| MvccError::LeaseNotFound)?
+            .is_none()
+        {
             return Err(MvccError::LeaseNotFound);
         }
         let keys = self.lease_keys(id).map_err(|_| MvccError::LeaseNotFound)?;
         for key in keys {
             let current = ws.main - 1;
-            self.apply_op(&Op::Delete(DeleteRequest { range: KeyRange::single(key), prev_kv: false }), current, ws)?;
+            self.apply_op(
+                &Op::Delete(DeleteRequest {
+                    range: KeyRange::single(key),
+                    prev_kv: false,
+                }),
+                current,
+                ws,
+            )?;
         }
         ws.lease_removes.push(id);
         Ok(Output::LeaseRevoked)
@@ -680,7 +850,9 @@ impl MvccStore {
     fn check_compact(&self, revision: i64, current: i64) -> Result<(), MvccError> {
         let compact = self.compact_revision();
         if revision <= compact {
-            return Err(MvccError::Compacted { compact_revision: compact });
+            return Err(MvccError::Compacted {
+                compact_revision: compact,
+            });
         }
         if revision > current {
             return Err(MvccError::FutureRevision);
@@ -698,7 +870,8 @@ impl MvccStore {
         let mut keep: HashMap<Vec<u8>, (Revision, bool)> = HashMap::new();
         for item in t.hist.range(..Revision::first_of(revision + 1)) {
             let (k, v) = item?;
-            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let rev = Revision::from_bytes(&k)
+                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
             let record: Record = decode(&v)?;
             keep.insert(record.kv.key, (rev, record.tombstone));
         }
@@ -706,9 +879,12 @@ impl MvccStore {
         let mut kidx_batch = sled::Batch::default();
         for item in t.hist.range(..Revision::first_of(revision + 1)) {
             let (k, v) = item?;
-            let rev = Revision::from_bytes(&k).ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let rev = Revision::from_bytes(&k)
+                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
             let record: Record = decode(&v)?;
-            let kept = keep.get(&record.kv.key).map_or(false, |(r, tomb)| *r == rev && !tomb);
+            let kept = keep
+                .get(&record.kv.key)
+                .map_or(false, |(r, tomb)| *r == rev && !tomb);
             if !kept {
                 hist_batch.remove(k);
                 kidx_batch.remove(index_key(&record.kv.key, rev));
@@ -751,17 +927,32 @@ impl MvccStore {
                 tree.apply_batch(batch)?;
             }
         }
-        self.revision.store(read_i64(&self.trees.meta, META_REVISION)?, Ordering::Release);
-        self.compact_revision.store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
+        self.revision.store(
+            read_i64(&self.trees.meta, META_REVISION)?,
+            Ordering::Release,
+        );
+        self.compact_revision
+            .store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
         drop(_guard);
-        let _ = self.hub.send(Arc::new(RevisionBatch { revision: self.revision(), events: Vec::new(), restored: true }));
+        let _ = self.hub.send(Arc::new(RevisionBatch {
+            revision: self.revision(),
+            events: Vec::new(),
+            restored: true,
+        }));
         Ok(())
     }
 
     /// Commits only caller metadata (for log entries that carry no command).
     pub fn commit_meta(&self, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StorageError> {
         let current = self.revision();
-        self.commit(WriteSet { main: current + 1, ..Default::default() }, extra_meta).map(|_| ())
+        self.commit(
+            WriteSet {
+                main: current + 1,
+                ..Default::default()
+            },
+            extra_meta,
+        )
+        .map(|_| ())
     }
 }
 
@@ -806,7 +997,10 @@ fn sort_kvs(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
 
 /// Checks a transaction before it is proposed: op count, empty keys, duplicate puts.
 pub fn validate_txn(txn: &TxnRequest) -> Result<(), MvccError> {
-    if txn.compare.len() > MAX_TXN_OPS || txn.success.len() > MAX_TXN_OPS || txn.failure.len() > MAX_TXN_OPS {
+    if txn.compare.len() > MAX_TXN_OPS
+        || txn.success.len() > MAX_TXN_OPS
+        || txn.failure.len() > MAX_TXN_OPS
+    {
         return Err(MvccError::TooManyOps);
     }
     for branch in [&txn.success, &txn.failure] {

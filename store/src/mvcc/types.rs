@@ -40,7 +40,10 @@ pub struct KeyRange {
 
 impl KeyRange {
     pub fn single(key: impl Into<Vec<u8>>) -> Self {
-        Self { key: key.into(), range_end: Vec::new() }
+        Self {
+            key: key.into(),
+            range_end: Vec::new(),
+        }
     }
 
     pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
@@ -185,11 +188,22 @@ pub struct TxnRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     Txn(TxnRequest),
-    Compact { revision: i64 },
-    LeaseGrant { id: i64, ttl: i64 },
-    LeaseRevoke { id: i64 },
+    Compact {
+        revision: i64,
+    },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
     /// A member publishes its name and client address (etcd's member attributes).
-    MemberAttrs { id: u64, name: String, client_urls: Vec<String> },
+    MemberAttrs {
+        id: u64,
+        name: String,
+        client_urls: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -228,7 +242,10 @@ pub struct TxnResult {
 pub enum Output {
     Txn(TxnResult),
     Compacted,
-    LeaseGranted { id: i64, ttl: i64 },
+    LeaseGranted {
+        id: i64,
+        ttl: i64,
+    },
     LeaseRevoked,
     MemberAttrs,
     /// Raft's own entries (blank, membership) carry no command.

@@ -40,11 +40,19 @@ pub enum WatchMessage {
 }
 
 /// Starts a watcher. Returns the receiving end; dropping it stops the watcher.
-pub fn start(store: Arc<MvccStore>, spec: WatchSpec, buffer: usize) -> mpsc::Receiver<WatchMessage> {
+pub fn start(
+    store: Arc<MvccStore>,
+    spec: WatchSpec,
+    buffer: usize,
+) -> mpsc::Receiver<WatchMessage> {
     let (tx, rx) = mpsc::channel(buffer.max(1));
     // Subscribe before reading the current revision, so nothing falls between history and live.
     let live = store.subscribe();
-    let next = if spec.start_revision > 0 { spec.start_revision } else { store.revision() + 1 };
+    let next = if spec.start_revision > 0 {
+        spec.start_revision
+    } else {
+        store.revision() + 1
+    };
     tokio::spawn(run(store, spec, live, next, tx));
     rx
 }
@@ -63,14 +71,15 @@ async fn run(
             if next > current {
                 break;
             }
-            let batches = match store.history(&spec.range, next, current, spec.prev_kv, CATCH_UP_EVENTS) {
-                Ok(b) => b,
-                Err(crate::error::MvccError::Compacted { compact_revision }) => {
-                    let _ = tx.send(WatchMessage::Compacted { compact_revision }).await;
-                    return;
-                }
-                Err(_) => return,
-            };
+            let batches =
+                match store.history(&spec.range, next, current, spec.prev_kv, CATCH_UP_EVENTS) {
+                    Ok(b) => b,
+                    Err(crate::error::MvccError::Compacted { compact_revision }) => {
+                        let _ = tx.send(WatchMessage::Compacted { compact_revision }).await;
+                        return;
+                    }
+                    Err(_) => return,
+                };
             let mut reached = current;
             let full = batches.iter().map(|b| b.events.len()).sum::<usize>() >= CATCH_UP_EVENTS;
             if full {
@@ -90,7 +99,11 @@ async fn run(
                 Some(every) => match tokio::time::timeout(every, live.recv()).await {
                     Ok(r) => r,
                     Err(_) => {
-                        if tx.send(WatchMessage::Progress { revision: next - 1 }).await.is_err() {
+                        if tx
+                            .send(WatchMessage::Progress { revision: next - 1 })
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                         continue;
@@ -123,11 +136,19 @@ async fn run(
 }
 
 /// Filters one revision's events for the watcher and sends them; false when the consumer is gone.
-async fn send_batch(spec: &WatchSpec, tx: &mpsc::Sender<WatchMessage>, revision: i64, events: Vec<Event>) -> bool {
+async fn send_batch(
+    spec: &WatchSpec,
+    tx: &mpsc::Sender<WatchMessage>,
+    revision: i64,
+    events: Vec<Event>,
+) -> bool {
     let events: Vec<Event> = events
         .into_iter()
         .filter(|e| spec.range.contains(&e.kv.key))
-        .filter(|e| !(spec.no_put && e.kind == EventKind::Put) && !(spec.no_delete && e.kind == EventKind::Delete))
+        .filter(|e| {
+            !(spec.no_put && e.kind == EventKind::Put)
+                && !(spec.no_delete && e.kind == EventKind::Delete)
+        })
         .map(|mut e| {
             if !spec.prev_kv {
                 e.prev_kv = None;
@@ -138,5 +159,7 @@ async fn send_batch(spec: &WatchSpec, tx: &mpsc::Sender<WatchMessage>, revision:
     if events.is_empty() {
         return !tx.is_closed();
     }
-    tx.send(WatchMessage::Events { revision, events }).await.is_ok()
+    tx.send(WatchMessage::Events { revision, events })
+        .await
+        .is_ok()
 }

@@ -15,7 +15,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
-use super::{logs_delete, logs_read, logs_write, store_read, store_write, vote_write, Entry, LogId, RaftStorageError, TypeConfig, Vote};
+use super::{
+    logs_delete, logs_read, logs_write, store_read, store_write, vote_write, Entry, LogId,
+    RaftStorageError, TypeConfig, Vote,
+};
 
 const VOTE: &[u8] = b"vote";
 const COMMITTED: &[u8] = b"committed";
@@ -49,7 +52,10 @@ impl LogStore {
         self
     }
 
-    fn get_meta<T: for<'de> serde::Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
+    fn get_meta<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, RaftStorageError> {
         match self.meta.get(key).map_err(store_read)? {
             Some(v) => bincode::deserialize(&v).map(Some).map_err(store_read),
             None => Ok(None),
@@ -120,7 +126,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             None => last_purged,
         };
-        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last,
+        })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -137,17 +146,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
-        self.committed.store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
+        self.committed
+            .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
         self.put_meta(COMMITTED, &committed)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
         let committed = self.get_meta::<Option<LogId>>(COMMITTED)?.flatten();
-        self.committed.store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
+        self.committed
+            .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
         Ok(committed)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), RaftStorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
-    VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -48,7 +50,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
-        let client = self.channel(&node.peer_addr).map(PeerClient::new).map_err(|e| e.to_string());
+        let client = self
+            .channel(&node.peer_addr)
+            .map(PeerClient::new)
+            .map_err(|e| e.to_string());
         PeerConnection { target, client }
     }
 }
@@ -69,7 +74,11 @@ impl PeerConnection {
     {
         let client = match &mut self.client {
             Ok(c) => c,
-            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::other(e.clone())))),
+            Err(e) => {
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &std::io::Error::other(e.clone()),
+                )))
+            }
         };
         let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(Payload { data });
@@ -86,7 +95,8 @@ impl PeerConnection {
             _ => RPCError::Network(NetworkError::new(&status)),
         })?;
         let result: Result<Resp, RaftError<NodeId, E>> =
-            bincode::deserialize(&reply.into_inner().data).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            bincode::deserialize(&reply.into_inner().data)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }

@@ -19,7 +19,10 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
 use serde::{Deserialize, Serialize};
 
-use super::{sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId, RaftStorageError, StoredMembership, TypeConfig};
+use super::{
+    sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId,
+    RaftStorageError, StoredMembership, TypeConfig,
+};
 use crate::error::StorageError;
 use crate::mvcc::{Applied, MvccStore, Output};
 
@@ -41,11 +44,14 @@ pub struct StateMachine {
     counter: Arc<AtomicU64>,
 }
 
-
 impl StateMachine {
     /// Opens the state machine, finishing a snapshot installation a crash interrupted.
     pub fn open(mvcc: Arc<MvccStore>, dir: &Path) -> Result<Self, StorageError> {
-        let sm = Self { mvcc, dir: dir.to_path_buf(), counter: Arc::new(AtomicU64::new(0)) };
+        let sm = Self {
+            mvcc,
+            dir: dir.to_path_buf(),
+            counter: Arc::new(AtomicU64::new(0)),
+        };
         if dir.join(INSTALL_MARKER).exists() {
             if let Some(file) = sm.read_snapshot_file()? {
                 sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
@@ -99,30 +105,41 @@ impl StateMachine {
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError> {
         let sm = self.clone();
-        let built = tokio::task::spawn_blocking(move || -> Result<Snapshot<TypeConfig>, StorageError> {
-            let dump = sm.mvcc.dump()?;
-            let data = bincode::serialize(&dump)?;
-            // The applied id and membership as of the dump, not as of now.
-            let applied: Option<LogId> = match dump.meta(META_APPLIED) {
-                Some(v) => bincode::deserialize(v)?,
-                None => None,
-            };
-            let membership: StoredMembership = match dump.meta(META_MEMBERSHIP) {
-                Some(v) => bincode::deserialize(v)?,
-                None => StoredMembership::default(),
-            };
-            let n = sm.counter.fetch_add(1, Ordering::Relaxed);
-            let snapshot_id = match applied {
-                Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
-                None => format!("0-0-{n}"),
-            };
-            let meta = SnapshotMeta { last_log_id: applied, last_membership: membership, snapshot_id };
-            let file = SnapshotFile { meta: meta.clone(), data };
-            sm.write_snapshot_file(&file)?;
-            Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(file.data)) })
-        })
-        .await
-        .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?;
+        let built =
+            tokio::task::spawn_blocking(move || -> Result<Snapshot<TypeConfig>, StorageError> {
+                let dump = sm.mvcc.dump()?;
+                let data = bincode::serialize(&dump)?;
+                // The applied id and membership as of the dump, not as of now.
+                let applied: Option<LogId> = match dump.meta(META_APPLIED) {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => None,
+                };
+                let membership: StoredMembership = match dump.meta(META_MEMBERSHIP) {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => StoredMembership::default(),
+                };
+                let n = sm.counter.fetch_add(1, Ordering::Relaxed);
+                let snapshot_id = match applied {
+                    Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
+                    None => format!("0-0-{n}"),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: applied,
+                    last_membership: membership,
+                    snapshot_id,
+                };
+                let file = SnapshotFile {
+                    meta: meta.clone(),
+                    data,
+                };
+                sm.write_snapshot_file(&file)?;
+                Ok(Snapshot {
+                    meta,
+                    snapshot: Box::new(Cursor::new(file.data)),
+                })
+            })
+            .await
+            .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?;
         built.map_err(|e| snapshot_write(e))
     }
 }
@@ -130,7 +147,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = Self;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
         let applied = self.applied().map_err(|e| sm_read(e))?;
         let membership = self.membership().map_err(|e| sm_read(e))?;
         Ok((applied, membership))
@@ -143,18 +162,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut out = Vec::new();
         for entry in entries {
-            let mut meta = vec![(META_APPLIED.to_vec(), bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?)];
+            let mut meta = vec![(
+                META_APPLIED.to_vec(),
+                bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
+            )];
             let applied = match &entry.payload {
                 EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
-                    meta.push((META_MEMBERSHIP.to_vec(), bincode::serialize(&stored).map_err(sm_write)?));
+                    meta.push((
+                        META_MEMBERSHIP.to_vec(),
+                        bincode::serialize(&stored).map_err(sm_write)?,
+                    ));
                     self.mvcc.commit_meta(meta).map_err(sm_write)?;
-                    Applied { revision: self.mvcc.revision(), output: Ok(Output::None) }
+                    Applied {
+                        revision: self.mvcc.revision(),
+                        output: Ok(Output::None),
+                    }
                 }
                 EntryPayload::Blank => {
                     self.mvcc.commit_meta(meta).map_err(sm_write)?;
-                    Applied { revision: self.mvcc.revision(), output: Ok(Output::None) }
+                    Applied {
+                        revision: self.mvcc.revision(),
+                        output: Ok(Output::None),
+                    }
                 }
             };
             out.push(applied);
@@ -176,7 +207,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), RaftStorageError> {
         let sm = self.clone();
-        let file = SnapshotFile { meta: meta.clone(), data: snapshot.into_inner() };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        };
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let dump = bincode::deserialize(&file.data)?;
             sm.write_snapshot_file(&file)?;
@@ -190,8 +224,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .map_err(|e| snapshot_write(e))
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
         let file = self.read_snapshot_file().map_err(|e| snapshot_read(e))?;
-        Ok(file.map(|f| Snapshot { meta: f.meta, snapshot: Box::new(Cursor::new(f.data)) }))
+        Ok(file.map(|f| Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(f.data)),
+        }))
     }
 }

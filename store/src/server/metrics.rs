@@ -59,18 +59,66 @@ impl Metrics {
             fsync_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         };
         r.register("raft_term", "Current Raft term", m.term.clone());
-        r.register("raft_is_leader", "1 when this member is the Raft leader", m.is_leader.clone());
-        r.register("raft_has_leader", "1 when this member knows a leader", m.has_leader.clone());
-        r.register("raft_leader_changes", "Leader changes seen by this member", m.leader_changes.clone());
-        r.register("raft_commit_index", "Highest log index known committed", m.commit_index.clone());
-        r.register("raft_applied_index", "Highest log index applied to the state machine", m.applied_index.clone());
-        r.register("mvcc_revision", "Current store revision", m.revision.clone());
-        r.register("mvcc_compact_revision", "Revision history is compacted to", m.compact_revision.clone());
-        r.register("db_size_bytes", "Size of the data dir's database on disk", m.db_size.clone());
-        r.register("watchers", "Active watchers on this member", m.watchers.clone());
-        r.register("proposal_duration_seconds", "Time from proposal to apply on the leader", m.proposal_seconds.clone());
-        r.register("proposals_failed", "Proposals that timed out or were refused", m.proposals_failed.clone());
-        r.register("disk_fsync_duration_seconds", "Time of the log's fsync", m.fsync_seconds.clone());
+        r.register(
+            "raft_is_leader",
+            "1 when this member is the Raft leader",
+            m.is_leader.clone(),
+        );
+        r.register(
+            "raft_has_leader",
+            "1 when this member knows a leader",
+            m.has_leader.clone(),
+        );
+        r.register(
+            "raft_leader_changes",
+            "Leader changes seen by this member",
+            m.leader_changes.clone(),
+        );
+        r.register(
+            "raft_commit_index",
+            "Highest log index known committed",
+            m.commit_index.clone(),
+        );
+        r.register(
+            "raft_applied_index",
+            "Highest log index applied to the state machine",
+            m.applied_index.clone(),
+        );
+        r.register(
+            "mvcc_revision",
+            "Current store revision",
+            m.revision.clone(),
+        );
+        r.register(
+            "mvcc_compact_revision",
+            "Revision history is compacted to",
+            m.compact_revision.clone(),
+        );
+        r.register(
+            "db_size_bytes",
+            "Size of the data dir's database on disk",
+            m.db_size.clone(),
+        );
+        r.register(
+            "watchers",
+            "Active watchers on this member",
+            m.watchers.clone(),
+        );
+        r.register(
+            "proposal_duration_seconds",
+            "Time from proposal to apply on the leader",
+            m.proposal_seconds.clone(),
+        );
+        r.register(
+            "proposals_failed",
+            "Proposals that timed out or were refused",
+            m.proposals_failed.clone(),
+        );
+        r.register(
+            "disk_fsync_duration_seconds",
+            "Time of the log's fsync",
+            m.fsync_seconds.clone(),
+        );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
         m
     }
@@ -89,10 +137,13 @@ pub fn refresh(node: &Node, committed: &AtomicU64) {
     let m = &node.metrics;
     let rm = node.raft.metrics().borrow().clone();
     m.term.set(rm.current_term as i64);
-    m.is_leader.set(i64::from(rm.current_leader == Some(node.id)));
+    m.is_leader
+        .set(i64::from(rm.current_leader == Some(node.id)));
     m.has_leader.set(i64::from(rm.current_leader.is_some()));
-    m.commit_index.set(super::node::committed_index(committed) as i64);
-    m.applied_index.set(rm.last_applied.map_or(0, |l| l.index) as i64);
+    m.commit_index
+        .set(super::node::committed_index(committed) as i64);
+    m.applied_index
+        .set(rm.last_applied.map_or(0, |l| l.index) as i64);
     m.revision.set(node.mvcc.revision());
     m.compact_revision.set(node.mvcc.compact_revision());
     m.db_size.set(node.db.size_on_disk().unwrap_or(0) as i64);
@@ -109,19 +160,31 @@ pub fn router(node: Arc<Node>) -> Router {
 
 async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     refresh(&node, &node.committed);
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], node.metrics.render())
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        node.metrics.render(),
+    )
 }
 
 /// Ready when the member knows a leader and has applied everything it knows is committed.
 async fn readyz(State(node): State<Arc<Node>>) -> impl IntoResponse {
     let rm = node.raft.metrics().borrow().clone();
     if rm.current_leader.is_none() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: no leader\n".to_string());
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no leader\n".to_string(),
+        );
     }
     let applied = rm.last_applied.map_or(0, |l| l.index);
     let committed = super::node::committed_index(&node.committed);
     if applied + 1000 < committed {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: applied {applied} of {committed} committed entries\n"));
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: applied {applied} of {committed} committed entries\n"),
+        );
     }
     (StatusCode::OK, "ok\n".to_string())
 }

@@ -18,13 +18,15 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity as TlsIdentity, Server, ServerTlsConfig};
+use tonic::transport::{
+    Certificate, ClientTlsConfig, Identity as TlsIdentity, Server, ServerTlsConfig,
+};
 
 use crate::mvcc::{Command, MemberAttrs, MvccStore};
 use crate::pki::TlsFiles;
 use crate::proto::etcdserverpb::{
-    auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer, lease_server::LeaseServer,
-    maintenance_server::MaintenanceServer, watch_server::WatchServer,
+    auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+    lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
 };
 use crate::proto::peer::peer_server::PeerServer;
 use crate::raft::log_store::LogStore;
@@ -74,9 +76,16 @@ pub enum ServerError {
     #[error(transparent)]
     Pki(#[from] crate::pki::PkiError),
     #[error("cannot open the store in {dir}: {source}")]
-    Storage { dir: PathBuf, source: crate::error::StorageError },
+    Storage {
+        dir: PathBuf,
+        source: crate::error::StorageError,
+    },
     #[error("cannot listen on {addr} ({what}): {source}")]
-    Listen { addr: SocketAddr, what: &'static str, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
     #[error("raft: {0}")]
     Raft(String),
     #[error("TLS setup: {0}")]
@@ -98,7 +107,9 @@ impl ServerConfig {
 pub fn parse_initial_cluster(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out: Vec<(String, String)> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, url) = part.split_once('=').ok_or_else(|| format!("{part:?} is not NAME=ADDRESS"))?;
+        let (name, url) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not NAME=ADDRESS"))?;
         let addr = etcd::cluster::peer_addr_of(url).map_err(|e| e.message().to_string())?;
         if out.iter().any(|(n, _)| n == name) {
             return Err(format!("member {name:?} appears twice"));
@@ -131,7 +142,9 @@ impl RunningServer {
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr).await.map_err(|source| ServerError::Listen { addr, what, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Listen { addr, what, source })
 }
 
 /// Starts a member and returns once it listens on all its ports.
@@ -139,7 +152,12 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let peer_addr = cfg.own_peer_addr()?;
     let id = member_id(&cfg.cluster_token, &peer_addr);
     let cid = cluster_id(&cfg.cluster_token);
-    let record = MemberRecord { name: cfg.name.clone(), member_id: id, cluster_id: cid, peer_addr: peer_addr.clone() };
+    let record = MemberRecord {
+        name: cfg.name.clone(),
+        member_id: id,
+        cluster_id: cid,
+        peer_addr: peer_addr.clone(),
+    };
     let data_dir = DataDir::open(&cfg.data_dir, &record)?;
 
     let tls = TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
@@ -150,7 +168,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .ca_certificate(Certificate::from_pem(&tls.ca_pem))
         .identity(TlsIdentity::from_pem(&tls.cert_pem, &tls.key_pem));
 
-    let storage_err = |source| ServerError::Storage { dir: cfg.data_dir.clone(), source };
+    let storage_err = |source| ServerError::Storage {
+        dir: cfg.data_dir.clone(),
+        source,
+    };
     let db = sled::Config::new()
         .path(cfg.data_dir.join("db"))
         .cache_capacity(256 * 1024 * 1024)
@@ -189,9 +210,27 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     } else {
         cfg.advertise_client.clone()
     };
-    let identity = Identity { id, name: cfg.name.clone(), cluster_token: cfg.cluster_token.clone(), cluster_id: cid, client_urls };
-    let timing = Timing { election_timeout: cfg.election_timeout, request_timeout: cfg.request_timeout };
-    let node = Arc::new(Node::new(identity, raft.clone(), mvcc, db, metrics, committed, timing, network));
+    let identity = Identity {
+        id,
+        name: cfg.name.clone(),
+        cluster_token: cfg.cluster_token.clone(),
+        cluster_id: cid,
+        client_urls,
+    };
+    let timing = Timing {
+        election_timeout: cfg.election_timeout,
+        request_timeout: cfg.request_timeout,
+    };
+    let node = Arc::new(Node::new(
+        identity,
+        raft.clone(),
+        mvcc,
+        db,
+        metrics,
+        committed,
+        timing,
+        network,
+    ));
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -207,10 +246,15 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let peer_service = PeerServer::new(peer::PeerService(node.clone()))
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
-    let peer_server = Server::builder().tls_config(server_tls.clone())?.add_service(peer_service);
+    let peer_server = Server::builder()
+        .tls_config(server_tls.clone())?
+        .add_service(peer_service);
     let stop_peer = stopped();
     tasks.push(tokio::spawn(async move {
-        if let Err(e) = peer_server.serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stop_peer).await {
+        if let Err(e) = peer_server
+            .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stop_peer)
+            .await
+        {
             tracing::error!(error = %e, "peer server failed");
         }
     }));
@@ -219,7 +263,14 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         let members: BTreeMap<u64, Member> = cfg
             .initial_cluster
             .iter()
-            .map(|(_, addr)| (member_id(&cfg.cluster_token, addr), Member { peer_addr: addr.clone() }))
+            .map(|(_, addr)| {
+                (
+                    member_id(&cfg.cluster_token, addr),
+                    Member {
+                        peer_addr: addr.clone(),
+                    },
+                )
+            })
             .collect();
         // Every initial member initializes with the same membership; openraft accepts that.
         if let Err(e) = raft.initialize(members).await {
@@ -234,21 +285,33 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         builder = builder.tls_config(server_tls)?;
     }
     let client_server = builder
-        .add_service(KvServer::new(etcd::kv::KvService(node.clone())).max_decoding_message_size(max))
+        .add_service(
+            KvServer::new(etcd::kv::KvService(node.clone())).max_decoding_message_size(max),
+        )
         .add_service(WatchServer::new(etcd::watch::WatchService {
             node: node.clone(),
             progress_interval: cfg.progress_interval,
         }))
         .add_service(LeaseServer::new(etcd::lease::LeaseService {
             node: node.clone(),
-            min_ttl: ((cfg.election_timeout.as_millis() as u64 * 3 / 2).div_ceil(1000) as i64).max(1),
+            min_ttl: ((cfg.election_timeout.as_millis() as u64 * 3 / 2).div_ceil(1000) as i64)
+                .max(1),
         }))
-        .add_service(ClusterServer::new(etcd::cluster::ClusterService(node.clone())))
-        .add_service(MaintenanceServer::new(etcd::maintenance::MaintenanceService(node.clone())))
-        .add_service(AuthServer::new(etcd::auth::AuthService { node: node.clone() }));
+        .add_service(ClusterServer::new(etcd::cluster::ClusterService(
+            node.clone(),
+        )))
+        .add_service(MaintenanceServer::new(
+            etcd::maintenance::MaintenanceService(node.clone()),
+        ))
+        .add_service(AuthServer::new(etcd::auth::AuthService {
+            node: node.clone(),
+        }));
     let stop_client = stopped();
     tasks.push(tokio::spawn(async move {
-        if let Err(e) = client_server.serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), stop_client).await {
+        if let Err(e) = client_server
+            .serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), stop_client)
+            .await
+        {
             tracing::error!(error = %e, "client server failed");
         }
     }));
@@ -258,7 +321,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         let app = metrics::router(node.clone());
         let stop_http = stopped();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop_http).await {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stop_http)
+                .await
+            {
                 tracing::error!(error = %e, "metrics server failed");
             }
         }));
@@ -266,7 +332,12 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
 
     tasks.push(tokio::spawn(background(node.clone(), stopped())));
     tracing::info!(name = %cfg.name, id = format!("{id:x}"), peer = %peer_addr, client = %cfg.listen_client, "member started");
-    Ok(RunningServer { node, stop, tasks, _data_dir: data_dir })
+    Ok(RunningServer {
+        node,
+        stop,
+        tasks,
+        _data_dir: data_dir,
+    })
 }
 
 /// The member's periodic work: the leader's lease clock, publishing this member's attributes,
@@ -305,12 +376,19 @@ async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
 
 /// Proposes this member's name and client URLs if the store does not have them yet.
 async fn publish_attrs(node: &Arc<Node>) -> bool {
-    let mine = MemberAttrs { name: node.name.clone(), client_urls: node.identity.client_urls.clone() };
+    let mine = MemberAttrs {
+        name: node.name.clone(),
+        client_urls: node.identity.client_urls.clone(),
+    };
     match node.mvcc.member_attrs() {
         Ok(attrs) if attrs.get(&node.id) == Some(&mine) => return true,
         Ok(_) => {}
         Err(_) => return false,
     }
-    let cmd = Command::MemberAttrs { id: node.id, name: mine.name, client_urls: mine.client_urls };
+    let cmd = Command::MemberAttrs {
+        id: node.id,
+        name: mine.name,
+        client_urls: mine.client_urls,
+    };
     node.propose(cmd).await.is_ok()
 }

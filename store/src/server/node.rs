@@ -217,15 +217,23 @@ impl Node {
 
     fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
         let membership = self.raft.metrics().borrow().membership_config.clone();
-        let addr = membership.nodes().find(|(nid, _)| **nid == id).map(|(_, n)| n.peer_addr.clone());
-        let addr = addr.ok_or_else(|| StoreError::Unavailable(format!("leader {id:x} is not in the membership")))?;
+        let addr = membership
+            .nodes()
+            .find(|(nid, _)| **nid == id)
+            .map(|(_, n)| n.peer_addr.clone());
+        let addr = addr.ok_or_else(|| {
+            StoreError::Unavailable(format!("leader {id:x} is not in the membership"))
+        })?;
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((a, client)) = peers.get(&id) {
             if *a == addr {
                 return Ok(client.clone());
             }
         }
-        let channel = self.network.channel(&addr).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let channel = self
+            .network
+            .channel(&addr)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let client = PeerClient::new(channel).max_decoding_message_size(usize::MAX);
         peers.insert(id, (addr, client.clone()));
         Ok(client)
@@ -246,33 +254,55 @@ impl Node {
                 Err(ForwardError::NotLeader) if Instant::now() < deadline => {
                     // Leadership moved under us; wait for metrics to catch up and retry.
                     let mut rx = self.raft.metrics();
-                    let left = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(200));
                     let _ = tokio::time::timeout(left, rx.changed()).await;
                 }
-                Err(ForwardError::NotLeader) => return Err(StoreError::Unavailable("no leader".into())),
+                Err(ForwardError::NotLeader) => {
+                    return Err(StoreError::Unavailable("no leader".into()))
+                }
                 Err(e) => return Err(e.into()),
                 Ok(r) => return Ok(r),
             }
         }
     }
 
-    async fn send_forward(&self, leader: NodeId, req: &Forward, deadline: Instant) -> Result<ForwardReply, ForwardError> {
+    async fn send_forward(
+        &self,
+        leader: NodeId,
+        req: &Forward,
+        deadline: Instant,
+    ) -> Result<ForwardReply, ForwardError> {
         let mut client = self.peer(leader).map_err(ForwardError::from)?;
         let data = bincode::serialize(req).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
         let mut request = tonic::Request::new(Payload { data });
-        request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(50)));
+        request.set_timeout(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(50)),
+        );
         let propose = matches!(req, Forward::Propose(_) | Forward::Membership(_));
         match client.forward(request).await {
-            Ok(reply) => bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
-                .map_err(|e| ForwardError::Unavailable(e.to_string()))?,
+            Ok(reply) => {
+                bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
+                    .map_err(|e| ForwardError::Unavailable(e.to_string()))?
+            }
             // The request may or may not have reached the leader's log: only a read can be
             // retried safely; a write reports the ambiguity as etcd does.
-            Err(status) if status.code() == tonic::Code::DeadlineExceeded => Err(ForwardError::Timeout),
+            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                Err(ForwardError::Timeout)
+            }
             Err(_) if !propose => Err(ForwardError::NotLeader),
-            Err(status) if status.code() == tonic::Code::Unavailable && is_connect_error(&status) => {
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && is_connect_error(&status) =>
+            {
                 Err(ForwardError::NotLeader)
             }
-            Err(status) => Err(ForwardError::Unavailable(format!("leader unreachable: {}", status.message()))),
+            Err(status) => Err(ForwardError::Unavailable(format!(
+                "leader unreachable: {}",
+                status.message()
+            ))),
         }
     }
 
@@ -289,32 +319,44 @@ impl Node {
                 match tokio::time::timeout(self.timing.request_timeout, fut).await {
                     Err(_) => Err(ForwardError::Timeout),
                     Ok(Ok((read, _))) => Ok(ForwardReply::ReadIndex(read.map_or(0, |l| l.index))),
-                    Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
-                    Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
-                        Err(ForwardError::Unavailable("no leader (quorum not reachable)".into()))
+                    Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                        Err(ForwardError::NotLeader)
                     }
+                    Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => Err(
+                        ForwardError::Unavailable("no leader (quorum not reachable)".into()),
+                    ),
                     Ok(Err(RaftError::Fatal(f))) => Err(ForwardError::Unavailable(f.to_string())),
                 }
             }
-            Forward::LeaseKeepAlive(id) => self.keep_alive_local(id).map(|ttl| ForwardReply::KeepAlive { ttl }),
-            Forward::LeaseTimeToLive(id) => {
-                self.ttl_local(id).map(|(ttl, granted)| ForwardReply::TimeToLive { ttl, granted })
-            }
-            Forward::Membership(change) => self.change_membership_local(change).await.map(|_| ForwardReply::Membership),
+            Forward::LeaseKeepAlive(id) => self
+                .keep_alive_local(id)
+                .map(|ttl| ForwardReply::KeepAlive { ttl }),
+            Forward::LeaseTimeToLive(id) => self
+                .ttl_local(id)
+                .map(|(ttl, granted)| ForwardReply::TimeToLive { ttl, granted }),
+            Forward::Membership(change) => self
+                .change_membership_local(change)
+                .await
+                .map(|_| ForwardReply::Membership),
         }
     }
 
     async fn propose_local(&self, cmd: Command) -> Result<Applied, ForwardError> {
         let started = Instant::now();
-        let result = tokio::time::timeout(self.timing.request_timeout, self.raft.client_write(cmd)).await;
-        self.metrics.proposal_seconds.observe(started.elapsed().as_secs_f64());
+        let result =
+            tokio::time::timeout(self.timing.request_timeout, self.raft.client_write(cmd)).await;
+        self.metrics
+            .proposal_seconds
+            .observe(started.elapsed().as_secs_f64());
         match result {
             Err(_) => {
                 self.metrics.proposals_failed.inc();
                 Err(ForwardError::Timeout)
             }
             Ok(Ok(resp)) => Ok(resp.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(ForwardError::NotLeader),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+                Err(ForwardError::NotLeader)
+            }
             Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
                 Err(ForwardError::FailedPrecondition(e.to_string()))
             }
@@ -326,7 +368,9 @@ impl Node {
     pub async fn propose(&self, cmd: Command) -> Result<Applied, StoreError> {
         match self.to_leader(Forward::Propose(cmd)).await? {
             ForwardReply::Applied(a) => Ok(a),
-            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+            other => Err(StoreError::Unavailable(format!(
+                "unexpected reply from leader: {other:?}"
+            ))),
         }
     }
 
@@ -335,7 +379,11 @@ impl Node {
     pub async fn linearizable_barrier(&self) -> Result<(), StoreError> {
         let index = match self.to_leader(Forward::ReadIndex).await? {
             ForwardReply::ReadIndex(i) => i,
-            other => return Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "unexpected reply from leader: {other:?}"
+                )))
+            }
         };
         self.raft
             .wait(Some(self.timing.request_timeout))
@@ -350,7 +398,9 @@ impl Node {
     pub async fn lease_keep_alive(&self, id: i64) -> Result<i64, StoreError> {
         match self.to_leader(Forward::LeaseKeepAlive(id)).await? {
             ForwardReply::KeepAlive { ttl } => Ok(ttl),
-            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+            other => Err(StoreError::Unavailable(format!(
+                "unexpected reply from leader: {other:?}"
+            ))),
         }
     }
 
@@ -358,7 +408,9 @@ impl Node {
     pub async fn lease_time_to_live(&self, id: i64) -> Result<(i64, i64), StoreError> {
         match self.to_leader(Forward::LeaseTimeToLive(id)).await? {
             ForwardReply::TimeToLive { ttl, granted } => Ok((ttl, granted)),
-            other => Err(StoreError::Unavailable(format!("unexpected reply from leader: {other:?}"))),
+            other => Err(StoreError::Unavailable(format!(
+                "unexpected reply from leader: {other:?}"
+            ))),
         }
     }
 
@@ -374,18 +426,26 @@ impl Node {
     }
 
     fn keep_alive_local(&self, id: i64) -> Result<i64, ForwardError> {
-        let lease = self.mvcc.lease(id).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let lease = self
+            .mvcc
+            .lease(id)
+            .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
         let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
         let mut clock = self.lease_clock();
         if clock.revoking.contains_key(&id) {
             return Err(ForwardError::Mvcc(MvccError::LeaseNotFound));
         }
-        clock.deadlines.insert(id, Instant::now() + Duration::from_secs(lease.ttl as u64));
+        clock
+            .deadlines
+            .insert(id, Instant::now() + Duration::from_secs(lease.ttl as u64));
         Ok(lease.ttl)
     }
 
     fn ttl_local(&self, id: i64) -> Result<(i64, i64), ForwardError> {
-        let lease = self.mvcc.lease(id).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let lease = self
+            .mvcc
+            .lease(id)
+            .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
         let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
         let mut clock = self.lease_clock();
         let full = Instant::now() + Duration::from_secs(lease.ttl as u64);
@@ -417,9 +477,14 @@ impl Node {
             clock.deadlines.retain(|id, _| live.contains(id));
             clock.revoking.retain(|id, _| live.contains(id));
             for lease in &leases {
-                let deadline =
-                    *clock.deadlines.entry(lease.id).or_insert(now + Duration::from_secs(lease.ttl as u64));
-                let retry = clock.revoking.get(&lease.id).map_or(true, |at| now.duration_since(*at) > Duration::from_secs(5));
+                let deadline = *clock
+                    .deadlines
+                    .entry(lease.id)
+                    .or_insert(now + Duration::from_secs(lease.ttl as u64));
+                let retry = clock
+                    .revoking
+                    .get(&lease.id)
+                    .map_or(true, |at| now.duration_since(*at) > Duration::from_secs(5));
                 if deadline <= now && retry {
                     clock.revoking.insert(lease.id, now);
                     expired.push(lease.id);
@@ -431,7 +496,9 @@ impl Node {
             tokio::spawn(async move {
                 match node.propose(Command::LeaseRevoke { id }).await {
                     Ok(_) => tracing::info!(lease = format!("{id:x}"), "lease expired and revoked"),
-                    Err(e) => tracing::warn!(lease = format!("{id:x}"), error = %e, "revoking expired lease failed"),
+                    Err(e) => {
+                        tracing::warn!(lease = format!("{id:x}"), error = %e, "revoking expired lease failed")
+                    }
                 }
             });
         }
@@ -440,7 +507,9 @@ impl Node {
     // ---- membership ----
 
     pub async fn change_membership(&self, change: MembershipChange) -> Result<(), StoreError> {
-        self.to_leader(Forward::Membership(change)).await.map(|_| ())
+        self.to_leader(Forward::Membership(change))
+            .await
+            .map(|_| ())
     }
 
     async fn change_membership_local(&self, change: MembershipChange) -> Result<(), ForwardError> {
@@ -448,28 +517,41 @@ impl Node {
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let known = |id: &NodeId| membership.nodes().any(|(n, _)| n == id);
         let result = match change {
-            MembershipChange::AddLearner { id, member } | MembershipChange::AddVoter { id, member } if known(&id) => {
+            MembershipChange::AddLearner { id, member }
+            | MembershipChange::AddVoter { id, member }
+                if known(&id) =>
+            {
                 let _ = member;
-                return Err(ForwardError::FailedPrecondition("member ID already exist".into()));
+                return Err(ForwardError::FailedPrecondition(
+                    "member ID already exist".into(),
+                ));
             }
-            MembershipChange::AddLearner { id, member } => self.raft.add_learner(id, member, false).await,
+            MembershipChange::AddLearner { id, member } => {
+                self.raft.add_learner(id, member, false).await
+            }
             MembershipChange::AddVoter { id, member } => {
                 let nodes = BTreeMap::from([(id, member)]);
-                self.raft.change_membership(ChangeMembers::AddVoters(nodes), false).await
+                self.raft
+                    .change_membership(ChangeMembers::AddVoters(nodes), false)
+                    .await
             }
             MembershipChange::Promote { id } => {
                 if !known(&id) {
                     return Err(ForwardError::NotFound("member not found".into()));
                 }
                 if voters.contains(&id) {
-                    return Err(ForwardError::FailedPrecondition("can only promote a learner member".into()));
+                    return Err(ForwardError::FailedPrecondition(
+                        "can only promote a learner member".into(),
+                    ));
                 }
                 if !self.learner_in_sync(id) {
                     return Err(ForwardError::FailedPrecondition(
                         "can only promote a learner member which is in sync with leader".into(),
                     ));
                 }
-                self.raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false).await
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+                    .await
             }
             MembershipChange::Remove { id } => {
                 if !known(&id) {
@@ -481,21 +563,32 @@ impl Node {
                             "re-configuration failed due to not enough started members".into(),
                         ));
                     }
-                    self.raft.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await
+                    self.raft
+                        .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                        .await
                 } else {
-                    self.raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await
+                    self.raft
+                        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                        .await
                 }
             }
             MembershipChange::Update { id, member } => {
                 if !known(&id) {
                     return Err(ForwardError::NotFound("member not found".into()));
                 }
-                self.raft.change_membership(ChangeMembers::SetNodes(BTreeMap::from([(id, member)])), false).await
+                self.raft
+                    .change_membership(
+                        ChangeMembers::SetNodes(BTreeMap::from([(id, member)])),
+                        false,
+                    )
+                    .await
             }
         };
         match result {
             Ok(_) => Ok(()),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ForwardError::NotLeader),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Err(ForwardError::NotLeader)
+            }
             Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                 Err(ForwardError::FailedPrecondition(e.to_string()))
             }
@@ -508,7 +601,11 @@ impl Node {
         let m = self.raft.metrics();
         let m = m.borrow();
         let last = m.last_log_index.unwrap_or(0);
-        let matched = m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map_or(0, |l| l.index);
+        let matched = m
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&id).cloned().flatten())
+            .map_or(0, |l| l.index);
         last.saturating_sub(matched) <= 100
     }
 }
@@ -526,7 +623,9 @@ fn clone_forward(req: &Forward) -> Forward {
 /// True when the call failed before any byte reached the peer (so it was never served).
 fn is_connect_error(status: &tonic::Status) -> bool {
     let text = format!("{status:?}").to_lowercase();
-    text.contains("connection refused") || text.contains("tcp connect error") || text.contains("error trying to connect")
+    text.contains("connection refused")
+        || text.contains("tcp connect error")
+        || text.contains("error trying to connect")
 }
 
 /// A member's Raft id: derived from the cluster token and its advertised peer address, so

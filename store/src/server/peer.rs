@@ -13,8 +13,11 @@ use crate::proto::peer::Payload;
 pub struct PeerService(pub Arc<Node>);
 
 fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
-    bincode::deserialize(&req.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("undecodable peer message (is the peer running the same rkube version?): {e}")))
+    bincode::deserialize(&req.into_inner().data).map_err(|e| {
+        Status::invalid_argument(format!(
+            "undecodable peer message (is the peer running the same rkube version?): {e}"
+        ))
+    })
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
@@ -35,7 +38,10 @@ impl Peer for PeerService {
         reply(&self.0.raft.vote(req).await)
     }
 
-    async fn install_snapshot(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
+    async fn install_snapshot(
+        &self,
+        request: Request<Payload>,
+    ) -> Result<Response<Payload>, Status> {
         let req = decode(request)?;
         reply(&self.0.raft.install_snapshot(req).await)
     }

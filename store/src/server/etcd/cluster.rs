@@ -14,10 +14,15 @@ pub struct ClusterService(pub Arc<Node>);
 
 /// `https://host:port` or `host:port` -> `host:port`.
 pub fn peer_addr_of(url: &str) -> Result<String, Status> {
-    let addr = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).unwrap_or(url);
+    let addr = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url);
     let addr = addr.trim_end_matches('/');
     if addr.is_empty() || !addr.contains(':') {
-        return Err(Status::invalid_argument(format!("etcdserver: invalid peer URL {url:?}: expected https://host:port")));
+        return Err(Status::invalid_argument(format!(
+            "etcdserver: invalid peer URL {url:?}: expected https://host:port"
+        )));
     }
     Ok(addr.to_string())
 }
@@ -53,7 +58,10 @@ impl ClusterService {
 
 #[tonic::async_trait]
 impl Cluster for ClusterService {
-    async fn member_add(&self, request: Request<pb::MemberAddRequest>) -> Result<Response<pb::MemberAddResponse>, Status> {
+    async fn member_add(
+        &self,
+        request: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
         let req = request.into_inner();
         let url = req
             .peer_ur_ls
@@ -70,7 +78,11 @@ impl Cluster for ClusterService {
         self.0.change_membership(change).await.map_err(status)?;
         let members = self.members()?;
         let added = members.iter().find(|m| m.id == id).cloned();
-        Ok(Response::new(pb::MemberAddResponse { header: self.header(), member: added, members }))
+        Ok(Response::new(pb::MemberAddResponse {
+            header: self.header(),
+            member: added,
+            members,
+        }))
     }
 
     async fn member_remove(
@@ -78,8 +90,14 @@ impl Cluster for ClusterService {
         request: Request<pb::MemberRemoveRequest>,
     ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
         let id = request.into_inner().id;
-        self.0.change_membership(MembershipChange::Remove { id }).await.map_err(status)?;
-        Ok(Response::new(pb::MemberRemoveResponse { header: self.header(), members: self.members()? }))
+        self.0
+            .change_membership(MembershipChange::Remove { id })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::MemberRemoveResponse {
+            header: self.header(),
+            members: self.members()?,
+        }))
     }
 
     async fn member_update(
@@ -87,20 +105,33 @@ impl Cluster for ClusterService {
         request: Request<pb::MemberUpdateRequest>,
     ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
         let req = request.into_inner();
-        let url = req
-            .peer_ur_ls
-            .first()
-            .ok_or_else(|| Status::invalid_argument("etcdserver: member update needs a peer URL"))?;
-        let member = Member { peer_addr: peer_addr_of(url)? };
-        self.0.change_membership(MembershipChange::Update { id: req.id, member }).await.map_err(status)?;
-        Ok(Response::new(pb::MemberUpdateResponse { header: self.header(), members: self.members()? }))
+        let url = req.peer_ur_ls.first().ok_or_else(|| {
+            Status::invalid_argument("etcdserver: member update needs a peer URL")
+        })?;
+        let member = Member {
+            peer_addr: peer_addr_of(url)?,
+        };
+        self.0
+            .change_membership(MembershipChange::Update { id: req.id, member })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::MemberUpdateResponse {
+            header: self.header(),
+            members: self.members()?,
+        }))
     }
 
-    async fn member_list(&self, request: Request<pb::MemberListRequest>) -> Result<Response<pb::MemberListResponse>, Status> {
+    async fn member_list(
+        &self,
+        request: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
         if request.into_inner().linearizable {
             self.0.linearizable_barrier().await.map_err(status)?;
         }
-        Ok(Response::new(pb::MemberListResponse { header: self.header(), members: self.members()? }))
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.header(),
+            members: self.members()?,
+        }))
     }
 
     async fn member_promote(
@@ -108,7 +139,13 @@ impl Cluster for ClusterService {
         request: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         let id = request.into_inner().id;
-        self.0.change_membership(MembershipChange::Promote { id }).await.map_err(status)?;
-        Ok(Response::new(pb::MemberPromoteResponse { header: self.header(), members: self.members()? }))
+        self.0
+            .change_membership(MembershipChange::Promote { id })
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::MemberPromoteResponse {
+            header: self.header(),
+            members: self.members()?,
+        }))
     }
 }

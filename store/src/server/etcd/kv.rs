@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::{delete_from_pb, put_from_pb, range_from_pb, range_to_pb, status, txn_from_pb, txn_to_pb};
+use super::{
+    delete_from_pb, put_from_pb, range_from_pb, range_to_pb, status, txn_from_pb, txn_to_pb,
+};
 use crate::error::StoreError;
 use crate::mvcc::{Command, Op, OpResult, Output, TxnRequest, TxnResult};
 use crate::proto::etcdserverpb as pb;
@@ -19,20 +21,34 @@ impl KvService {
         let applied = self.0.propose(Command::Txn(txn)).await.map_err(status)?;
         match applied.output {
             Ok(Output::Txn(t)) => Ok((t, applied.revision)),
-            Ok(other) => Err(status(StoreError::Unavailable(format!("unexpected apply result {other:?}")))),
+            Ok(other) => Err(status(StoreError::Unavailable(format!(
+                "unexpected apply result {other:?}"
+            )))),
             Err(e) => Err(status(e.into())),
         }
     }
 
     async fn single(&self, op: Op) -> Result<(OpResult, i64), Status> {
-        let (mut t, rev) = self.txn(TxnRequest { compare: vec![], success: vec![op], failure: vec![] }).await?;
-        t.responses.pop().map(|r| (r, rev)).ok_or_else(|| Status::internal("empty transaction result"))
+        let (mut t, rev) = self
+            .txn(TxnRequest {
+                compare: vec![],
+                success: vec![op],
+                failure: vec![],
+            })
+            .await?;
+        t.responses
+            .pop()
+            .map(|r| (r, rev))
+            .ok_or_else(|| Status::internal("empty transaction result"))
     }
 }
 
 #[tonic::async_trait]
 impl Kv for KvService {
-    async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+    async fn range(
+        &self,
+        request: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeResponse>, Status> {
         let req = request.into_inner();
         let serializable = req.serializable;
         let req = range_from_pb(req)?;
@@ -43,11 +59,18 @@ impl Kv for KvService {
         Ok(Response::new(range_to_pb(&self.0, result, revision)))
     }
 
-    async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+    async fn put(
+        &self,
+        request: Request<pb::PutRequest>,
+    ) -> Result<Response<pb::PutResponse>, Status> {
         let put = put_from_pb(request.into_inner())?;
         let op = Op::Put(put);
-        crate::mvcc::validate_txn(&TxnRequest { compare: vec![], success: vec![op.clone()], failure: vec![] })
-            .map_err(|e| status(e.into()))?;
+        crate::mvcc::validate_txn(&TxnRequest {
+            compare: vec![],
+            success: vec![op.clone()],
+            failure: vec![],
+        })
+        .map_err(|e| status(e.into()))?;
         match self.single(op).await? {
             (OpResult::Put(p), rev) => Ok(Response::new(pb::PutResponse {
                 header: self.0.header(rev),
@@ -72,16 +95,28 @@ impl Kv for KvService {
         }
     }
 
-    async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+    async fn txn(
+        &self,
+        request: Request<pb::TxnRequest>,
+    ) -> Result<Response<pb::TxnResponse>, Status> {
         let txn = txn_from_pb(request.into_inner())?;
         let (result, rev) = KvService::txn(self, txn).await?;
         Ok(Response::new(txn_to_pb(&self.0, result, rev)))
     }
 
-    async fn compact(&self, request: Request<pb::CompactionRequest>) -> Result<Response<pb::CompactionResponse>, Status> {
+    async fn compact(
+        &self,
+        request: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
         let revision = request.into_inner().revision;
-        let applied = self.0.propose(Command::Compact { revision }).await.map_err(status)?;
+        let applied = self
+            .0
+            .propose(Command::Compact { revision })
+            .await
+            .map_err(status)?;
         applied.output.map_err(|e| status(e.into()))?;
-        Ok(Response::new(pb::CompactionResponse { header: self.0.header(applied.revision) }))
+        Ok(Response::new(pb::CompactionResponse {
+            header: self.0.header(applied.revision),
+        }))
     }
 }

@@ -22,18 +22,30 @@ pub struct LeaseService {
     pub min_ttl: i64,
 }
 
-type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
+type KeepAliveStream =
+    Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Lease for LeaseService {
-    async fn lease_grant(&self, request: Request<pb::LeaseGrantRequest>) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+    async fn lease_grant(
+        &self,
+        request: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let req = request.into_inner();
         if req.ttl > MAX_LEASE_TTL {
             return Err(status(MvccError::LeaseTtlTooLarge.into()));
         }
         let ttl = req.ttl.max(self.min_ttl);
-        let id = if req.id != 0 { req.id } else { rand::random::<i64>().checked_abs().unwrap_or(1).max(1) };
-        let applied = self.node.propose(Command::LeaseGrant { id, ttl }).await.map_err(status)?;
+        let id = if req.id != 0 {
+            req.id
+        } else {
+            rand::random::<i64>().checked_abs().unwrap_or(1).max(1)
+        };
+        let applied = self
+            .node
+            .propose(Command::LeaseGrant { id, ttl })
+            .await
+            .map_err(status)?;
         match applied.output.map_err(|e| status(e.into()))? {
             Output::LeaseGranted { id, ttl } => Ok(Response::new(pb::LeaseGrantResponse {
                 header: self.node.header(applied.revision),
@@ -41,15 +53,26 @@ impl Lease for LeaseService {
                 ttl,
                 error: String::new(),
             })),
-            other => Err(status(StoreError::Unavailable(format!("unexpected apply result {other:?}")))),
+            other => Err(status(StoreError::Unavailable(format!(
+                "unexpected apply result {other:?}"
+            )))),
         }
     }
 
-    async fn lease_revoke(&self, request: Request<pb::LeaseRevokeRequest>) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+    async fn lease_revoke(
+        &self,
+        request: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         let id = request.into_inner().id;
-        let applied = self.node.propose(Command::LeaseRevoke { id }).await.map_err(status)?;
+        let applied = self
+            .node
+            .propose(Command::LeaseRevoke { id })
+            .await
+            .map_err(status)?;
         applied.output.map_err(|e| status(e.into()))?;
-        Ok(Response::new(pb::LeaseRevokeResponse { header: self.node.header(applied.revision) }))
+        Ok(Response::new(pb::LeaseRevokeResponse {
+            header: self.node.header(applied.revision),
+        }))
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;
@@ -64,10 +87,18 @@ impl Lease for LeaseService {
         tokio::spawn(async move {
             while let Some(Ok(req)) = incoming.next().await {
                 let reply = match node.lease_keep_alive(req.id).await {
-                    Ok(ttl) => Ok(pb::LeaseKeepAliveResponse { header: node.header(node.mvcc.revision()), id: req.id, ttl }),
+                    Ok(ttl) => Ok(pb::LeaseKeepAliveResponse {
+                        header: node.header(node.mvcc.revision()),
+                        id: req.id,
+                        ttl,
+                    }),
                     // etcd answers a keep-alive of an unknown lease with TTL 0 rather than an error.
                     Err(StoreError::Mvcc(MvccError::LeaseNotFound)) => {
-                        Ok(pb::LeaseKeepAliveResponse { header: node.header(node.mvcc.revision()), id: req.id, ttl: 0 })
+                        Ok(pb::LeaseKeepAliveResponse {
+                            header: node.header(node.mvcc.revision()),
+                            id: req.id,
+                            ttl: 0,
+                        })
                     }
                     Err(e) => Err(status(e)),
                 };
@@ -100,7 +131,10 @@ impl Lease for LeaseService {
             Err(e) => return Err(status(e)),
         };
         let keys = if req.keys {
-            self.node.mvcc.lease_keys(req.id).map_err(|e| status(e.into()))?
+            self.node
+                .mvcc
+                .lease_keys(req.id)
+                .map_err(|e| status(e.into()))?
         } else {
             Vec::new()
         };
@@ -113,11 +147,17 @@ impl Lease for LeaseService {
         }))
     }
 
-    async fn lease_leases(&self, _request: Request<pb::LeaseLeasesRequest>) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+    async fn lease_leases(
+        &self,
+        _request: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
         let leases = self.node.mvcc.leases().map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::LeaseLeasesResponse {
             header: self.node.header(self.node.mvcc.revision()),
-            leases: leases.into_iter().map(|l| pb::LeaseStatus { id: l.id }).collect(),
+            leases: leases
+                .into_iter()
+                .map(|l| pb::LeaseStatus { id: l.id })
+                .collect(),
         }))
     }
 }

@@ -25,16 +25,25 @@ fn not_yet(what: &str) -> Status {
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
-    async fn alarm(&self, request: Request<pb::AlarmRequest>) -> Result<Response<pb::AlarmResponse>, Status> {
+    async fn alarm(
+        &self,
+        request: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
         let req = request.into_inner();
         if req.action != pb::alarm_request::AlarmAction::Get as i32 {
             return Err(not_yet("activating or deactivating alarms"));
         }
         // No alarm is ever raised yet (there is no space quota), so the list is truthfully empty.
-        Ok(Response::new(pb::AlarmResponse { header: self.0.header(self.0.mvcc.revision()), alarms: vec![] }))
+        Ok(Response::new(pb::AlarmResponse {
+            header: self.0.header(self.0.mvcc.revision()),
+            alarms: vec![],
+        }))
     }
 
-    async fn status(&self, _request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusResponse>, Status> {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
         let node = &self.0;
         let m = node.raft.metrics().borrow().clone();
         let is_learner = !m.membership_config.voter_ids().any(|id| id == node.id);
@@ -58,18 +67,34 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
-    async fn defragment(&self, _request: Request<pb::DefragmentRequest>) -> Result<Response<pb::DefragmentResponse>, Status> {
+    async fn defragment(
+        &self,
+        _request: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
         Err(not_yet("defragment"))
     }
 
-    async fn hash(&self, _request: Request<pb::HashRequest>) -> Result<Response<pb::HashResponse>, Status> {
+    async fn hash(
+        &self,
+        _request: Request<pb::HashRequest>,
+    ) -> Result<Response<pb::HashResponse>, Status> {
         let (hash, _) = self.0.mvcc.hash_kv(0).map_err(|e| status(e.into()))?;
-        Ok(Response::new(pb::HashResponse { header: self.0.header(self.0.mvcc.revision()), hash }))
+        Ok(Response::new(pb::HashResponse {
+            header: self.0.header(self.0.mvcc.revision()),
+            hash,
+        }))
     }
 
-    async fn hash_kv(&self, request: Request<pb::HashKvRequest>) -> Result<Response<pb::HashKvResponse>, Status> {
+    async fn hash_kv(
+        &self,
+        request: Request<pb::HashKvRequest>,
+    ) -> Result<Response<pb::HashKvResponse>, Status> {
         let revision = request.into_inner().revision;
-        let at = if revision > 0 { revision } else { self.0.mvcc.revision() };
+        let at = if revision > 0 {
+            revision
+        } else {
+            self.0.mvcc.revision()
+        };
         let (hash, compact_revision) = self.0.mvcc.hash_kv(at).map_err(|e| status(e.into()))?;
         Ok(Response::new(pb::HashKvResponse {
             header: self.0.header(self.0.mvcc.revision()),
@@ -81,15 +106,24 @@ impl Maintenance for MaintenanceService {
 
     type SnapshotStream = SnapshotStream;
 
-    async fn snapshot(&self, _request: Request<pb::SnapshotRequest>) -> Result<Response<Self::SnapshotStream>, Status> {
+    async fn snapshot(
+        &self,
+        _request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
         Err(not_yet("the snapshot stream"))
     }
 
-    async fn move_leader(&self, _request: Request<pb::MoveLeaderRequest>) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+    async fn move_leader(
+        &self,
+        _request: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         Err(not_yet("move-leader"))
     }
 
-    async fn downgrade(&self, _request: Request<pb::DowngradeRequest>) -> Result<Response<pb::DowngradeResponse>, Status> {
+    async fn downgrade(
+        &self,
+        _request: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
         Err(not_yet("downgrade"))
     }
 }

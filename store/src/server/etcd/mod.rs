@@ -36,14 +36,17 @@ pub fn status(e: StoreError) -> Status {
     let msg = e.to_string();
     match e {
         StoreError::Mvcc(m) => match m {
-            MvccError::Compacted { .. } | MvccError::FutureRevision => Status::new(Code::OutOfRange, msg),
+            MvccError::Compacted { .. } | MvccError::FutureRevision => {
+                Status::new(Code::OutOfRange, msg)
+            }
             MvccError::LeaseNotFound => Status::new(Code::NotFound, msg),
             MvccError::LeaseExists => Status::new(Code::FailedPrecondition, msg),
             _ => Status::new(Code::InvalidArgument, msg),
         },
-        StoreError::Unavailable(_) | StoreError::Timeout | StoreError::Stopped | StoreError::Storage(_) => {
-            Status::new(Code::Unavailable, msg)
-        }
+        StoreError::Unavailable(_)
+        | StoreError::Timeout
+        | StoreError::Stopped
+        | StoreError::Storage(_) => Status::new(Code::Unavailable, msg),
         StoreError::InvalidArgument(_) => Status::new(Code::InvalidArgument, msg),
         StoreError::FailedPrecondition(_) => Status::new(Code::FailedPrecondition, msg),
         StoreError::NotFound(_) => Status::new(Code::NotFound, msg),
@@ -85,12 +88,16 @@ pub fn range_from_pb(r: pb::RangeRequest) -> Result<mvcc::RangeRequest, Status> 
         return Err(empty_key());
     }
     use pb::range_request::{SortOrder as O, SortTarget as T};
-    let sort_order = match O::try_from(r.sort_order).map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))? {
+    let sort_order = match O::try_from(r.sort_order)
+        .map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))?
+    {
         O::None => mvcc::SortOrder::None,
         O::Ascend => mvcc::SortOrder::Ascend,
         O::Descend => mvcc::SortOrder::Descend,
     };
-    let sort_target = match T::try_from(r.sort_target).map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))? {
+    let sort_target = match T::try_from(r.sort_target)
+        .map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))?
+    {
         T::Key => mvcc::SortTarget::Key,
         T::Version => mvcc::SortTarget::Version,
         T::Create => mvcc::SortTarget::Create,
@@ -133,20 +140,26 @@ pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRequest, 
     if d.key.is_empty() {
         return Err(empty_key());
     }
-    Ok(mvcc::DeleteRequest { range: range_of(d.key, d.range_end), prev_kv: d.prev_kv })
+    Ok(mvcc::DeleteRequest {
+        range: range_of(d.key, d.range_end),
+        prev_kv: d.prev_kv,
+    })
 }
 
 pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
     let mut compare = Vec::with_capacity(t.compare.len());
     for c in t.compare {
         use pb::compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
-        let result = match R::try_from(c.result).map_err(|_| Status::invalid_argument("etcdserver: invalid compare result"))? {
+        let result = match R::try_from(c.result)
+            .map_err(|_| Status::invalid_argument("etcdserver: invalid compare result"))?
+        {
             R::Equal => mvcc::CompareResult::Equal,
             R::Greater => mvcc::CompareResult::Greater,
             R::Less => mvcc::CompareResult::Less,
             R::NotEqual => mvcc::CompareResult::NotEqual,
         };
-        let declared = T::try_from(c.target).map_err(|_| Status::invalid_argument("etcdserver: invalid compare target"))?;
+        let declared = T::try_from(c.target)
+            .map_err(|_| Status::invalid_argument("etcdserver: invalid compare target"))?;
         // The oneof is authoritative; an absent one means the zero value of the declared target.
         let target = match (c.target_union, declared) {
             (Some(U::Version(v)), _) => mvcc::CompareTarget::Version(v),
@@ -163,7 +176,11 @@ pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
         if c.key.is_empty() {
             return Err(empty_key());
         }
-        compare.push(mvcc::Compare { range: range_of(c.key, c.range_end), result, target });
+        compare.push(mvcc::Compare {
+            range: range_of(c.key, c.range_end),
+            result,
+            target,
+        });
     }
     let ops = |ops: Vec<pb::RequestOp>| -> Result<Vec<mvcc::Op>, Status> {
         let mut out = Vec::with_capacity(ops.len());
@@ -179,7 +196,11 @@ pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
         }
         Ok(out)
     };
-    let txn = mvcc::TxnRequest { compare, success: ops(t.success)?, failure: ops(t.failure)? };
+    let txn = mvcc::TxnRequest {
+        compare,
+        success: ops(t.success)?,
+        failure: ops(t.failure)?,
+    };
     mvcc::validate_txn(&txn).map_err(|e| status(e.into()))?;
     Ok(txn)
 }
@@ -214,5 +235,9 @@ pub fn txn_to_pb(node: &Node, t: mvcc::TxnResult, revision: i64) -> pb::TxnRespo
             }),
         })
         .collect();
-    pb::TxnResponse { header: node.header(revision), succeeded: t.succeeded, responses }
+    pb::TxnResponse {
+        header: node.header(revision),
+        succeeded: t.succeeded,
+        responses,
+    }
 }

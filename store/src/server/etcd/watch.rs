@@ -34,7 +34,10 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 impl Watch for WatchService {
     type WatchStream = WatchStream;
 
-    async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        request: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
         let mut incoming = request.into_inner();
         let (out, rx) = mpsc::channel::<Result<pb::WatchResponse, Status>>(256);
         let node = self.node.clone();
@@ -82,11 +85,18 @@ impl Watch for WatchService {
                             continue;
                         }
                         let spec = WatchSpec {
-                            range: KeyRange { key: create.key, range_end: create.range_end },
+                            range: KeyRange {
+                                key: create.key,
+                                range_end: create.range_end,
+                            },
                             start_revision: create.start_revision,
                             prev_kv: create.prev_kv,
-                            no_put: create.filters.contains(&(pb::watch_create_request::FilterType::Noput as i32)),
-                            no_delete: create.filters.contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
+                            no_put: create
+                                .filters
+                                .contains(&(pb::watch_create_request::FilterType::Noput as i32)),
+                            no_delete: create
+                                .filters
+                                .contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
                             progress_every: create.progress_notify.then_some(progress_interval),
                         };
                         let rx = watch::start(node.mvcc.clone(), spec, WATCHER_BUFFER);
@@ -102,7 +112,8 @@ impl Watch for WatchService {
                         {
                             break;
                         }
-                        watchers.insert(id, tokio::spawn(forward(node.clone(), id, rx, out.clone())));
+                        watchers
+                            .insert(id, tokio::spawn(forward(node.clone(), id, rx, out.clone())));
                     }
                     Some(RequestUnion::CancelRequest(cancel)) => {
                         if let Some(handle) = watchers.remove(&cancel.watch_id) {
@@ -153,9 +164,11 @@ async fn forward(
                 events: events.into_iter().map(event_to_pb).collect(),
                 ..Default::default()
             },
-            WatchMessage::Progress { revision } => {
-                pb::WatchResponse { header: node.header(revision), watch_id: id, ..Default::default() }
-            }
+            WatchMessage::Progress { revision } => pb::WatchResponse {
+                header: node.header(revision),
+                watch_id: id,
+                ..Default::default()
+            },
             WatchMessage::Compacted { compact_revision } => pb::WatchResponse {
                 header: node.header(node.mvcc.revision()),
                 watch_id: id,

@@ -1,0 +1,359 @@
+//! `rkube up` and `rkube down`: a local HA cluster on loopback, one process per server.
+//!
+//! DIR holds `cluster.json` (the layout, so that `up` on an existing DIR restarts the same
+//! members), `pki/` (CA, member and admin certificates), `<name>/` (data dirs), `<name>.pid`,
+//! `<name>.log` and `env` (export lines for etcdctl and rkube's own clients).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::status::{collect, print_table};
+
+pub const DEFAULT_DIR: &str = "rkube-local";
+
+#[derive(Debug, Clone, Args)]
+pub struct UpArgs {
+    /// Directory of the local cluster.
+    #[arg(long, default_value = DEFAULT_DIR)]
+    pub dir: PathBuf,
+    /// Number of control-plane servers (for a new DIR).
+    #[arg(long, default_value_t = 3)]
+    pub servers: usize,
+    /// First port: server i listens for clients on BASE+10*(i-1), peers on +1, metrics on +2.
+    #[arg(long, default_value_t = 2379)]
+    pub base_port: u16,
+    /// Start the cluster in the background and return once it has a leader.
+    #[arg(long)]
+    pub detach: bool,
+    /// Raft snapshot after this many applied entries (passed to every server).
+    #[arg(long, default_value_t = 10_000)]
+    pub snapshot_count: u64,
+    /// Entries kept behind a snapshot for slow followers.
+    #[arg(long, default_value_t = 5_000)]
+    pub snapshot_catchup_entries: u64,
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_interval: u64,
+    /// Raft election timeout in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub election_timeout: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalCluster {
+    pub token: String,
+    pub members: Vec<LocalMember>,
+    pub snapshot_count: u64,
+    pub snapshot_catchup_entries: u64,
+    pub heartbeat_interval: u64,
+    pub election_timeout: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalMember {
+    pub name: String,
+    pub client: String,
+    pub peer: String,
+    pub metrics: String,
+}
+
+impl LocalCluster {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("cluster.json");
+        let bytes = std::fs::read(&path).with_context(|| {
+            format!(
+                "{} is not a local cluster (no {}); start one with `rkube up --dir {}`",
+                dir.display(),
+                path.display(),
+                dir.display()
+            )
+        })?;
+        serde_json::from_slice(&bytes).with_context(|| format!("cannot parse {}", path.display()))
+    }
+
+    pub fn client_urls(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("https://{}", m.client))
+            .collect()
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn pid_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.pid"))
+}
+
+/// The pid of a member's running process, if it still runs.
+pub fn running_pid(dir: &Path, name: &str) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(pid_path(dir, name))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    // Signal 0 checks existence; the command line check guards against a reused pid.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let ours = String::from_utf8_lossy(&cmdline).contains(&format!("{name}\0"));
+    (alive && ours).then_some(pid)
+}
+
+fn create(args: &UpArgs) -> Result<LocalCluster> {
+    if args.servers == 0 {
+        bail!("--servers must be at least 1");
+    }
+    let members = (1..=args.servers)
+        .map(|i| {
+            let base = args.base_port as usize + 10 * (i - 1);
+            if base + 2 > u16::MAX as usize {
+                bail!(
+                    "--base-port {} leaves no room for {} servers",
+                    args.base_port,
+                    args.servers
+                );
+            }
+            Ok(LocalMember {
+                name: format!("n{i}"),
+                client: format!("127.0.0.1:{base}"),
+                peer: format!("127.0.0.1:{}", base + 1),
+                metrics: format!("127.0.0.1:{}", base + 2),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(LocalCluster {
+        token: format!("rkube-{:016x}", rand::random::<u64>()),
+        members,
+        snapshot_count: args.snapshot_count,
+        snapshot_catchup_entries: args.snapshot_catchup_entries,
+        heartbeat_interval: args.heartbeat_interval,
+        election_timeout: args.election_timeout,
+    })
+}
+
+fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    use rkube_store::pki;
+    let pki_dir = dir.join("pki");
+    pki::init_ca(&pki_dir)?;
+    let sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    for m in &cluster.members {
+        let mut sans = sans.clone();
+        sans.push(m.name.clone());
+        pki::issue(&pki_dir, &m.name, &m.name, None, &sans, true, true)?;
+    }
+    pki::issue(
+        &pki_dir,
+        "admin",
+        "kubernetes-admin",
+        Some("system:masters"),
+        &[],
+        false,
+        true,
+    )?;
+    Ok(())
+}
+
+fn write_env(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    let abs = std::fs::canonicalize(dir)?;
+    let pki = abs.join("pki");
+    let env = format!(
+        "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\n",
+        cluster.client_urls().join(","),
+        pki.join("ca.crt").display(),
+        pki.join("admin.crt").display(),
+        pki.join("admin.key").display(),
+    );
+    std::fs::write(dir.join("env"), env)?;
+    Ok(())
+}
+
+fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find the rkube executable")?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{}.log", m.name)))?;
+    let abs = std::fs::canonicalize(dir)?;
+    let child = std::process::Command::new(exe)
+        .arg("server")
+        .args(["--name", &m.name])
+        .arg("--data-dir")
+        .arg(abs.join(&m.name))
+        .args([
+            "--listen-peer",
+            &m.peer,
+            "--listen-client",
+            &m.client,
+            "--listen-metrics",
+            &m.metrics,
+        ])
+        .args(["--initial-cluster", &cluster.initial_cluster()])
+        .args(["--initial-cluster-token", &cluster.token])
+        .arg("--pki")
+        .arg(abs.join("pki"))
+        .args(["--snapshot-count", &cluster.snapshot_count.to_string()])
+        .args([
+            "--snapshot-catchup-entries",
+            &cluster.snapshot_catchup_entries.to_string(),
+        ])
+        .args([
+            "--heartbeat-interval",
+            &cluster.heartbeat_interval.to_string(),
+        ])
+        .args(["--election-timeout", &cluster.election_timeout.to_string()])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C in the terminal reaches `up`, which stops members in order.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start server {}", m.name))?;
+    let pid = child.id() as i32;
+    std::fs::write(pid_path(dir, &m.name), pid.to_string())?;
+    Ok(pid)
+}
+
+pub async fn up(args: UpArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let cluster = match LocalCluster::load(&args.dir) {
+        Ok(c) => c,
+        Err(_) => {
+            let c = create(&args)?;
+            std::fs::write(
+                args.dir.join("cluster.json"),
+                serde_json::to_vec_pretty(&c)?,
+            )?;
+            c
+        }
+    };
+    write_pki(&args.dir, &cluster)?;
+    write_env(&args.dir, &cluster)?;
+    let mut started = Vec::new();
+    for m in &cluster.members {
+        match running_pid(&args.dir, &m.name) {
+            Some(pid) => println!("{} is already running (pid {pid})", m.name),
+            None => {
+                let pid = spawn_member(&args.dir, &cluster, m)?;
+                println!(
+                    "started {} (pid {pid}): client https://{}, log {}",
+                    m.name,
+                    m.client,
+                    args.dir.join(format!("{}.log", m.name)).display()
+                );
+                started.push(pid);
+            }
+        }
+    }
+    let target = crate::client::ClusterArgs {
+        endpoints: None,
+        cacert: None,
+        cert: None,
+        key: None,
+        dir: Some(args.dir.clone()),
+        insecure: false,
+    }
+    .resolve()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut rows = loop {
+        let rows = collect(&target).await;
+        if rows.iter().any(|r| r.role == "leader") {
+            break rows;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the cluster did not elect a leader within 60 s; see the logs in {}",
+                args.dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    print_table(&rows);
+    println!(
+        "\nsource {}/env to use etcdctl or `rkube kv` without flags",
+        args.dir.display()
+    );
+    if args.detach {
+        println!("stop it with: rkube down --dir {}", args.dir.display());
+        return Ok(());
+    }
+    println!("Ctrl-C stops the cluster");
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = tick.tick() => {
+                let now = collect(&target).await;
+                if summary(&now) != summary(&rows) {
+                    println!();
+                    print_table(&now);
+                    rows = now;
+                }
+            }
+        }
+    }
+    println!("\nstopping the cluster");
+    down_dir(&args.dir, &cluster).await
+}
+
+fn summary(rows: &[crate::status::Row]) -> Vec<(String, String, u64)> {
+    rows.iter()
+        .map(|r| (r.name.clone(), r.role.clone(), r.term))
+        .collect()
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DownArgs {
+    #[arg(long, default_value = DEFAULT_DIR)]
+    pub dir: PathBuf,
+}
+
+pub async fn down(args: DownArgs) -> Result<()> {
+    let cluster = LocalCluster::load(&args.dir)?;
+    down_dir(&args.dir, &cluster).await
+}
+
+async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    let mut pids = Vec::new();
+    for m in &cluster.members {
+        if let Some(pid) = running_pid(dir, &m.name) {
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            pids.push((m.name.clone(), pid));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (name, pid) in pids {
+        while running_pid(dir, &name).is_some() && Instant::now() < deadline {
+            reap(pid);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if running_pid(dir, &name).is_some() {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            reap(pid);
+        }
+        let _ = std::fs::remove_file(pid_path(dir, &name));
+        println!("stopped {name} (pid {pid})");
+    }
+    Ok(())
+}
+
+/// Collects an exited child so it does not linger as a zombie (only our own children).
+fn reap(pid: i32) {
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
