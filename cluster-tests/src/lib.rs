@@ -1,1 +1,526 @@
+//! The harness for multi-process cluster tests: starts real `rkube` server processes on
+//! loopback (through `rkube up`, the way a user would), and can kill, stop, restart and add
+//! members, and talk to each member with the etcd v3 API over mutual TLS.
+//!
+//! Every process a test starts is killed when its [`Cluster`] is dropped, even on panic.
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rkube_store::proto::etcdserverpb as pb;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+pub use pb::cluster_client::ClusterClient;
+pub use pb::kv_client::KvClient;
+pub use pb::lease_client::LeaseClient;
+pub use pb::maintenance_client::MaintenanceClient;
+pub use pb::watch_client::WatchClient;
+
+/// The rkube binary, built once per test process.
+pub fn rkube_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("RKUBE_BIN") {
+            return PathBuf::from(p);
+        }
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root")
+            .to_path_buf();
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "-p", "rkube", "--bin", "rkube"])
+            .current_dir(&workspace)
+            .status()
+            .expect("cargo build of rkube runs");
+        assert!(status.success(), "building the rkube binary failed");
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| workspace.join("target"));
+        target.join("debug").join("rkube")
+    })
+}
+
+/// Waits until `cond` returns `Some`, checking every 50 ms, for at most `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub servers: usize,
+    pub snapshot_count: u64,
+    pub snapshot_catchup_entries: u64,
+    pub election_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            servers: 3,
+            snapshot_count: 10_000,
+            snapshot_catchup_entries: 5_000,
+            election_timeout_ms: 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberInfo {
+    pub name: String,
+    pub client: String,
+    pub peer: String,
+    pub metrics: String,
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub members: Vec<MemberInfo>,
+    token: String,
+    tls: ClientTlsConfig,
+    opts: Options,
+    /// Members started by the harness itself (not through `up`), with their pids.
+    extra: Vec<(String, u32)>,
+}
+
+fn port_free(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A base port with room for `n` members (+10 each, 3 ports each) plus one spare member.
+fn free_base(n: usize) -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + (rand::random::<u16>() % 3000) * 10;
+        if (0..=n).all(|i| (0..3).all(|p| port_free(base + (i * 10) as u16 + p))) {
+            return base;
+        }
+    }
+    panic!("no free loopback ports found");
+}
+
+impl Cluster {
+    pub async fn start(opts: Options) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let base = free_base(opts.servers);
+        let out = Command::new(rkube_bin())
+            .arg("up")
+            .arg("--dir")
+            .arg(dir.path())
+            .args([
+                "--servers",
+                &opts.servers.to_string(),
+                "--base-port",
+                &base.to_string(),
+                "--detach",
+            ])
+            .args(["--snapshot-count", &opts.snapshot_count.to_string()])
+            .args([
+                "--snapshot-catchup-entries",
+                &opts.snapshot_catchup_entries.to_string(),
+            ])
+            .args([
+                "--election-timeout",
+                &opts.election_timeout_ms.to_string(),
+                "--heartbeat-interval",
+                "100",
+            ])
+            .stdin(Stdio::null())
+            .output()?;
+        let layout: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("cluster.json")).unwrap_or_default(),
+        )
+        .unwrap_or(serde_json::Value::Null);
+        let members = layout["members"]
+            .as_array()
+            .map(|ms| {
+                ms.iter()
+                    .map(|m| MemberInfo {
+                        name: m["name"].as_str().unwrap_or_default().to_string(),
+                        client: m["client"].as_str().unwrap_or_default().to_string(),
+                        peer: m["peer"].as_str().unwrap_or_default().to_string(),
+                        metrics: m["metrics"].as_str().unwrap_or_default().to_string(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let token = layout["token"].as_str().unwrap_or_default().to_string();
+        let pki = dir.path().join("pki");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(
+                std::fs::read(pki.join("ca.crt")).unwrap_or_default(),
+            ))
+            .identity(Identity::from_pem(
+                std::fs::read(pki.join("admin.crt")).unwrap_or_default(),
+                std::fs::read(pki.join("admin.key")).unwrap_or_default(),
+            ));
+        let cluster = Self {
+            dir,
+            members,
+            token,
+            tls,
+            opts,
+            extra: Vec::new(),
+        };
+        if !out.status.success() {
+            bail!(
+                "rkube up failed: {}{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                cluster.logs()
+            );
+        }
+        Ok(cluster)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Every member's log, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for m in &self.members {
+            let log = std::fs::read_to_string(self.path().join(format!("{}.log", m.name)))
+                .unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                m.name,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        out
+    }
+
+    pub fn pid(&self, i: usize) -> Option<i32> {
+        let name = &self.members[i].name;
+        if let Some((_, pid)) = self.extra.iter().find(|(n, _)| n == name) {
+            return Some(*pid as i32);
+        }
+        std::fs::read_to_string(self.path().join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        if let Some(pid) = self.pid(i) {
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+
+    /// SIGKILL a member and wait until its process is gone.
+    pub async fn kill(&self, i: usize) {
+        self.signal(i, libc::SIGKILL);
+        if let Some(pid) = self.pid(i) {
+            wait_for(
+                "killed process to exit",
+                Duration::from_secs(10),
+                || async move {
+                    let mut status = 0;
+                    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                    let gone = !Path::new(&format!("/proc/{pid}/cmdline")).exists()
+                        || std::fs::read(format!("/proc/{pid}/cmdline"))
+                            .map(|c| c.is_empty())
+                            .unwrap_or(true);
+                    gone.then_some(())
+                },
+            )
+            .await;
+        }
+    }
+
+    pub fn pause(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+    }
+
+    /// Starts every member of the `up` layout that is not running, with its data (`rkube up`
+    /// on an existing DIR).
+    pub async fn restart_missing(&self) -> Result<()> {
+        let out = Command::new(rkube_bin())
+            .arg("up")
+            .arg("--dir")
+            .arg(self.path())
+            .arg("--detach")
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "rkube up (restart) failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Starts one more server process that joins as `existing` (after `member add`).
+    pub fn spawn_joiner(&mut self, name: &str) -> Result<usize> {
+        let i = self.members.len();
+        let last = &self.members[i - 1];
+        let port = |addr: &str| {
+            addr.rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(0)
+        };
+        let base = port(&last.client) + 10;
+        let m = MemberInfo {
+            name: name.to_string(),
+            client: format!("127.0.0.1:{base}"),
+            peer: format!("127.0.0.1:{}", base + 1),
+            metrics: format!("127.0.0.1:{}", base + 2),
+        };
+        let pki = self.path().join("pki");
+        rkube_store::pki::issue(
+            &pki,
+            name,
+            name,
+            None,
+            &["127.0.0.1".into(), "localhost".into()],
+            true,
+            true,
+        )?;
+        let mut initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer))
+            .collect();
+        initial.push(format!("{}={}", m.name, m.peer));
+        let log = std::fs::File::create(self.path().join(format!("{name}.log")))?;
+        let child = Command::new(rkube_bin())
+            .arg("server")
+            .args(["--name", name])
+            .arg("--data-dir")
+            .arg(self.path().join(name))
+            .args([
+                "--listen-peer",
+                &m.peer,
+                "--listen-client",
+                &m.client,
+                "--listen-metrics",
+                &m.metrics,
+            ])
+            .args([
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-state",
+                "existing",
+            ])
+            .args(["--initial-cluster-token", &self.token])
+            .arg("--pki")
+            .arg(&pki)
+            .args(["--snapshot-count", &self.opts.snapshot_count.to_string()])
+            .args([
+                "--snapshot-catchup-entries",
+                &self.opts.snapshot_catchup_entries.to_string(),
+            ])
+            .args([
+                "--election-timeout",
+                &self.opts.election_timeout_ms.to_string(),
+                "--heartbeat-interval",
+                "100",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.extra.push((name.to_string(), child.id()));
+        self.members.push(m);
+        Ok(i)
+    }
+
+    pub fn channel(&self, i: usize) -> Channel {
+        Endpoint::from_shared(format!("https://{}", self.members[i].client))
+            .expect("endpoint")
+            .tls_config(self.tls.clone())
+            .expect("tls")
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(8))
+            .connect_lazy()
+    }
+
+    pub fn kv(&self, i: usize) -> KvClient<Channel> {
+        KvClient::new(self.channel(i))
+    }
+
+    pub async fn status(&self, i: usize) -> Option<pb::StatusResponse> {
+        let mut m = MaintenanceClient::new(self.channel(i));
+        let mut req = tonic::Request::new(pb::StatusRequest {});
+        req.set_timeout(Duration::from_secs(2));
+        // A bound of our own: a paused member accepts TCP but never finishes the TLS handshake,
+        // and tonic's timeouts do not cover connection setup.
+        tokio::time::timeout(Duration::from_secs(3), m.status(req))
+            .await
+            .ok()?
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// Index of the member that is leader and that the others agree on, if any.
+    pub async fn leader(&self) -> Option<usize> {
+        for i in 0..self.members.len() {
+            if let Some(s) = self.status(i).await {
+                let me = s.header.as_ref().map_or(0, |h| h.member_id);
+                if s.leader != 0 && s.leader == me {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    pub async fn wait_leader(&self) -> usize {
+        wait_for("a leader", Duration::from_secs(30), || self.leader()).await
+    }
+
+    /// Waits until a new leader other than `old` is elected.
+    pub async fn wait_new_leader(&self, old: usize) -> usize {
+        wait_for("a new leader", Duration::from_secs(30), || async {
+            self.leader().await.filter(|l| *l != old)
+        })
+        .await
+    }
+
+    /// Puts a key; returns the revision it was written at.
+    pub async fn put(&self, i: usize, key: &str, value: &str) -> Result<i64, tonic::Status> {
+        let mut kv = self.kv(i);
+        let call = kv.put(pb::PutRequest {
+            key: key.into(),
+            value: value.into(),
+            ..Default::default()
+        });
+        let resp = tokio::time::timeout(Duration::from_secs(15), call)
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no answer within 15 s"))??
+            .into_inner();
+        Ok(resp.header.map_or(0, |h| h.revision))
+    }
+
+    /// Every key with `prefix` on member `i`, read locally (serializable) so each member's own
+    /// state is checked.
+    pub async fn local_keys(
+        &self,
+        i: usize,
+        prefix: &str,
+    ) -> Result<Vec<(String, String)>, tonic::Status> {
+        let mut kv = self.kv(i);
+        let call = kv.range(pb::RangeRequest {
+            key: prefix.into(),
+            range_end: rkube_store::mvcc::prefix_end(prefix.as_bytes()),
+            serializable: true,
+            ..Default::default()
+        });
+        let resp = tokio::time::timeout(Duration::from_secs(15), call)
+            .await
+            .map_err(|_| tonic::Status::deadline_exceeded("no answer within 15 s"))??
+            .into_inner();
+        Ok(resp
+            .kvs
+            .into_iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key).into_owned(),
+                    String::from_utf8_lossy(&kv.value).into_owned(),
+                )
+            })
+            .collect())
+    }
+
+    /// Waits until the listed members report the same revision, then returns it.
+    pub async fn wait_converged(&self, members: &[usize]) -> i64 {
+        wait_for(
+            "members to converge on one revision",
+            Duration::from_secs(60),
+            || async {
+                let mut revs = Vec::new();
+                for &i in members {
+                    revs.push(self.status(i).await?.header?.revision);
+                }
+                (revs.windows(2).all(|w| w[0] == w[1])).then(|| revs[0])
+            },
+        )
+        .await
+    }
+
+    pub async fn hash_kv(&self, i: usize, revision: i64) -> Option<u32> {
+        let mut m = MaintenanceClient::new(self.channel(i));
+        let call = m.hash_kv(pb::HashKvRequest { revision });
+        tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .ok()?
+            .ok()
+            .map(|r| r.into_inner().hash)
+    }
+
+    /// A metric value from a member's /metrics, if present.
+    pub async fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&self.members[i].metrics)
+            .await
+            .ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        body.lines().find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+    }
+
+    pub fn id_of(&self, i: usize) -> u64 {
+        let json = std::fs::read(self.path().join(&self.members[i].name).join("member.json"))
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap_or(serde_json::Value::Null);
+        v["member_id"].as_u64().unwrap_or(0)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.signal(i, libc::SIGCONT);
+            self.signal(i, libc::SIGKILL);
+        }
+        for i in 0..self.members.len() {
+            if let Some(pid) = self.pid(i) {
+                let mut status = 0;
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+            }
+        }
+    }
+}
+
+/// Context for errors that carry a cluster's logs.
+pub trait WithLogs<T> {
+    fn logs(self, c: &Cluster) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> WithLogs<T> for std::result::Result<T, E> {
+    fn logs(self, c: &Cluster) -> Result<T> {
+        self.map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| c.logs())
+    }
+}

@@ -132,9 +132,10 @@ impl Target {
             let mut probe = pb::maintenance_client::MaintenanceClient::new(ch.clone());
             let mut req = tonic::Request::new(pb::StatusRequest {});
             req.set_timeout(Duration::from_secs(3));
-            match probe.status(req).await {
-                Ok(_) => return Ok(ch),
-                Err(s) => last = Some(format!("{e}: {}", s.message())),
+            match tokio::time::timeout(Duration::from_secs(3), probe.status(req)).await {
+                Ok(Ok(_)) => return Ok(ch),
+                Ok(Err(s)) => last = Some(format!("{e}: {}", s.message())),
+                Err(_) => last = Some(format!("{e}: no answer within 3 s")),
             }
         }
         bail!("no endpoint answered ({})", last.unwrap_or_default())

@@ -34,7 +34,9 @@ pub async fn collect(target: &Target) -> Vec<Row> {
             linearizable: false,
         });
         req.set_timeout(Duration::from_secs(2));
-        if let Ok(resp) = cluster.member_list(req).await {
+        if let Ok(Ok(resp)) =
+            tokio::time::timeout(Duration::from_secs(3), cluster.member_list(req)).await
+        {
             for m in resp.into_inner().members {
                 let endpoint = m.client_ur_ls.first().cloned().unwrap_or_default();
                 endpoints.push((format!("{:x}", m.id), m.name.clone(), endpoint));
@@ -69,7 +71,12 @@ pub async fn collect(target: &Target) -> Vec<Row> {
             let mut m = pb::maintenance_client::MaintenanceClient::new(ch);
             let mut req = tonic::Request::new(pb::StatusRequest {});
             req.set_timeout(Duration::from_secs(2));
-            anyhow::Ok(m.status(req).await?.into_inner())
+            let answer = tokio::time::timeout(Duration::from_secs(3), m.status(req)).await;
+            anyhow::Ok(
+                answer
+                    .map_err(|_| anyhow::anyhow!("no answer within 3 s"))??
+                    .into_inner(),
+            )
         }
         .await;
         match status {

@@ -7,5 +7,8 @@ pub mod store;
 pub mod types;
 pub mod watch;
 
+#[cfg(test)]
+mod tests;
+
 pub use store::{validate_txn, MemberAttrs, MvccStore, RevisionBatch, MAX_LEASE_TTL};
 pub use types::*;

@@ -14,11 +14,12 @@
 //! Only [`MvccStore::apply`] and [`MvccStore::restore`] write, and the Raft state machine calls
 //! them one at a time. Each applied command is one sled transaction over every tree, together with
 //! the caller's metadata (the last applied log id), so a crash never leaves half a command on disk
-//! and re-applying the log after a restart starts exactly where the state ends. Readers hold the
-//! read side of `lock` while the writer holds the write side for the commit, so a read never sees
-//! half a transaction.
+//! and re-applying the log after a restart starts exactly where the state ends. The one command
+//! whose work follows its commit, a compaction, commits its revision first and is finished on
+//! the next open. Readers hold the read side of `lock` while the writer holds the write side for
+//! the commit, so a read never sees half a transaction.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -38,6 +39,8 @@ pub const MAX_TXN_OPS: usize = 128;
 
 const META_REVISION: &[u8] = b"revision";
 const META_COMPACT: &[u8] = b"compact_revision";
+/// The revision of the newest committed compaction, which may not have been carried out yet.
+const META_COMPACT_SCHEDULED: &[u8] = b"compact_scheduled";
 const META_MEMBER_PREFIX: &[u8] = b"member/";
 
 /// One change in the history: a new version of a key, or its deletion (a tombstone).
@@ -126,6 +129,16 @@ struct WriteSet {
     meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
+impl WriteSet {
+    /// Detaches `key` from `lease`, together with an attachment made earlier in this command:
+    /// the commit removes before it inserts, so a pending insert would otherwise survive.
+    fn detach(&mut self, lease: i64, key: &[u8]) {
+        self.lkey_puts
+            .retain(|(id, k)| !(*id == lease && k.as_slice() == key));
+        self.lkey_removes.push((lease, key.to_vec()));
+    }
+}
+
 fn lkey(id: i64, key: &[u8]) -> Vec<u8> {
     let mut out = (id as u64).to_be_bytes().to_vec();
     out.extend_from_slice(key);
@@ -164,13 +177,15 @@ impl MvccStore {
         let revision = read_i64(&trees.meta, META_REVISION)?;
         let compact = read_i64(&trees.meta, META_COMPACT)?;
         let (hub, _) = broadcast::channel(4096);
-        Ok(Self {
+        let store = Self {
             trees,
             lock: RwLock::new(()),
             revision: AtomicI64::new(revision),
             compact_revision: AtomicI64::new(compact),
             hub,
-        })
+        };
+        store.finish_compaction()?;
+        Ok(store)
     }
 
     /// The newest revision.
@@ -529,9 +544,17 @@ impl MvccStore {
             Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
             Command::LeaseGrant { id, ttl } => self.apply_grant(*id, *ttl, &mut ws),
             Command::LeaseRevoke { id } => self.apply_revoke(*id, &mut ws),
-            Command::Compact { revision } => self
-                .check_compact(*revision, current)
-                .map(|_| Output::Compacted),
+            Command::Compact { revision } => {
+                self.check_compact(*revision, current).map(|_| {
+                    // Committed with the command (and the caller's applied log id), so that a
+                    // crash before the compaction is done cannot lose it.
+                    ws.meta_puts.push((
+                        META_COMPACT_SCHEDULED.to_vec(),
+                        revision.to_be_bytes().to_vec(),
+                    ));
+                    Output::Compacted
+                })
+            }
             Command::MemberAttrs {
                 id,
                 name,
@@ -664,7 +687,7 @@ impl MvccStore {
     ) -> Result<TxnResult, MvccError> {
         let mut succeeded = true;
         for cmp in &txn.compare {
-            if !self.compare(cmp, ws)? {
+            if !self.compare(cmp)? {
                 succeeded = false;
                 break;
             }
@@ -684,9 +707,12 @@ impl MvccStore {
         })
     }
 
-    fn compare(&self, cmp: &Compare, ws: &WriteSet) -> Result<bool, MvccError> {
+    /// # Correctness
+    /// As in etcd (`compareToPath`), every compare of a transaction, those of nested
+    /// transactions included, sees the state before the transaction, never its own writes.
+    fn compare(&self, cmp: &Compare) -> Result<bool, MvccError> {
         let kvs = self
-            .scan_current(&cmp.range, Some(ws))
+            .scan_current(&cmp.range, None)
             .map_err(|_| MvccError::FutureRevision)?;
         if kvs.is_empty() {
             if matches!(cmp.target, CompareTarget::Value(_)) {
@@ -746,7 +772,7 @@ impl MvccStore {
                 };
                 if let Some(p) = &prev {
                     if p.lease != 0 && p.lease != lease {
-                        ws.lkey_removes.push((p.lease, req.key.clone()));
+                        ws.detach(p.lease, &req.key);
                     }
                 }
                 if lease != 0 {
@@ -783,7 +809,7 @@ impl MvccStore {
                         ..Default::default()
                     };
                     if prev.lease != 0 {
-                        ws.lkey_removes.push((prev.lease, prev.key.clone()));
+                        ws.detach(prev.lease, &prev.key);
                     }
                     ws.overlay.insert(prev.key.clone(), None);
                     ws.records.push((
@@ -862,7 +888,7 @@ impl MvccStore {
 
     /// Drops history older than `revision`, keeping for every key its newest version at or
     /// before it (unless that version is a deletion). Idempotent, so a crash midway is mended
-    /// by running it again.
+    /// by running it again, which [`MvccStore::finish_compaction`] does at the next start.
     fn compact(&self, revision: i64) -> Result<(), StorageError> {
         let t = &self.trees;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
@@ -894,6 +920,16 @@ impl MvccStore {
         t.kidx.apply_batch(kidx_batch)?;
         t.meta.insert(META_COMPACT, &revision.to_be_bytes())?;
         self.compact_revision.store(revision, Ordering::Release);
+        Ok(())
+    }
+
+    /// Carries out a compaction that was committed but not done, because the member stopped
+    /// in between (etcd's scheduled compact revision).
+    fn finish_compaction(&self) -> Result<(), StorageError> {
+        let scheduled = read_i64(&self.trees.meta, META_COMPACT_SCHEDULED)?;
+        if scheduled > self.compact_revision() {
+            self.compact(scheduled)?;
+        }
         Ok(())
     }
 
@@ -934,6 +970,8 @@ impl MvccStore {
         self.compact_revision
             .store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
         drop(_guard);
+        // A dump taken between a compaction's commit and its work carries it half done.
+        self.finish_compaction()?;
         let _ = self.hub.send(Arc::new(RevisionBatch {
             revision: self.revision(),
             events: Vec::new(),
@@ -995,27 +1033,26 @@ fn sort_kvs(kvs: &mut [KeyValue], order: SortOrder, target: SortTarget) {
     });
 }
 
-/// Checks a transaction before it is proposed: op count, empty keys, duplicate puts.
+/// Checks a transaction before it is proposed, as etcd does (`checkTxnRequest`, then
+/// `checkIntervals` on each branch): op counts, empty keys, and keys written twice on one path.
 pub fn validate_txn(txn: &TxnRequest) -> Result<(), MvccError> {
+    check_requests(txn)?;
+    check_intervals(&txn.success)?;
+    check_intervals(&txn.failure)?;
+    Ok(())
+}
+
+fn check_requests(txn: &TxnRequest) -> Result<(), MvccError> {
     if txn.compare.len() > MAX_TXN_OPS
         || txn.success.len() > MAX_TXN_OPS
         || txn.failure.len() > MAX_TXN_OPS
     {
         return Err(MvccError::TooManyOps);
     }
-    for branch in [&txn.success, &txn.failure] {
-        let mut puts: Vec<&[u8]> = Vec::new();
-        collect_puts(branch, &mut puts)?;
-        puts.sort();
-        if puts.windows(2).any(|w| w[0] == w[1]) {
-            return Err(MvccError::DuplicateKey);
-        }
+    if txn.compare.iter().any(|c| c.range.key.is_empty()) {
+        return Err(MvccError::EmptyKey);
     }
-    Ok(())
-}
-
-fn collect_puts<'a>(ops: &'a [Op], out: &mut Vec<&'a [u8]>) -> Result<(), MvccError> {
-    for op in ops {
+    for op in txn.success.iter().chain(&txn.failure) {
         match op {
             Op::Put(p) => {
                 if p.key.is_empty() {
@@ -1027,13 +1064,65 @@ fn collect_puts<'a>(ops: &'a [Op], out: &mut Vec<&'a [u8]>) -> Result<(), MvccEr
                 if p.ignore_lease && p.lease != 0 {
                     return Err(MvccError::LeaseProvided);
                 }
-                out.push(&p.key);
             }
             Op::Range(r) if r.range.key.is_empty() => return Err(MvccError::EmptyKey),
             Op::Delete(d) if d.range.key.is_empty() => return Err(MvccError::EmptyKey),
-            Op::Txn(t) => validate_txn(t)?,
+            Op::Txn(t) => check_requests(t)?,
             _ => {}
         }
     }
     Ok(())
+}
+
+/// Whether a delete of `range` overlaps a put of `key`, with the intervals of etcd's
+/// `checkIntervals`: a `range_end` of `"\0"` makes an empty interval there, so etcd lets a
+/// from-key delete and a put share a transaction, and so do we.
+fn deletes(range: &KeyRange, key: &[u8]) -> bool {
+    if range.range_end.is_empty() {
+        range.key.as_slice() == key
+    } else {
+        range.key.as_slice() <= key && key < range.range_end.as_slice()
+    }
+}
+
+/// The keys put and the ranges deleted along `ops` (etcd's `checkIntervals`). A key may be
+/// written once on a path: put twice, or put and deleted, is a duplicate. The two branches of a
+/// nested transaction exclude each other, so they may write the same key.
+fn check_intervals(ops: &[Op]) -> Result<(BTreeSet<&[u8]>, Vec<&KeyRange>), MvccError> {
+    let mut dels: Vec<&KeyRange> = ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Delete(d) => Some(&d.range),
+            _ => None,
+        })
+        .collect();
+    let deleted = |dels: &[&KeyRange], key: &[u8]| dels.iter().any(|r| deletes(r, key));
+    let mut puts: BTreeSet<&[u8]> = BTreeSet::new();
+    for op in ops {
+        let Op::Txn(t) = op else { continue };
+        let (puts_then, dels_then) = check_intervals(&t.success)?;
+        let (puts_else, dels_else) = check_intervals(&t.failure)?;
+        for &key in &puts_then {
+            if puts.contains(key) || deleted(&dels, key) {
+                return Err(MvccError::DuplicateKey);
+            }
+            puts.insert(key);
+        }
+        for key in puts_else {
+            if (puts.contains(key) && !puts_then.contains(key)) || deleted(&dels, key) {
+                return Err(MvccError::DuplicateKey);
+            }
+            puts.insert(key);
+        }
+        dels.extend(dels_then);
+        dels.extend(dels_else);
+    }
+    for op in ops {
+        let Op::Put(p) = op else { continue };
+        if puts.contains(p.key.as_slice()) || deleted(&dels, &p.key) {
+            return Err(MvccError::DuplicateKey);
+        }
+        puts.insert(&p.key);
+    }
+    Ok((puts, dels))
 }

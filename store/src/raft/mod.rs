@@ -5,6 +5,9 @@ pub mod log_store;
 pub mod network;
 pub mod state_machine;
 
+#[cfg(test)]
+mod conformance;
+
 use std::fmt;
 use std::io::Cursor;
 

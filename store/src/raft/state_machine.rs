@@ -42,6 +42,8 @@ pub struct StateMachine {
     mvcc: Arc<MvccStore>,
     dir: PathBuf,
     counter: Arc<AtomicU64>,
+    /// Snapshots installed from a leader since start.
+    pub installs: Arc<AtomicU64>,
 }
 
 impl StateMachine {
@@ -51,6 +53,7 @@ impl StateMachine {
             mvcc,
             dir: dir.to_path_buf(),
             counter: Arc::new(AtomicU64::new(0)),
+            installs: Arc::new(AtomicU64::new(0)),
         };
         if dir.join(INSTALL_MARKER).exists() {
             if let Some(file) = sm.read_snapshot_file()? {
@@ -217,6 +220,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             std::fs::write(sm.dir.join(INSTALL_MARKER), b"")?;
             sm.mvcc.restore(dump)?;
             std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
+            sm.installs.fetch_add(1, Ordering::Relaxed);
             Ok(())
         })
         .await

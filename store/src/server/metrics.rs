@@ -31,6 +31,9 @@ pub struct Metrics {
     pub proposal_seconds: Histogram,
     pub proposals_failed: Counter,
     pub fsync_seconds: Histogram,
+    /// Set by the state machine: snapshots installed from a leader.
+    pub snapshot_installs: Arc<AtomicU64>,
+    snapshot_installs_gauge: Gauge,
 }
 
 impl Default for Metrics {
@@ -57,7 +60,14 @@ impl Metrics {
             proposal_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             proposals_failed: Counter::default(),
             fsync_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            snapshot_installs: Arc::new(AtomicU64::new(0)),
+            snapshot_installs_gauge: Gauge::default(),
         };
+        r.register(
+            "raft_snapshot_installs",
+            "Snapshots installed from a leader since start",
+            m.snapshot_installs_gauge.clone(),
+        );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(
             "raft_is_leader",
@@ -148,6 +158,10 @@ pub fn refresh(node: &Node, committed: &AtomicU64) {
     m.compact_revision.set(node.mvcc.compact_revision());
     m.db_size.set(node.db.size_on_disk().unwrap_or(0) as i64);
     m.watchers.set(node.mvcc.watcher_count() as i64);
+    m.snapshot_installs_gauge.set(
+        m.snapshot_installs
+            .load(std::sync::atomic::Ordering::Relaxed) as i64,
+    );
 }
 
 pub fn router(node: Arc<Node>) -> Router {

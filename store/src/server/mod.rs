@@ -178,8 +178,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .open()
         .map_err(|e| storage_err(e.into()))?;
     let mvcc = Arc::new(MvccStore::open(&db).map_err(storage_err)?);
-    let sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
     let metrics = Arc::new(metrics::Metrics::new());
+    let mut sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
+    sm.installs = metrics.snapshot_installs.clone();
     let committed = Arc::new(AtomicU64::new(0));
     let log_store = LogStore::open(&db)
         .map_err(|e| storage_err(e.into()))?
@@ -194,6 +195,8 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         install_snapshot_timeout: 10_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
         max_in_snapshot_log_to_keep: cfg.snapshot_catchup_entries,
+        // AppendEntries must finish within one heartbeat interval (openraft's RPC timeout).
+        max_payload_entries: 64,
         ..Default::default()
     }
     .validate()

@@ -1,0 +1,490 @@
+//! Multi-process scenarios against real `rkube server` processes started through `rkube up`.
+//! Each test tells one story; the harness kills every process it started when the test ends.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster_tests::{wait_for, Cluster, ClusterClient, Options, WatchClient, WithLogs};
+use futures::StreamExt;
+use rkube_store::proto::etcdserverpb as pb;
+use tokio::sync::Mutex;
+
+/// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
+/// stopped, remembering every acknowledged key.
+struct Writers {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    acked: Arc<Mutex<BTreeMap<String, String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    fn start(cluster: &Arc<Cluster>, prefix: &str, writers: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let (cluster, stop, acked, prefix) = (
+                cluster.clone(),
+                stop.clone(),
+                acked.clone(),
+                prefix.to_string(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let member = (w + n as usize) % cluster.members.len();
+                    let key = format!("{prefix}/{w}/{n:06}");
+                    let value = format!("v{w}-{n}");
+                    if cluster.put(member, &key, &value).await.is_ok() {
+                        acked.lock().await.insert(key, value);
+                    } else {
+                        // A failed write may or may not have committed; it is not counted as
+                        // acknowledged. Back off briefly while the cluster recovers.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    n += 1;
+                }
+            }));
+        }
+        Self { stop, acked, tasks }
+    }
+
+    async fn count(&self) -> usize {
+        self.acked.lock().await.len()
+    }
+
+    async fn wait_count(&self, at_least: usize) {
+        wait_for(
+            "writes to be acknowledged",
+            Duration::from_secs(60),
+            || async { (self.count().await >= at_least).then_some(()) },
+        )
+        .await
+    }
+
+    async fn finish(self) -> BTreeMap<String, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        Arc::try_unwrap(self.acked)
+            .map(|m| m.into_inner())
+            .unwrap_or_default()
+    }
+}
+
+/// Every acknowledged write is on every listed member, and they agree on revision and hash.
+async fn check_all_present(
+    c: &Cluster,
+    members: &[usize],
+    prefix: &str,
+    acked: &BTreeMap<String, String>,
+) {
+    let revision = c.wait_converged(members).await;
+    let mut hashes = BTreeSet::new();
+    for &i in members {
+        let keys: BTreeMap<String, String> = c
+            .local_keys(i, prefix)
+            .await
+            .logs(c)
+            .expect("read keys")
+            .into_iter()
+            .collect();
+        for (k, v) in acked {
+            assert_eq!(
+                keys.get(k),
+                Some(v),
+                "member {} lost acknowledged write {k}",
+                c.members[i].name
+            );
+        }
+        hashes.insert(c.hash_kv(i, revision).await.expect("hash"));
+    }
+    assert_eq!(
+        hashes.len(),
+        1,
+        "members disagree on the hash of the keyspace at revision {revision}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_leader_during_writes_loses_nothing() {
+    let c = Arc::new(
+        Cluster::start(Options::default())
+            .await
+            .expect("cluster starts"),
+    );
+    let leader = c.wait_leader().await;
+    let writers = Writers::start(&c, "/kill", 4);
+    writers.wait_count(100).await;
+    c.kill(leader).await;
+    let new_leader = c.wait_new_leader(leader).await;
+    assert_ne!(new_leader, leader);
+    let before = writers.count().await;
+    writers.wait_count(before + 100).await;
+    c.restart_missing().await.logs(&c).expect("restart");
+    let acked = writers.finish().await;
+    check_all_present(&c, &[0, 1, 2], "/kill", &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn losing_quorum_fails_writes_clearly_and_recovers() {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    for n in 0..20 {
+        c.put(n % 3, &format!("/q/before/{n}"), "x")
+            .await
+            .logs(&c)
+            .expect("write with quorum");
+    }
+    let survivor = (leader + 1) % 3;
+    for i in 0..3 {
+        if i != survivor {
+            c.kill(i).await;
+        }
+    }
+    // A two-key transaction: applied entirely or not at all.
+    let started = Instant::now();
+    let txn = pb::TxnRequest {
+        compare: vec![],
+        success: ["/q/pair/a", "/q/pair/b"]
+            .iter()
+            .map(|k| pb::RequestOp {
+                request: Some(pb::request_op::Request::RequestPut(pb::PutRequest {
+                    key: k.as_bytes().to_vec(),
+                    value: b"1".to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .collect(),
+        failure: vec![],
+    };
+    let err = c
+        .kv(survivor)
+        .txn(txn)
+        .await
+        .expect_err("a write without quorum must fail");
+    assert_eq!(
+        err.code(),
+        tonic::Code::Unavailable,
+        "unexpected error: {err:?}"
+    );
+    assert!(
+        err.message().contains("no leader")
+            || err.message().contains("timed out")
+            || err.message().contains("quorum"),
+        "the error should say the cluster has no quorum: {}",
+        err.message()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the failure took {:?}",
+        started.elapsed()
+    );
+
+    c.restart_missing().await.logs(&c).expect("restart");
+    c.wait_leader().await;
+    let rev = wait_for("writes to resume", Duration::from_secs(30), || async {
+        c.put(survivor, "/q/after", "y").await.ok()
+    })
+    .await;
+    assert!(rev > 0);
+    let keys: BTreeMap<String, String> = c
+        .local_keys(survivor, "/q/")
+        .await
+        .expect("read")
+        .into_iter()
+        .collect();
+    for n in 0..20 {
+        assert!(
+            keys.contains_key(&format!("/q/before/{n}")),
+            "write {n} from before the outage was lost"
+        );
+    }
+    assert_eq!(
+        keys.contains_key("/q/pair/a"),
+        keys.contains_key("/q/pair/b"),
+        "a transaction was half applied: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopped_follower_catches_up_by_snapshot() {
+    let opts = Options {
+        snapshot_count: 50,
+        snapshot_catchup_entries: 10,
+        ..Options::default()
+    };
+    let c = Cluster::start(opts).await.expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    c.kill(follower).await;
+    let mut acked = BTreeMap::new();
+    for n in 0..300 {
+        let key = format!("/snap/{n:04}");
+        c.put(leader, &key, "v").await.logs(&c).expect("write");
+        acked.insert(key, "v".to_string());
+    }
+    c.restart_missing()
+        .await
+        .logs(&c)
+        .expect("restart follower");
+    check_all_present(&c, &[0, 1, 2], "/snap/", &acked).await;
+    let installs = c
+        .metric(follower, "rkube_raft_snapshot_installs")
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        installs >= 1.0,
+        "the follower caught up without installing a snapshot (installs = {installs})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_three_to_four_to_three_under_writes() {
+    let mut c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    c.wait_leader().await;
+    let n4 = c.spawn_joiner("n4").expect("spawn n4");
+    let peer = format!("https://{}", c.members[n4].peer);
+    let c = Arc::new(c);
+    let writers = Writers::start(&c, "/member", 2);
+    writers.wait_count(20).await;
+
+    let mut cluster = ClusterClient::new(c.channel(0));
+    let added = cluster
+        .member_add(pb::MemberAddRequest {
+            peer_ur_ls: vec![peer],
+            is_learner: true,
+        })
+        .await
+        .logs(&c)
+        .expect("member add")
+        .into_inner();
+    let id = added.member.expect("added member").id;
+    assert_eq!(
+        id,
+        wait_for("n4 to record its id", Duration::from_secs(20), || async {
+            Some(c.id_of(n4)).filter(|i| *i != 0)
+        })
+        .await
+    );
+
+    // Promotion is refused until the learner is in sync, then accepted.
+    wait_for(
+        "the learner to be promoted",
+        Duration::from_secs(60),
+        || async {
+            ClusterClient::new(c.channel(1))
+                .member_promote(pb::MemberPromoteRequest { id })
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let list = cluster
+        .member_list(pb::MemberListRequest { linearizable: true })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(
+        list.members.iter().filter(|m| !m.is_learner).count(),
+        4,
+        "{list:?}"
+    );
+    let before = writers.count().await;
+    writers.wait_count(before + 20).await;
+
+    cluster
+        .member_remove(pb::MemberRemoveRequest { id })
+        .await
+        .logs(&c)
+        .expect("member remove");
+    let list = cluster
+        .member_list(pb::MemberListRequest { linearizable: true })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(list.members.len(), 3, "{list:?}");
+    let before = writers.count().await;
+    writers.wait_count(before + 20).await;
+    let acked = writers.finish().await;
+    check_all_present(&c, &[0, 1, 2], "/member", &acked).await;
+}
+
+/// Opens a watch on `member` for `prefix` from `start`, and collects (revision, key) of every
+/// event into the returned list until the stream ends.
+async fn watch_into(
+    c: &Cluster,
+    member: usize,
+    prefix: &str,
+    start: i64,
+) -> (Arc<Mutex<Vec<(i64, String)>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut client = WatchClient::new(c.channel(member));
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(pb::WatchRequest {
+        request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+            pb::WatchCreateRequest {
+                key: prefix.into(),
+                range_end: rkube_store::mvcc::prefix_end(prefix.as_bytes()),
+                start_revision: start,
+                ..Default::default()
+            },
+        )),
+    })
+    .await
+    .expect("send create");
+    let mut stream = client
+        .watch(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("watch")
+        .into_inner();
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let _keep_open = tx;
+        while let Some(Ok(resp)) = stream.next().await {
+            let mut sink = sink.lock().await;
+            for e in resp.events {
+                let kv = e.kv.unwrap_or_default();
+                sink.push((
+                    kv.mod_revision,
+                    String::from_utf8_lossy(&kv.key).into_owned(),
+                ));
+            }
+        }
+    });
+    (seen, task)
+}
+
+fn assert_exactly_once_in_order(seen: &[(i64, String)]) {
+    for w in seen.windows(2) {
+        assert!(
+            w[0].0 < w[1].0,
+            "events out of order or repeated: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn follower_watch_sees_every_event_once_across_leader_change() {
+    let c = Arc::new(
+        Cluster::start(Options::default())
+            .await
+            .expect("cluster starts"),
+    );
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    let (seen, task) = watch_into(&c, follower, "/w/", 1).await;
+    let writers = Writers::start(&c, "/w", 2);
+    writers.wait_count(50).await;
+    c.kill(leader).await;
+    c.wait_new_leader(leader).await;
+    let before = writers.count().await;
+    writers.wait_count(before + 50).await;
+    let acked = writers.finish().await;
+    c.restart_missing().await.expect("restart");
+    let last = c.wait_converged(&[0, 1, 2]).await;
+    wait_for(
+        "the watcher to reach the last revision",
+        Duration::from_secs(30),
+        || async { (seen.lock().await.last().map_or(0, |e| e.0) >= last).then_some(()) },
+    )
+    .await;
+    task.abort();
+    let seen = seen.lock().await.clone();
+    assert_exactly_once_in_order(&seen);
+    let keys: BTreeSet<&String> = seen.iter().map(|(_, k)| k).collect();
+    for k in acked.keys() {
+        assert!(
+            keys.contains(k),
+            "the watcher missed acknowledged write {k}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watch_resumed_after_its_member_was_killed_misses_nothing() {
+    let c = Arc::new(
+        Cluster::start(Options::default())
+            .await
+            .expect("cluster starts"),
+    );
+    let leader = c.wait_leader().await;
+    let member = (leader + 2) % 3;
+    let other = (leader + 1) % 3;
+    let (seen, task) = watch_into(&c, member, "/r/", 1).await;
+    let writers = Writers::start(&c, "/r", 2);
+    writers.wait_count(40).await;
+    c.kill(member).await;
+    task.abort();
+    let first: Vec<(i64, String)> = seen.lock().await.clone();
+    let resume_from = first.last().map_or(1, |e| e.0 + 1);
+    let before = writers.count().await;
+    writers.wait_count(before + 40).await;
+    // Resume on another member from the last revision seen + 1.
+    let (rest, task) = watch_into(&c, other, "/r/", resume_from).await;
+    let acked = writers.finish().await;
+    let last = c.wait_converged(&[leader, other]).await;
+    wait_for(
+        "the resumed watcher to reach the last revision",
+        Duration::from_secs(30),
+        || async { (rest.lock().await.last().map_or(0, |e| e.0) >= last).then_some(()) },
+    )
+    .await;
+    task.abort();
+    let mut all = first;
+    all.extend(rest.lock().await.iter().cloned());
+    assert_exactly_once_in_order(&all);
+    let keys: BTreeSet<&String> = all.iter().map(|(_, k)| k).collect();
+    for k in acked.keys() {
+        assert!(
+            keys.contains(k),
+            "the resumed watch missed acknowledged write {k}"
+        );
+    }
+    // Every write here is a put of a new key, so the revisions must be contiguous.
+    let revs: Vec<i64> = all.iter().map(|e| e.0).collect();
+    for w in revs.windows(2) {
+        assert_eq!(
+            w[1],
+            w[0] + 1,
+            "a revision is missing between {} and {}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_leader_commits_nothing_after_a_new_election() {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    c.put(leader, "/pause/before", "1").await.expect("write");
+    c.pause(leader);
+    let new_leader = c.wait_new_leader(leader).await;
+    c.put(new_leader, "/pause/during", "2")
+        .await
+        .logs(&c)
+        .expect("write to the new leader");
+    c.resume(leader);
+    let rev = c.wait_converged(&[0, 1, 2]).await;
+    let hashes: BTreeSet<u32> = futures::future::join_all((0..3).map(|i| c.hash_kv(i, rev)))
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        hashes.len(),
+        1,
+        "members diverged after the old leader resumed"
+    );
+}

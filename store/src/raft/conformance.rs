@@ -1,0 +1,309 @@
+//! openraft's storage conformance suite against [`LogStore`] and [`StateMachine`], and what the
+//! suite cannot check: commands (it only builds blank and membership entries), restarts, and the
+//! recovery of an interrupted snapshot install.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::testing::{log_id, StoreBuilder, Suite};
+use openraft::{EntryPayload, Membership, RaftLogReader, RaftSnapshotBuilder};
+
+use super::log_store::LogStore;
+use super::state_machine::StateMachine;
+use super::{store_write, Entry, LogId, RaftStorageError, StoredMembership, TypeConfig, Vote};
+use crate::error::{MvccError, StorageError};
+use crate::mvcc::{
+    Command, KeyRange, KeyValue, MvccStore, Op, OpResult, Output, PutRequest, PutResult,
+    RangeRequest, TxnRequest, TxnResult,
+};
+
+/// A log store and a state machine sharing one sled database, as a member has them.
+struct Member {
+    db: sled::Db,
+    log: LogStore,
+    sm: StateMachine,
+}
+
+impl Member {
+    fn open(dir: &Path) -> Result<Self, StorageError> {
+        let db = sled::Config::new().path(dir.join("db")).open()?;
+        let log = LogStore::open(&db)?;
+        let mvcc = Arc::new(MvccStore::open(&db)?);
+        let sm = StateMachine::open(mvcc, dir)?;
+        Ok(Self { db, log, sm })
+    }
+}
+
+/// Builds a fresh member in its own directory; the directory is the suite's guard.
+struct Builder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), RaftStorageError> {
+        let dir = tempfile::tempdir().map_err(store_write)?;
+        let member = Member::open(dir.path()).map_err(store_write)?;
+        Ok((dir, member.log, member.sm))
+    }
+}
+
+type TheSuite = Suite<TypeConfig, LogStore, StateMachine, Builder, tempfile::TempDir>;
+
+#[test]
+fn openraft_storage_suite() {
+    // The suite starts its own runtime for each case, so this is a plain test.
+    TheSuite::test_all(Builder).expect("the storage passes openraft's suite");
+}
+
+fn entry(term: u64, index: u64, payload: EntryPayload<TypeConfig>) -> Entry {
+    Entry {
+        log_id: log_id(term, 0, index),
+        payload,
+    }
+}
+
+fn put_cmd(key: &str, value: &str, lease: i64) -> Command {
+    Command::Txn(TxnRequest {
+        success: vec![Op::Put(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+            lease,
+            ..Default::default()
+        })],
+        ..Default::default()
+    })
+}
+
+fn all_keys(sm: &StateMachine) -> Vec<KeyValue> {
+    let (r, _) = sm
+        .mvcc()
+        .range(&RangeRequest {
+            range: KeyRange {
+                key: vec![0],
+                range_end: vec![0],
+            },
+            ..Default::default()
+        })
+        .expect("range");
+    r.kvs
+}
+
+/// What a transaction of one put answers.
+fn put_ok() -> Result<Output, MvccError> {
+    Ok(Output::Txn(TxnResult {
+        succeeded: true,
+        responses: vec![OpResult::Put(PutResult::default())],
+    }))
+}
+
+fn membership(voters: &[u64]) -> Membership<u64, super::Member> {
+    Membership::new(vec![voters.iter().copied().collect()], ())
+}
+
+#[tokio::test]
+async fn commands_apply_in_order_and_survive_a_restart() {
+    // (entry, the revision it answers with, its output)
+    let cases: Vec<(Entry, i64, Result<Output, MvccError>)> = vec![
+        (entry(1, 1, EntryPayload::Blank), 0, Ok(Output::None)),
+        (
+            entry(1, 2, EntryPayload::Normal(put_cmd("a", "1", 0))),
+            1,
+            put_ok(),
+        ),
+        (
+            entry(1, 3, EntryPayload::Normal(put_cmd("b", "1", 99))),
+            1,
+            Err(MvccError::LeaseNotFound),
+        ),
+        (
+            entry(2, 4, EntryPayload::Membership(membership(&[1, 2, 3]))),
+            1,
+            Ok(Output::None),
+        ),
+        (
+            entry(2, 5, EntryPayload::Normal(put_cmd("a", "2", 0))),
+            2,
+            put_ok(),
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut m = Member::open(dir.path()).expect("open");
+        for (e, revision, output) in &cases {
+            let got = m.sm.apply([e.clone()]).await.expect("apply");
+            assert_eq!(got.len(), 1, "one answer per entry");
+            assert_eq!(got[0].revision, *revision, "{}", e.log_id);
+            assert_eq!(&got[0].output, output, "{}", e.log_id);
+            let (applied, _) = m.sm.applied_state().await.expect("applied state");
+            assert_eq!(applied, Some(e.log_id), "a refused command is applied too");
+        }
+        m.db.flush().expect("flush");
+    }
+    let mut m = Member::open(dir.path()).expect("reopen");
+    let (applied, members) = m.sm.applied_state().await.expect("applied state");
+    assert_eq!(applied, Some(log_id(2, 0, 5)));
+    assert_eq!(
+        members,
+        StoredMembership::new(Some(log_id(2, 0, 4)), membership(&[1, 2, 3]))
+    );
+    assert_eq!(m.sm.mvcc().revision(), 2);
+    assert_eq!(
+        all_keys(&m.sm),
+        [KeyValue {
+            key: b"a".to_vec(),
+            create_revision: 1,
+            mod_revision: 2,
+            version: 2,
+            value: b"2".to_vec(),
+            lease: 0,
+        }]
+    );
+}
+
+#[test]
+fn log_store_keeps_entries_and_vote_across_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut m = Member::open(dir.path()).expect("open");
+        // Entries 0..=10 and the vote (1, 0).
+        TheSuite::feed_10_logs_vote_self(&mut m.log)
+            .await
+            .expect("append");
+        m.log.purge(log_id(1, 0, 3)).await.expect("purge");
+        m.log.truncate(log_id(1, 0, 9)).await.expect("truncate");
+        m.log
+            .save_committed(Some(log_id(1, 0, 7)))
+            .await
+            .expect("save committed");
+        m.db.flush_async().await.expect("flush");
+    });
+    rt.block_on(async {
+        let mut m = Member::open(dir.path()).expect("reopen");
+        let state = m.log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_purged_log_id, Some(log_id(1, 0, 3)));
+        assert_eq!(state.last_log_id, Some(log_id(1, 0, 8)));
+        let ids: Vec<LogId> = m
+            .log
+            .try_get_log_entries(0..)
+            .await
+            .expect("entries")
+            .into_iter()
+            .map(|e| e.log_id)
+            .collect();
+        assert_eq!(ids, (4..=8).map(|i| log_id(1, 0, i)).collect::<Vec<_>>());
+        assert_eq!(
+            m.log.read_vote().await.expect("vote"),
+            Some(Vote::new(1, 0))
+        );
+        assert_eq!(
+            m.log.read_committed().await.expect("committed"),
+            Some(log_id(1, 0, 7))
+        );
+    });
+}
+
+#[tokio::test]
+async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
+    let leader_dir = tempfile::tempdir().expect("tempdir");
+    let follower_dir = tempfile::tempdir().expect("tempdir");
+    let mut leader = Member::open(leader_dir.path()).expect("open");
+    let mut follower = Member::open(follower_dir.path()).expect("open");
+    leader
+        .sm
+        .apply([
+            entry(1, 1, EntryPayload::Membership(membership(&[1, 2]))),
+            entry(
+                1,
+                2,
+                EntryPayload::Normal(Command::LeaseGrant { id: 7, ttl: 30 }),
+            ),
+            entry(1, 3, EntryPayload::Normal(put_cmd("a", "1", 7))),
+            entry(1, 4, EntryPayload::Normal(put_cmd("b", "1", 0))),
+            entry(1, 5, EntryPayload::Normal(Command::Compact { revision: 1 })),
+        ])
+        .await
+        .expect("apply");
+    // The follower has state of its own, which the snapshot replaces.
+    follower
+        .sm
+        .apply([entry(1, 1, EntryPayload::Normal(put_cmd("stale", "x", 0)))])
+        .await
+        .expect("apply");
+
+    let snapshot = leader
+        .sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 0, 5)));
+    let mut received = follower
+        .sm
+        .begin_receiving_snapshot()
+        .await
+        .expect("receive");
+    *received = *snapshot.snapshot;
+    follower
+        .sm
+        .install_snapshot(&snapshot.meta, received)
+        .await
+        .expect("install");
+
+    assert_eq!(
+        follower.sm.applied_state().await.expect("state"),
+        leader.sm.applied_state().await.expect("state")
+    );
+    assert_eq!(all_keys(&follower.sm), all_keys(&leader.sm));
+    let (f, l) = (follower.sm.mvcc(), leader.sm.mvcc());
+    assert_eq!((f.revision(), f.compact_revision()), (2, 1));
+    assert_eq!(f.hash_kv(0), l.hash_kv(0));
+    assert_eq!(f.lease_keys(7).expect("lease keys"), [b"a".to_vec()]);
+    // The next entry applies on the follower as on the leader.
+    for m in [&mut leader, &mut follower] {
+        let got =
+            m.sm.apply([entry(
+                1,
+                6,
+                EntryPayload::Normal(Command::LeaseRevoke { id: 7 }),
+            )])
+            .await
+            .expect("apply");
+        assert_eq!(got[0].revision, 3);
+    }
+    assert_eq!(all_keys(&follower.sm), all_keys(&leader.sm));
+}
+
+#[tokio::test]
+async fn an_interrupted_snapshot_install_finishes_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut m = Member::open(dir.path()).expect("open");
+        m.sm.apply([entry(1, 1, EntryPayload::Normal(put_cmd("a", "1", 0)))])
+            .await
+            .expect("apply");
+        // The snapshot file is written ...
+        m.sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .expect("build");
+        m.sm.apply([entry(1, 2, EntryPayload::Normal(put_cmd("b", "1", 0)))])
+            .await
+            .expect("apply");
+        // ... and the member stops after marking the install, before the trees hold it.
+        std::fs::write(dir.path().join("snapshot.installing"), b"").expect("marker");
+        m.db.flush().expect("flush");
+    }
+    let mut m = Member::open(dir.path()).expect("reopen");
+    assert_eq!(
+        m.sm.applied_state().await.expect("state").0,
+        Some(log_id(1, 0, 1)),
+        "the state is the snapshot's"
+    );
+    assert_eq!(all_keys(&m.sm).len(), 1);
+    assert!(
+        !dir.path().join("snapshot.installing").exists(),
+        "the marker is removed once the install is done"
+    );
+}
