@@ -235,10 +235,16 @@ impl Cluster {
                 || async move {
                     let mut status = 0;
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-                    let gone = !Path::new(&format!("/proc/{pid}/cmdline")).exists()
-                        || std::fs::read(format!("/proc/{pid}/cmdline"))
-                            .map(|c| c.is_empty())
-                            .unwrap_or(true);
+                    // Gone, or a zombie: only then has the kernel closed its files (and its data dir
+                    // lock); an empty cmdline comes earlier in exit and is not enough.
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                    let state = stat
+                        .rsplit(')')
+                        .next()
+                        .and_then(|rest| rest.split_whitespace().next())
+                        .unwrap_or("");
+                    let gone = stat.is_empty() || state == "Z" || state == "X";
                     gone.then_some(())
                 },
             )

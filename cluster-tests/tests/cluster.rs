@@ -488,3 +488,129 @@ async fn a_paused_leader_commits_nothing_after_a_new_election() {
         "members diverged after the old leader resumed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_and_clients_without_a_valid_certificate_are_refused() {
+    use rkube_store::proto::peer::{peer_client::PeerClient, Payload};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    c.wait_leader().await;
+    let ca = std::fs::read(c.path().join("pki/ca.crt")).expect("ca");
+    // A stranger's CA and certificate.
+    let stranger = tempfile::tempdir().expect("tempdir");
+    rkube_store::pki::init_ca(stranger.path()).expect("other ca");
+    rkube_store::pki::issue(
+        stranger.path(),
+        "n1",
+        "n1",
+        None,
+        &["127.0.0.1".into()],
+        true,
+        true,
+    )
+    .expect("other cert");
+    let foreign = Identity::from_pem(
+        std::fs::read(stranger.path().join("n1.crt")).expect("crt"),
+        std::fs::read(stranger.path().join("n1.key")).expect("key"),
+    );
+    for (what, identity) in [
+        ("no certificate", None),
+        ("a certificate from another CA", Some(foreign)),
+    ] {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        if let Some(id) = identity {
+            tls = tls.identity(id);
+        }
+        for (port_kind, addr) in [
+            ("peer", &c.members[0].peer),
+            ("client", &c.members[0].client),
+        ] {
+            let ch = Endpoint::from_shared(format!("https://{addr}"))
+                .expect("uri")
+                .tls_config(tls.clone())
+                .expect("tls")
+                .connect_lazy();
+            let refused = if port_kind == "peer" {
+                let mut peer = PeerClient::new(ch);
+                let call = peer.vote(Payload { data: vec![] });
+                tokio::time::timeout(Duration::from_secs(10), call)
+                    .await
+                    .map(|r| r.is_err())
+                    .unwrap_or(true)
+            } else {
+                let mut kv = cluster_tests::KvClient::new(ch);
+                let call = kv.range(pb::RangeRequest {
+                    key: b"a".to_vec(),
+                    ..Default::default()
+                });
+                tokio::time::timeout(Duration::from_secs(10), call)
+                    .await
+                    .map(|r| r.is_err())
+                    .unwrap_or(true)
+            };
+            assert!(
+                refused,
+                "the {port_kind} port accepted a caller with {what}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refuses_a_data_dir_that_is_not_its_own() {
+    let c = Cluster::start(Options {
+        servers: 1,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let m = &c.members[0];
+    let run = |name: &str, token: &str, data: &std::path::Path| {
+        std::process::Command::new(cluster_tests::rkube_bin())
+            .args(["server", "--name", name, "--data-dir"])
+            .arg(data)
+            .args([
+                "--listen-peer",
+                "127.0.0.1:1",
+                "--listen-client",
+                "127.0.0.1:1",
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("{name}={}", m.peer),
+                "--initial-cluster-token",
+                token,
+                "--pki",
+            ])
+            .arg(c.path().join("pki"))
+            .output()
+            .expect("runs")
+    };
+    let data = c.path().join("n1");
+    let token = serde_json::from_slice::<serde_json::Value>(
+        &std::fs::read(c.path().join("cluster.json")).expect("layout"),
+    )
+    .expect("json")["token"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let check = |name: &str, tok: &str, expected: &str| {
+        let out = run(name, tok, &data);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "server started on a data dir it must refuse"
+        );
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in: {stderr}"
+        );
+    };
+    check("n1", &token, "in use by another rkube process");
+    c.kill(0).await;
+    check("n1", "some-other-cluster", "belongs to another cluster");
+    check("n7", &token, "belongs to member \"n1\"");
+}
