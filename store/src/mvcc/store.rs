@@ -137,6 +137,16 @@ impl WriteSet {
             .retain(|(id, k)| !(*id == lease && k.as_slice() == key));
         self.lkey_removes.push((lease, key.to_vec()));
     }
+
+    /// The revision of the next change in this transaction.
+    fn next_revision(&mut self) -> Revision {
+        let rev = Revision {
+            main: self.main,
+            sub: self.next_sub,
+        };
+        self.next_sub += 1;
+        rev
+    }
 }
 
 fn lkey(id: i64, key: &[u8]) -> Vec<u8> {
@@ -757,11 +767,7 @@ impl MvccStore {
                 if lease != 0 && self.lease(lease).map_err(storage)?.is_none() {
                     return Err(MvccError::LeaseNotFound);
                 }
-                let rev = Revision {
-                    main: ws.main,
-                    sub: ws.next_sub,
-                };
-                ws.next_sub += 1;
+                let rev = ws.next_revision();
                 let kv = KeyValue {
                     key: req.key.clone(),
                     create_revision: prev.as_ref().map_or(rev.main, |p| p.create_revision),
@@ -798,11 +804,7 @@ impl MvccStore {
             Op::Delete(req) => {
                 let existing = self.scan_current(&req.range, Some(ws)).map_err(storage)?;
                 for prev in &existing {
-                    let rev = Revision {
-                        main: ws.main,
-                        sub: ws.next_sub,
-                    };
-                    ws.next_sub += 1;
+                    let rev = ws.next_revision();
                     let tomb = KeyValue {
                         key: prev.key.clone(),
                         mod_revision: rev.main,
