@@ -72,9 +72,10 @@ pub async fn collect(target: &Target) -> Vec<Row> {
             let mut req = tonic::Request::new(pb::StatusRequest {});
             req.set_timeout(Duration::from_secs(2));
             let answer = tokio::time::timeout(Duration::from_secs(3), m.status(req)).await;
+            let answer = answer.map_err(|_| anyhow::anyhow!("no answer within 3 s"))?;
             anyhow::Ok(
                 answer
-                    .map_err(|_| anyhow::anyhow!("no answer within 3 s"))??
+                    .map_err(|s| anyhow::anyhow!("{}", s.message()))?
                     .into_inner(),
             )
         }
