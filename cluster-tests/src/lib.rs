@@ -67,6 +67,8 @@ pub struct Options {
     pub snapshot_count: u64,
     pub snapshot_catchup_entries: u64,
     pub election_timeout_ms: u64,
+    /// Start every member from this snapshot file (`rkube up --restore`).
+    pub restore: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -76,6 +78,7 @@ impl Default for Options {
             snapshot_count: 10_000,
             snapshot_catchup_entries: 5_000,
             election_timeout_ms: 1000,
+            restore: None,
         }
     }
 }
@@ -117,8 +120,12 @@ impl Cluster {
     pub async fn start(opts: Options) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let base = free_base(opts.servers);
-        let out = Command::new(rkube_bin())
-            .arg("up")
+        let mut up = Command::new(rkube_bin());
+        up.arg("up");
+        if let Some(file) = &opts.restore {
+            up.arg("--restore").arg(file);
+        }
+        let out = up
             .arg("--dir")
             .arg(dir.path())
             .args([

@@ -95,8 +95,9 @@ async fn check_all_present(
             assert_eq!(
                 keys.get(k),
                 Some(v),
-                "member {} lost acknowledged write {k}",
-                c.members[i].name
+                "member {} lost acknowledged write {k} (it has {} keys under {prefix}, revision {revision})",
+                c.members[i].name,
+                keys.len()
             );
         }
         hashes.insert(c.hash_kv(i, revision).await.expect("hash"));
@@ -613,4 +614,63 @@ async fn a_server_refuses_a_data_dir_that_is_not_its_own() {
     c.kill(0).await;
     check("n1", "some-other-cluster", "belongs to another cluster");
     check("n7", &token, "belongs to member \"n1\"");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_save_and_restore_into_a_new_cluster_keeps_every_key() {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let mut acked = BTreeMap::new();
+    for n in 0..30 {
+        let key = format!("/registry/configmaps/default/cm{n:02}");
+        c.put(n % 3, &key, &format!("v{n}"))
+            .await
+            .logs(&c)
+            .expect("write");
+        acked.insert(key, format!("v{n}"));
+    }
+    let file = c.path().join("backup.snap");
+    let rkube = |args: &[&str]| {
+        let out = std::process::Command::new(cluster_tests::rkube_bin())
+            .args(args)
+            .output()
+            .expect("rkube runs");
+        assert!(
+            out.status.success(),
+            "rkube {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let dir = c.path().to_string_lossy().into_owned();
+    let file_s = file.to_string_lossy().into_owned();
+    rkube(&["snapshot", "save", &file_s, "--dir", &dir]);
+    let status: serde_json::Value =
+        serde_json::from_str(&rkube(&["snapshot", "status", &file_s, "-o", "json"])).expect("json");
+    let revision = status["revision"].as_i64().expect("revision");
+    assert_eq!(status["totalKey"].as_u64(), Some(30));
+    assert_eq!(
+        status["hash"].as_u64().map(|h| h as u32),
+        c.hash_kv(leader, revision).await,
+        "snapshot hash != HashKV"
+    );
+
+    let restored = Cluster::start(Options {
+        restore: Some(file.clone()),
+        ..Options::default()
+    })
+    .await
+    .expect("restored cluster");
+    restored.wait_leader().await;
+    check_all_present(&restored, &[0, 1, 2], "/registry/", &acked).await;
+    let rev = restored
+        .put(0, "/registry/configmaps/default/after", "x")
+        .await
+        .expect("write to the restored cluster");
+    assert!(
+        rev > revision + 1_000_000 - 1,
+        "the restored cluster did not bump its revision ({rev})"
+    );
 }

@@ -4,6 +4,7 @@
 mod bench;
 mod client;
 mod kv;
+mod snapshot;
 mod status;
 mod up;
 
@@ -55,6 +56,13 @@ enum Command {
         /// Output format: table or json.
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
+    },
+    /// Save, inspect and restore snapshots of the store.
+    Snapshot {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        #[command(subcommand)]
+        command: snapshot::SnapshotCommand,
     },
     /// Benchmarks against a running cluster.
     Bench {
@@ -203,6 +211,13 @@ async fn run(cli: Cli) -> Result<()> {
             status::run(&target, output == "json")
                 .await
                 .context("status")
+        }
+        Command::Snapshot { cluster, command } => {
+            let ch = match command {
+                snapshot::SnapshotCommand::Save { .. } => Some(cluster.resolve()?.connect().await?),
+                _ => None,
+            };
+            snapshot::run(ch, command).await
         }
         Command::Bench {
             cluster,

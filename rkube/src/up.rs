@@ -42,6 +42,13 @@ pub struct UpArgs {
     /// Raft election timeout in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub election_timeout: u64,
+    /// For a new DIR: start the cluster from this snapshot (`rkube snapshot save`), every
+    /// member restored from it.
+    #[arg(long)]
+    pub restore: Option<PathBuf>,
+    /// With --restore: how far to jump the revision ahead (see `rkube snapshot restore`).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub bump_revision: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -229,9 +236,31 @@ pub async fn up(args: UpArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let cluster = match LocalCluster::load(&args.dir) {
+        Ok(_) if args.restore.is_some() => {
+            bail!(
+                "{} already holds a cluster; --restore starts a new one and needs a new DIR",
+                args.dir.display()
+            )
+        }
         Ok(c) => c,
         Err(_) => {
             let c = create(&args)?;
+            if let Some(file) = &args.restore {
+                for m in &c.members {
+                    let info = crate::snapshot::restore_into(
+                        file,
+                        &args.dir.join(&m.name),
+                        args.bump_revision,
+                    )?;
+                    println!(
+                        "restored {} from {} (revision {}, {} keys)",
+                        m.name,
+                        file.display(),
+                        info.revision,
+                        info.keys
+                    );
+                }
+            }
             std::fs::write(
                 args.dir.join("cluster.json"),
                 serde_json::to_vec_pretty(&c)?,

@@ -6,6 +6,7 @@
 //!   API, lease expiry on the leader, metrics and health.
 //! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
 
+pub mod backup;
 pub mod error;
 pub mod mvcc;
 pub mod pki;

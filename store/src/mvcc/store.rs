@@ -96,6 +96,47 @@ pub struct Dump {
 }
 
 impl Dump {
+    fn rows(&self, tree: &str) -> &[(Vec<u8>, Vec<u8>)] {
+        self.trees
+            .iter()
+            .find(|(n, _)| n == tree)
+            .map_or(&[], |(_, rows)| rows.as_slice())
+    }
+
+    fn meta_i64(&self, key: &[u8]) -> i64 {
+        self.meta(key)
+            .and_then(|v| v.try_into().ok())
+            .map_or(0, i64::from_be_bytes)
+    }
+
+    /// The store revision the dump holds.
+    pub fn revision(&self) -> i64 {
+        self.meta_i64(META_REVISION)
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.meta_i64(META_COMPACT)
+    }
+
+    /// Live keys in the dump.
+    pub fn key_count(&self) -> usize {
+        self.rows("cur").len()
+    }
+
+    /// The same value [`MvccStore::hash_kv`] gives at the dump's revision.
+    pub fn hash_kv(&self) -> u32 {
+        let lo = Revision::first_of(self.compact_revision() + 1);
+        let hi = Revision::first_of(self.revision() + 1);
+        let mut hasher = crc32fast::Hasher::new();
+        for (k, v) in self.rows("hist") {
+            if k.as_slice() >= lo.as_slice() && k.as_slice() < hi.as_slice() {
+                hasher.update(k);
+                hasher.update(v);
+            }
+        }
+        hasher.finalize()
+    }
+
     /// A metadata value as of the dump.
     pub fn meta(&self, key: &[u8]) -> Option<&[u8]> {
         let (_, rows) = self.trees.iter().find(|(n, _)| n == "meta")?;
@@ -979,6 +1020,37 @@ impl MvccStore {
             events: Vec::new(),
             restored: true,
         }));
+        Ok(())
+    }
+
+    /// Loads a backup as the first state of a new cluster: the keys, values, leases and
+    /// revisions of the dump, without the old cluster's Raft and member metadata. With `bump`,
+    /// the revision jumps ahead by that much and all older history is compacted, so that
+    /// watchers and caches of the old cluster re-list instead of missing changes silently.
+    pub fn restore_for_new_cluster(&self, dump: Dump, bump: i64) -> Result<(), StorageError> {
+        self.restore(dump)?;
+        let mut batch = sled::Batch::default();
+        for item in self.trees.meta.iter() {
+            let (k, _) = item?;
+            if k.starts_with(b"raft_") || k.starts_with(META_MEMBER_PREFIX) {
+                batch.remove(k);
+            }
+        }
+        self.trees.meta.apply_batch(batch)?;
+        if bump > 0 {
+            let revision = self.revision();
+            self.compact(revision)?;
+            let bumped = revision + bump;
+            let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+            self.trees
+                .meta
+                .insert(META_REVISION, &bumped.to_be_bytes())?;
+            self.trees
+                .meta
+                .insert(META_COMPACT, &bumped.to_be_bytes())?;
+            self.revision.store(bumped, Ordering::Release);
+            self.compact_revision.store(bumped, Ordering::Release);
+        }
         Ok(())
     }
 
