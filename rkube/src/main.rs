@@ -4,6 +4,7 @@
 mod bench;
 mod client;
 mod kv;
+mod member;
 mod snapshot;
 mod status;
 mod up;
@@ -56,6 +57,13 @@ enum Command {
         /// Output format: table or json.
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
+    },
+    /// List, add, promote and remove control-plane members.
+    Member {
+        #[command(flatten)]
+        cluster: client::ClusterArgs,
+        #[command(subcommand)]
+        command: member::MemberCommand,
     },
     /// Save, inspect and restore snapshots of the store.
     Snapshot {
@@ -211,6 +219,11 @@ async fn run(cli: Cli) -> Result<()> {
             status::run(&target, output == "json")
                 .await
                 .context("status")
+        }
+        Command::Member { cluster, command } => {
+            let target = cluster.resolve()?;
+            let ch = target.connect().await?;
+            member::run(&target, ch, command).await
         }
         Command::Snapshot { cluster, command } => {
             let ch = match command {

@@ -601,12 +601,15 @@ impl Node {
         let m = self.raft.metrics();
         let m = m.borrow();
         let last = m.last_log_index.unwrap_or(0);
-        let matched = m
+        // A learner that never acknowledged anything (not started yet) is not in sync.
+        let Some(matched) = m
             .replication
             .as_ref()
             .and_then(|r| r.get(&id).cloned().flatten())
-            .map_or(0, |l| l.index);
-        last.saturating_sub(matched) <= 100
+        else {
+            return false;
+        };
+        last.saturating_sub(matched.index) <= 100
     }
 }
 
