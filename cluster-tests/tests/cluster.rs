@@ -674,3 +674,67 @@ async fn snapshot_save_and_restore_into_a_new_cluster_keeps_every_key() {
         "the restored cluster did not bump its revision ({rev})"
     );
 }
+
+/// etcdctl (3.4, from Debian's etcd-client, which `.ci/run` installs) against the store, with
+/// the variables `rkube up` writes to DIR/env.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_works_against_the_store() {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    c.wait_leader().await;
+    let env: Vec<(String, String)> = std::fs::read_to_string(c.path().join("env"))
+        .expect("DIR/env")
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("export ")?
+                .split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    let etcdctl = |args: &[&str]| {
+        let out = std::process::Command::new("etcdctl")
+            .args(args)
+            .envs(env.iter().cloned())
+            .output()
+            .expect("etcdctl is installed (Debian package etcd-client; .ci/run installs it)");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = etcdctl(&["put", "/registry/pods/default/nginx", "{}"]);
+    assert!(ok && out.trim() == "OK", "{out}{err}");
+    etcdctl(&["put", "/registry/minions/node-1", "{}"]);
+    let (ok, out, err) = etcdctl(&["get", "/", "--prefix", "--keys-only", "--limit=10"]);
+    assert!(ok, "{err}");
+    let keys: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(
+        keys,
+        ["/registry/minions/node-1", "/registry/pods/default/nginx"]
+    );
+    let (ok, out, err) = etcdctl(&["endpoint", "health"]);
+    assert!(
+        ok && out.matches("is healthy").count() + err.matches("is healthy").count() == 3,
+        "{out}{err}"
+    );
+    let (ok, out, err) = etcdctl(&["member", "list"]);
+    assert!(
+        ok && out.lines().count() == 3 && out.contains("started, n1"),
+        "{out}{err}"
+    );
+    let (ok, out, _) = etcdctl(&["get", "/registry/pods/default/nginx", "-w", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        ok && json["kvs"][0]["mod_revision"].as_i64() == Some(1),
+        "{out}"
+    );
+    let (ok, _, _) = etcdctl(&["compaction", "2"]);
+    assert!(ok);
+    let (ok, _, err) = etcdctl(&["get", "/registry/pods/default/nginx", "--rev", "1"]);
+    assert!(
+        !ok && err.contains("etcdserver: mvcc: required revision has been compacted"),
+        "{err}"
+    );
+}
