@@ -425,12 +425,16 @@ impl Node {
         clock
     }
 
-    fn keep_alive_local(&self, id: i64) -> Result<i64, ForwardError> {
+    fn existing_lease(&self, id: i64) -> Result<crate::mvcc::Lease, ForwardError> {
         let lease = self
             .mvcc
             .lease(id)
             .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
-        let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
+        lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))
+    }
+
+    fn keep_alive_local(&self, id: i64) -> Result<i64, ForwardError> {
+        let lease = self.existing_lease(id)?;
         let mut clock = self.lease_clock();
         if clock.revoking.contains_key(&id) {
             return Err(ForwardError::Mvcc(MvccError::LeaseNotFound));
@@ -442,11 +446,7 @@ impl Node {
     }
 
     fn ttl_local(&self, id: i64) -> Result<(i64, i64), ForwardError> {
-        let lease = self
-            .mvcc
-            .lease(id)
-            .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
-        let lease = lease.ok_or(ForwardError::Mvcc(MvccError::LeaseNotFound))?;
+        let lease = self.existing_lease(id)?;
         let mut clock = self.lease_clock();
         let full = Instant::now() + Duration::from_secs(lease.ttl as u64);
         let deadline = *clock.deadlines.entry(id).or_insert(full);
