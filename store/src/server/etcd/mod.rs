@@ -147,6 +147,9 @@ pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRequest, 
 }
 
 pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
+    if prost::Message::encoded_len(&t) > MAX_REQUEST_BYTES {
+        return Err(Status::invalid_argument("etcdserver: request is too large"));
+    }
     let mut compare = Vec::with_capacity(t.compare.len());
     for c in t.compare {
         use pb::compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
