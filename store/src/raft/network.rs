@@ -1,5 +1,7 @@
 //! openraft's network: one tonic channel per peer over mutual TLS, carrying bincode payloads.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{
@@ -18,26 +20,42 @@ use super::{Member, NodeId, TypeConfig};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::Payload;
 
-/// Builds peer channels. Cloned into openraft; each target gets its own lazily connected channel.
+/// Builds peer channels. Cloned into openraft; every clone shares one lazily connected channel
+/// per peer address.
+///
+/// openraft asks for a new client for every leadership check of a linearizable read, so the
+/// channels are kept: a fresh channel would cost a TCP connect and a TLS handshake per read,
+/// which on a loaded machine outlasts the heartbeat-long deadline of that check.
 #[derive(Clone)]
 pub struct PeerNetwork {
     tls: ClientTlsConfig,
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
 }
 
 impl PeerNetwork {
     pub fn new(tls: ClientTlsConfig) -> Self {
-        Self { tls }
+        Self {
+            tls,
+            channels: Arc::default(),
+        }
     }
 
-    /// A channel to a peer address (`host:port`).
+    /// The channel to a peer address (`host:port`), created on first use. A channel reconnects
+    /// by itself after its connection drops.
     pub fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
-        Ok(Endpoint::from_shared(format!("https://{addr}"))?
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = Endpoint::from_shared(format!("https://{addr}"))?
             .tls_config(self.tls.clone())?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy())
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
     }
 }
 

@@ -121,7 +121,6 @@ pub struct Node {
     pub committed: Arc<AtomicU64>,
     pub timing: Timing,
     network: PeerNetwork,
-    peers: Mutex<HashMap<NodeId, (String, PeerClient<Channel>)>>,
     leases: LeaseClock,
 }
 
@@ -165,7 +164,6 @@ impl Node {
             committed,
             timing,
             network,
-            peers: Mutex::new(HashMap::new()),
             leases: LeaseClock::default(),
         }
     }
@@ -224,19 +222,11 @@ impl Node {
         let addr = addr.ok_or_else(|| {
             StoreError::Unavailable(format!("leader {id:x} is not in the membership"))
         })?;
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((a, client)) = peers.get(&id) {
-            if *a == addr {
-                return Ok(client.clone());
-            }
-        }
         let channel = self
             .network
             .channel(&addr)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let client = PeerClient::new(channel).max_decoding_message_size(usize::MAX);
-        peers.insert(id, (addr, client.clone()));
-        Ok(client)
+        Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX))
     }
 
     /// Sends a request to the current leader (possibly this member), retrying while the
@@ -314,20 +304,7 @@ impl Node {
         self.check_quorum_contact()?;
         match req {
             Forward::Propose(cmd) => self.propose_local(cmd).await.map(ForwardReply::Applied),
-            Forward::ReadIndex => {
-                let fut = self.raft.get_read_log_id();
-                match tokio::time::timeout(self.timing.request_timeout, fut).await {
-                    Err(_) => Err(ForwardError::Timeout),
-                    Ok(Ok((read, _))) => Ok(ForwardReply::ReadIndex(read.map_or(0, |l| l.index))),
-                    Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
-                        Err(ForwardError::NotLeader)
-                    }
-                    Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => Err(
-                        ForwardError::Unavailable("no leader (quorum not reachable)".into()),
-                    ),
-                    Ok(Err(RaftError::Fatal(f))) => Err(ForwardError::Unavailable(f.to_string())),
-                }
-            }
+            Forward::ReadIndex => self.read_index().await.map(ForwardReply::ReadIndex),
             Forward::LeaseKeepAlive(id) => self
                 .keep_alive_local(id)
                 .map(|ttl| ForwardReply::KeepAlive { ttl }),
@@ -338,6 +315,37 @@ impl Node {
                 .change_membership_local(change)
                 .await
                 .map(|_| ForwardReply::Membership),
+        }
+    }
+
+    /// The read index: the commit index once a quorum has confirmed this leadership. One round
+    /// of confirmation may miss a quorum that is only slow (it waits one heartbeat interval), so
+    /// rounds repeat until the request timeout; a leader cut off from its quorum fails earlier
+    /// through `check_quorum_contact`.
+    async fn read_index(&self) -> Result<u64, ForwardError> {
+        let deadline = Instant::now() + self.timing.request_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, self.raft.get_read_log_id()).await {
+                Err(_) => return Err(ForwardError::Timeout),
+                Ok(Ok((read, _))) => return Ok(read.map_or(0, |l| l.index)),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                    return Err(ForwardError::NotLeader)
+                }
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                    if Instant::now() >= deadline {
+                        return Err(ForwardError::Unavailable(
+                            "no leader (quorum not reachable)".into(),
+                        ));
+                    }
+                    self.check_quorum_contact()?;
+                    // Peers that refuse connections fail a round at once: back off a little.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Err(RaftError::Fatal(f))) => {
+                    return Err(ForwardError::Unavailable(f.to_string()))
+                }
+            }
         }
     }
 
