@@ -69,6 +69,8 @@ pub struct Options {
     pub election_timeout_ms: u64,
     /// Start every member from this snapshot file (`rkube up --restore`).
     pub restore: Option<PathBuf>,
+    /// More `rkube up` flags, passed through to every server.
+    pub up_args: Vec<String>,
 }
 
 impl Default for Options {
@@ -79,6 +81,7 @@ impl Default for Options {
             snapshot_catchup_entries: 5_000,
             election_timeout_ms: 1000,
             restore: None,
+            up_args: Vec::new(),
         }
     }
 }
@@ -146,6 +149,7 @@ impl Cluster {
                 "--heartbeat-interval",
                 "100",
             ])
+            .args(&opts.up_args)
             .stdin(Stdio::null())
             .output()?;
         let layout: serde_json::Value = serde_json::from_slice(
@@ -270,11 +274,17 @@ impl Cluster {
     /// Starts every member of the `up` layout that is not running, with its data (`rkube up`
     /// on an existing DIR).
     pub async fn restart_missing(&self) -> Result<()> {
+        self.restart_missing_with(&[]).await
+    }
+
+    /// [`Cluster::restart_missing`] with more `rkube up` flags.
+    pub async fn restart_missing_with(&self, args: &[&str]) -> Result<()> {
         let out = Command::new(rkube_bin())
             .arg("up")
             .arg("--dir")
             .arg(self.path())
             .arg("--detach")
+            .args(args)
             .stdin(Stdio::null())
             .output()?;
         if !out.status.success() {

@@ -10,6 +10,9 @@ use futures::StreamExt;
 use rkube_store::proto::etcdserverpb as pb;
 use tokio::sync::Mutex;
 
+#[path = "cluster/maintenance.rs"]
+mod maintenance;
+
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.
 struct Writers {

@@ -139,6 +139,10 @@ struct ServerArgs {
     /// Interval of watch progress notifications, seconds.
     #[arg(long, default_value_t = 600)]
     watch_progress_notify_interval: u64,
+    /// Database size in bytes past which the member raises a NOSPACE alarm and the cluster
+    /// refuses writes (deletes and compaction still work) until the alarm is disarmed.
+    #[arg(long, default_value_t = 2 * 1024 * 1024 * 1024)]
+    quota_backend_bytes: u64,
 }
 
 fn server_config(a: ServerArgs) -> Result<ServerConfig> {
@@ -166,6 +170,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         snapshot_catchup_entries: a.snapshot_catchup_entries,
         request_timeout: Duration::from_millis(a.request_timeout),
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
+        quota_backend_bytes: a.quota_backend_bytes,
     })
 }
 

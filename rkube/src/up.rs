@@ -49,6 +49,18 @@ pub struct UpArgs {
     /// With --restore: how far to jump the revision ahead (see `rkube snapshot restore`).
     #[arg(long, default_value_t = 1_000_000)]
     pub bump_revision: i64,
+    /// Database size in bytes past which a server raises a NOSPACE alarm (default 2 GiB).
+    /// Given for an existing DIR, it replaces the saved value for the members this call
+    /// starts (stop a member first to restart it with the new quota).
+    #[arg(long)]
+    pub quota_backend_bytes: Option<u64>,
+}
+
+/// etcd's default space quota.
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+
+fn default_quota() -> u64 {
+    DEFAULT_QUOTA_BYTES
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +71,8 @@ pub struct LocalCluster {
     pub snapshot_catchup_entries: u64,
     pub heartbeat_interval: u64,
     pub election_timeout: u64,
+    #[serde(default = "default_quota")]
+    pub quota_backend_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,6 +160,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         snapshot_catchup_entries: args.snapshot_catchup_entries,
         heartbeat_interval: args.heartbeat_interval,
         election_timeout: args.election_timeout,
+        quota_backend_bytes: args.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BYTES),
     })
 }
 
@@ -220,6 +235,10 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
             &cluster.heartbeat_interval.to_string(),
         ])
         .args(["--election-timeout", &cluster.election_timeout.to_string()])
+        .args([
+            "--quota-backend-bytes",
+            &cluster.quota_backend_bytes.to_string(),
+        ])
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -242,7 +261,16 @@ pub async fn up(args: UpArgs) -> Result<()> {
                 args.dir.display()
             )
         }
-        Ok(c) => c,
+        Ok(mut c) => {
+            if let Some(quota) = args.quota_backend_bytes {
+                c.quota_backend_bytes = quota;
+                std::fs::write(
+                    args.dir.join("cluster.json"),
+                    serde_json::to_vec_pretty(&c)?,
+                )?;
+            }
+            c
+        }
         Err(_) => {
             let c = create(&args)?;
             if let Some(file) = &args.restore {

@@ -29,6 +29,10 @@ pub enum MvccError {
     ValueProvided,
     #[error("etcdserver: lease is provided")]
     LeaseProvided,
+    /// A NOSPACE alarm is active: only deletes, revokes and compaction are accepted until it
+    /// is disarmed.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }
 
 /// Failures of the sled-backed storage itself (disk, corruption).

@@ -42,6 +42,8 @@ const META_COMPACT: &[u8] = b"compact_revision";
 /// The revision of the newest committed compaction, which may not have been carried out yet.
 const META_COMPACT_SCHEDULED: &[u8] = b"compact_scheduled";
 const META_MEMBER_PREFIX: &[u8] = b"member/";
+/// The active alarms, one sorted list.
+const META_ALARMS: &[u8] = b"alarms";
 
 /// One change in the history: a new version of a key, or its deletion (a tombstone).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -549,6 +551,14 @@ impl MvccStore {
         Ok(out)
     }
 
+    /// The active alarms, in member then kind order.
+    pub fn alarms(&self) -> Result<Vec<Alarm>, StorageError> {
+        match self.trees.meta.get(META_ALARMS)? {
+            Some(v) => decode(&v),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// A hash of the key history in (compact revision, `revision`], equal on every member that
     /// applied the same log (etcd's HashKV). Returns the hash and the compact revision.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), MvccError> {
@@ -591,7 +601,12 @@ impl MvccStore {
             main: current + 1,
             ..Default::default()
         };
+        let no_space = || -> Result<bool, StorageError> {
+            Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
+        };
         let output = match cmd {
+            // With a NOSPACE alarm active every member refuses what would grow the database.
+            _ if cmd.takes_space() && no_space()? => Err(MvccError::NoSpace),
             Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
             Command::LeaseGrant { id, ttl } => self.apply_grant(*id, *ttl, &mut ws),
             Command::LeaseRevoke { id } => self.apply_revoke(*id, &mut ws),
@@ -621,6 +636,29 @@ impl MvccStore {
                     }),
                 ));
                 Ok(Output::MemberAttrs)
+            }
+            Command::Alarm {
+                activate,
+                member,
+                alarm,
+            } => {
+                let mut alarms = self.alarms()?;
+                let this = Alarm {
+                    member: *member,
+                    kind: *alarm,
+                };
+                let present = alarms.contains(&this);
+                if *activate && !present {
+                    alarms.push(this);
+                    alarms.sort();
+                } else if !*activate && present {
+                    alarms.retain(|a| *a != this);
+                }
+                let changed = *activate != present;
+                if changed {
+                    ws.meta_puts.push((META_ALARMS.to_vec(), encode(&alarms)));
+                }
+                Ok(Output::Alarms(if changed { vec![this] } else { vec![] }))
             }
         };
         let output = match output {
@@ -1032,7 +1070,10 @@ impl MvccStore {
         let mut batch = sled::Batch::default();
         for item in self.trees.meta.iter() {
             let (k, _) = item?;
-            if k.starts_with(b"raft_") || k.starts_with(META_MEMBER_PREFIX) {
+            if k.starts_with(b"raft_")
+                || k.starts_with(META_MEMBER_PREFIX)
+                || k.as_ref() == META_ALARMS
+            {
                 batch.remove(k);
             }
         }

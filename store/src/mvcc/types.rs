@@ -204,6 +204,48 @@ pub enum Command {
         name: String,
         client_urls: Vec<String>,
     },
+    /// Raises (or clears) an alarm of a member; every member then refuses or accepts writes
+    /// alike.
+    Alarm {
+        activate: bool,
+        member: u64,
+        alarm: AlarmKind,
+    },
+}
+
+impl Command {
+    /// Whether applying the command can make the database grow: puts (in either branch of a
+    /// transaction, as etcd's quota counts them) and lease grants. Deletes, revokes and
+    /// compaction free space and are always accepted.
+    pub fn takes_space(&self) -> bool {
+        fn ops_put(ops: &[Op]) -> bool {
+            ops.iter().any(|op| match op {
+                Op::Put(_) => true,
+                Op::Txn(t) => ops_put(&t.success) || ops_put(&t.failure),
+                Op::Range(_) | Op::Delete(_) => false,
+            })
+        }
+        match self {
+            Command::Txn(t) => ops_put(&t.success) || ops_put(&t.failure),
+            Command::LeaseGrant { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// etcd's alarm types, with its wire numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum AlarmKind {
+    /// The member's database passed its space quota.
+    NoSpace = 1,
+    Corrupt = 2,
+}
+
+/// An active alarm: which member raised it, and what kind it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Alarm {
+    pub member: u64,
+    pub kind: AlarmKind,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -248,6 +290,8 @@ pub enum Output {
     },
     LeaseRevoked,
     MemberAttrs,
+    /// The alarms the command raised or cleared (none when there was nothing to change).
+    Alarms(Vec<Alarm>),
     /// Raft's own entries (blank, membership) carry no command.
     None,
 }

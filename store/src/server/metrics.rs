@@ -156,7 +156,8 @@ pub fn refresh(node: &Node, committed: &AtomicU64) {
         .set(rm.last_applied.map_or(0, |l| l.index) as i64);
     m.revision.set(node.mvcc.revision());
     m.compact_revision.set(node.mvcc.compact_revision());
-    m.db_size.set(node.db.size_on_disk().unwrap_or(0) as i64);
+    m.db_size
+        .set(node.db_size.load(std::sync::atomic::Ordering::Relaxed) as i64);
     m.watchers.set(node.mvcc.watcher_count() as i64);
     m.snapshot_installs_gauge.set(
         m.snapshot_installs

@@ -65,6 +65,8 @@ pub struct ServerConfig {
     pub snapshot_catchup_entries: u64,
     pub request_timeout: Duration,
     pub progress_interval: Duration,
+    /// The database size that raises a NOSPACE alarm.
+    pub quota_backend_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -233,6 +235,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         committed,
         timing,
         network,
+        cfg.quota_backend_bytes,
     ));
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -355,6 +358,7 @@ async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
         tokio::select! {
             _ = &mut stopped => return,
             _ = tick.tick() => {
+                node.refresh_db_size();
                 node.expire_leases().await;
                 if !published && node.leader().is_some() {
                     published = publish_attrs(&node).await;

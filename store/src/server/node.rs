@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 
 use super::metrics::Metrics;
 use crate::error::{MvccError, StoreError};
-use crate::mvcc::{Applied, Command, MvccStore};
+use crate::mvcc::{AlarmKind, Applied, Command, MvccStore};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::Payload;
 use crate::raft::network::PeerNetwork;
@@ -122,6 +122,11 @@ pub struct Node {
     pub timing: Timing,
     network: PeerNetwork,
     leases: LeaseClock,
+    /// The database size that raises a NOSPACE alarm (etcd's --quota-backend-bytes).
+    pub quota_bytes: u64,
+    /// The database's size on disk, refreshed by the member's background loop (reading it
+    /// walks files, too slow for every write).
+    pub db_size: AtomicU64,
 }
 
 /// The leader's view of when each lease expires. Kept in memory only: a new leader starts every
@@ -151,7 +156,9 @@ impl Node {
         committed: Arc<AtomicU64>,
         timing: Timing,
         network: PeerNetwork,
+        quota_bytes: u64,
     ) -> Self {
+        let db_size = AtomicU64::new(db_size_on_disk(&db));
         Self {
             id: identity.id,
             name: identity.name.clone(),
@@ -165,6 +172,8 @@ impl Node {
             timing,
             network,
             leases: LeaseClock::default(),
+            quota_bytes,
+            db_size,
         }
     }
 
@@ -372,8 +381,52 @@ impl Node {
         }
     }
 
+    /// Reads the database size on disk again.
+    pub fn refresh_db_size(&self) -> u64 {
+        let size = db_size_on_disk(&self.db);
+        self.db_size.store(size, Ordering::Relaxed);
+        size
+    }
+
+    /// etcd's space quota: a write that would grow a database already past its quota raises
+    /// this member's NOSPACE alarm (through the log, so every member refuses such writes from
+    /// then on) and is refused.
+    async fn check_quota(&self, cmd: &Command) -> Result<(), StoreError> {
+        if !cmd.takes_space() {
+            return Ok(());
+        }
+        let cost = bincode::serialized_size(cmd).unwrap_or(0);
+        if self.db_size.load(Ordering::Relaxed) + cost <= self.quota_bytes {
+            return Ok(());
+        }
+        let raised = self
+            .mvcc
+            .alarms()?
+            .iter()
+            .any(|a| a.member == self.id && a.kind == AlarmKind::NoSpace);
+        if !raised {
+            tracing::warn!(
+                db_size = self.db_size.load(Ordering::Relaxed),
+                quota = self.quota_bytes,
+                "database space exceeded: raising the NOSPACE alarm"
+            );
+            self.propose_unchecked(Command::Alarm {
+                activate: true,
+                member: self.id,
+                alarm: AlarmKind::NoSpace,
+            })
+            .await?;
+        }
+        Err(MvccError::NoSpace.into())
+    }
+
     /// Proposes a command through the leader and returns what the state machine made of it.
     pub async fn propose(&self, cmd: Command) -> Result<Applied, StoreError> {
+        self.check_quota(&cmd).await?;
+        self.propose_unchecked(cmd).await
+    }
+
+    async fn propose_unchecked(&self, cmd: Command) -> Result<Applied, StoreError> {
         match self.to_leader(Forward::Propose(cmd)).await? {
             ForwardReply::Applied(a) => Ok(a),
             other => Err(StoreError::Unavailable(format!(
@@ -655,6 +708,11 @@ pub fn cluster_id(cluster_token: &str) -> u64 {
 }
 
 /// Keeps the committed index that openraft reports to the log store.
+/// The sled database's size on disk; 0 when it cannot be read.
+pub fn db_size_on_disk(db: &sled::Db) -> u64 {
+    db.size_on_disk().unwrap_or(0)
+}
+
 pub fn committed_index(committed: &AtomicU64) -> u64 {
     committed.load(Ordering::Relaxed)
 }

@@ -9,6 +9,7 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use super::status;
+use crate::mvcc::{Alarm, AlarmKind, Command, Output};
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::maintenance_server::Maintenance;
 use crate::server::node::Node;
@@ -27,20 +28,74 @@ fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("etcdserver: {what} is not supported by rkube yet"))
 }
 
+fn alarm_kind_to_pb(kind: AlarmKind) -> pb::AlarmType {
+    match kind {
+        AlarmKind::NoSpace => pb::AlarmType::Nospace,
+        AlarmKind::Corrupt => pb::AlarmType::Corrupt,
+    }
+}
+
+fn alarm_name(kind: AlarmKind) -> &'static str {
+    alarm_kind_to_pb(kind).as_str_name()
+}
+
+fn alarm_to_pb(a: &Alarm) -> pb::AlarmMember {
+    pb::AlarmMember {
+        member_id: a.member,
+        alarm: alarm_kind_to_pb(a.kind) as i32,
+    }
+}
+
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
     async fn alarm(
         &self,
         request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
+        use pb::alarm_request::AlarmAction;
         let req = request.into_inner();
-        if req.action != pb::alarm_request::AlarmAction::Get as i32 {
-            return Err(not_yet("activating or deactivating alarms"));
-        }
-        // No alarm is ever raised yet (there is no space quota), so the list is truthfully empty.
+        let node = &self.0;
+        let action = AlarmAction::try_from(req.action)
+            .map_err(|_| Status::invalid_argument("etcdserver: unknown alarm action"))?;
+        let kind = match pb::AlarmType::try_from(req.alarm) {
+            Ok(pb::AlarmType::None) => None,
+            Ok(pb::AlarmType::Nospace) => Some(AlarmKind::NoSpace),
+            Ok(pb::AlarmType::Corrupt) => Some(AlarmKind::Corrupt),
+            Err(_) => return Err(Status::invalid_argument("etcdserver: unknown alarm type")),
+        };
+        let alarms = match (action, kind) {
+            (AlarmAction::Get, _) => node
+                .mvcc
+                .alarms()
+                .map_err(|e| status(e.into()))?
+                .into_iter()
+                .filter(|a| kind.map_or(true, |k| a.kind == k))
+                .collect(),
+            // Changing "no alarm" changes nothing, as in etcd.
+            (_, None) => Vec::new(),
+            (action, Some(alarm)) => {
+                let applied = node
+                    .propose(Command::Alarm {
+                        activate: action == AlarmAction::Activate,
+                        member: req.member_id,
+                        alarm,
+                    })
+                    .await
+                    .map_err(status)?;
+                match applied.output {
+                    Ok(Output::Alarms(changed)) => changed,
+                    Ok(other) => {
+                        return Err(Status::internal(format!(
+                            "unexpected result of an alarm change: {other:?}"
+                        )))
+                    }
+                    Err(e) => return Err(status(e.into())),
+                }
+            }
+        };
         Ok(Response::new(pb::AlarmResponse {
-            header: self.0.header(self.0.mvcc.revision()),
-            alarms: vec![],
+            header: node.header(node.mvcc.revision()),
+            alarms: alarms.iter().map(alarm_to_pb).collect(),
         }))
     }
 
@@ -51,10 +106,18 @@ impl Maintenance for MaintenanceService {
         let node = &self.0;
         let m = node.raft.metrics().borrow().clone();
         let is_learner = !m.membership_config.voter_ids().any(|id| id == node.id);
-        let db_size = node.db.size_on_disk().unwrap_or(0) as i64;
+        let db_size = node.db_size.load(std::sync::atomic::Ordering::Relaxed) as i64;
         let mut errors = Vec::new();
         if m.current_leader.is_none() {
             errors.push("etcdserver: no leader".to_string());
+        }
+        // As etcd does, active alarms show among the member's errors.
+        for a in node.mvcc.alarms().map_err(|e| status(e.into()))? {
+            errors.push(format!(
+                "memberID:{} alarm:{}",
+                a.member,
+                alarm_name(a.kind)
+            ));
         }
         Ok(Response::new(pb::StatusResponse {
             header: node.header(node.mvcc.revision()),

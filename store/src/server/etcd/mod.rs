@@ -41,6 +41,7 @@ pub fn status(e: StoreError) -> Status {
             }
             MvccError::LeaseNotFound => Status::new(Code::NotFound, msg),
             MvccError::LeaseExists => Status::new(Code::FailedPrecondition, msg),
+            MvccError::NoSpace => Status::new(Code::ResourceExhausted, msg),
             _ => Status::new(Code::InvalidArgument, msg),
         },
         StoreError::Unavailable(_)

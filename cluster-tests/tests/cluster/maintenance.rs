@@ -1,0 +1,171 @@
+//! The Maintenance service as an operator meets it: the space quota and its NOSPACE alarm.
+
+use std::time::Duration;
+
+use cluster_tests::{wait_for, Cluster, MaintenanceClient, Options, WithLogs};
+use rkube_store::proto::etcdserverpb as pb;
+
+const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+
+async fn alarms(c: &Cluster, i: usize) -> Vec<pb::AlarmMember> {
+    MaintenanceClient::new(c.channel(i))
+        .alarm(pb::AlarmRequest {
+            action: pb::alarm_request::AlarmAction::Get as i32,
+            member_id: 0,
+            alarm: pb::AlarmType::None as i32,
+        })
+        .await
+        .logs(c)
+        .expect("alarm list")
+        .into_inner()
+        .alarms
+}
+
+async fn disarm(c: &Cluster, i: usize, alarm: &pb::AlarmMember) -> Vec<pb::AlarmMember> {
+    MaintenanceClient::new(c.channel(i))
+        .alarm(pb::AlarmRequest {
+            action: pb::alarm_request::AlarmAction::Deactivate as i32,
+            member_id: alarm.member_id,
+            alarm: alarm.alarm,
+        })
+        .await
+        .logs(c)
+        .expect("alarm disarm")
+        .into_inner()
+        .alarms
+}
+
+/// A put refused for lack of space, with etcd's code and message.
+fn assert_no_space(result: Result<i64, tonic::Status>) {
+    match result {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+            assert_eq!(s.message(), NO_SPACE);
+        }
+        Ok(rev) => panic!("a write past the quota was accepted (revision {rev})"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nospace_alarm_refuses_writes_until_space_is_freed_and_it_is_disarmed() {
+    let c = Cluster::start(Options {
+        up_args: vec!["--quota-backend-bytes".into(), "300000".into()],
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+
+    // Fill the database through member 0 until the quota stops it.
+    let value = "x".repeat(8 * 1024);
+    let mut written = 0;
+    let refusal = wait_for(
+        "the quota to refuse a write",
+        Duration::from_secs(120),
+        || {
+            written += 1;
+            let key = format!("/fill/{written:05}");
+            let (c, value) = (&c, &value);
+            async move { c.put(0, &key, value).await.err() }
+        },
+    )
+    .await;
+    assert_eq!(
+        refusal.code(),
+        tonic::Code::ResourceExhausted,
+        "{refusal:?}"
+    );
+    assert_eq!(refusal.message(), NO_SPACE);
+
+    // The alarm went through the log: every member lists it and refuses writes (each member
+    // checks its own database too, and raises its own alarm when it is also past the quota).
+    let mine = pb::AlarmMember {
+        member_id: c.id_of(0),
+        alarm: pb::AlarmType::Nospace as i32,
+    };
+    assert!(alarms(&c, 2).await.contains(&mine));
+    for i in 0..3 {
+        assert_no_space(c.put(i, "/more", "v").await);
+    }
+    let raised = alarms(&c, 0).await;
+    assert!(raised.contains(&mine), "{raised:?}");
+    for i in 0..3 {
+        wait_for(
+            "every member to list the same alarms",
+            Duration::from_secs(10),
+            || async { (alarms(&c, i).await == raised).then_some(()) },
+        )
+        .await;
+        let status = c.status(i).await.expect("status");
+        assert!(
+            status
+                .errors
+                .contains(&format!("memberID:{} alarm:NOSPACE", c.id_of(0))),
+            "{:?}",
+            status.errors
+        );
+    }
+    let mut lease = cluster_tests::LeaseClient::new(c.channel(1));
+    let grant = lease
+        .lease_grant(pb::LeaseGrantRequest { ttl: 60, id: 0 })
+        .await;
+    assert_eq!(grant.expect_err("lease grant refused").message(), NO_SPACE);
+
+    // Reads, deletes and compaction still work.
+    let keys = c.local_keys(1, "/fill/").await.expect("read");
+    assert!(keys.len() >= 10, "only {} keys written", keys.len());
+    let mut kv = c.kv(1);
+    let deleted = kv
+        .delete_range(pb::DeleteRangeRequest {
+            key: b"/fill/".to_vec(),
+            range_end: rkube_store::mvcc::prefix_end(b"/fill/"),
+            ..Default::default()
+        })
+        .await
+        .logs(&c)
+        .expect("delete under NOSPACE")
+        .into_inner();
+    assert_eq!(deleted.deleted as usize, keys.len());
+    let revision = deleted.header.map_or(0, |h| h.revision);
+    kv.compact(pb::CompactionRequest {
+        revision,
+        physical: true,
+    })
+    .await
+    .logs(&c)
+    .expect("compaction under NOSPACE");
+
+    // Disarming while the database is still past the quota: the next write raises it again.
+    for alarm in &raised {
+        assert_eq!(disarm(&c, 1, alarm).await, [*alarm]);
+    }
+    assert!(alarms(&c, 1).await.is_empty());
+    assert_no_space(c.put(0, "/again", "v").await);
+    assert_eq!(alarms(&c, 0).await, [mine]);
+
+    // Restart the members with a larger quota: the alarm survived the restart, and once it is
+    // disarmed writes are accepted again.
+    for i in 0..3 {
+        c.kill(i).await;
+    }
+    c.restart_missing_with(&["--quota-backend-bytes", "1073741824"])
+        .await
+        .logs(&c)
+        .expect("restart with a larger quota");
+    c.wait_leader().await;
+    assert_eq!(alarms(&c, 0).await, [mine]);
+    assert_no_space(c.put(0, "/still", "v").await);
+    assert_eq!(disarm(&c, 2, &mine).await, [mine]);
+    for i in 0..3 {
+        wait_for(
+            "the disarm to reach every member",
+            Duration::from_secs(10),
+            || async { alarms(&c, i).await.is_empty().then_some(()) },
+        )
+        .await;
+    }
+    c.put(0, "/after", "v")
+        .await
+        .logs(&c)
+        .expect("a write after the alarm is disarmed");
+}
