@@ -324,13 +324,31 @@ impl Cluster {
             true,
             true,
         )?;
-        let mut initial: Vec<String> = self
-            .members
+        self.members.push(m);
+        let all: Vec<usize> = (0..=i).collect();
+        self.spawn_server(i, &all, "existing", &[])?;
+        Ok(i)
+    }
+
+    /// Starts the server process of member `i` by hand (not through `up`), with
+    /// `--initial-cluster` naming the members `initial`, and more flags.
+    pub fn spawn_server(
+        &mut self,
+        i: usize,
+        initial: &[usize],
+        state: &str,
+        extra: &[&str],
+    ) -> Result<()> {
+        let m = self.members[i].clone();
+        let name = m.name.as_str();
+        let initial: Vec<String> = initial
             .iter()
-            .map(|m| format!("{}={}", m.name, m.peer))
+            .map(|&j| format!("{}={}", self.members[j].name, self.members[j].peer))
             .collect();
-        initial.push(format!("{}={}", m.name, m.peer));
-        let log = std::fs::File::create(self.path().join(format!("{name}.log")))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path().join(format!("{name}.log")))?;
         let child = Command::new(rkube_bin())
             .arg("server")
             .args(["--name", name])
@@ -348,11 +366,11 @@ impl Cluster {
                 "--initial-cluster",
                 &initial.join(","),
                 "--initial-cluster-state",
-                "existing",
+                state,
             ])
             .args(["--initial-cluster-token", &self.token])
             .arg("--pki")
-            .arg(&pki)
+            .arg(self.path().join("pki"))
             .args(["--snapshot-count", &self.opts.snapshot_count.to_string()])
             .args([
                 "--snapshot-catchup-entries",
@@ -364,13 +382,14 @@ impl Cluster {
                 "--heartbeat-interval",
                 "100",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
+        self.extra.retain(|(n, _)| n != name);
         self.extra.push((name.to_string(), child.id()));
-        self.members.push(m);
-        Ok(i)
+        Ok(())
     }
 
     pub fn channel(&self, i: usize) -> Channel {

@@ -12,6 +12,8 @@ use tokio::sync::Mutex;
 
 #[path = "cluster/maintenance.rs"]
 mod maintenance;
+#[path = "cluster/recovery.rs"]
+mod recovery;
 
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.

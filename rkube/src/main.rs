@@ -143,6 +143,11 @@ struct ServerArgs {
     /// refuses writes (deletes and compaction still work) until the alarm is disarmed.
     #[arg(long, default_value_t = 2 * 1024 * 1024 * 1024)]
     quota_backend_bytes: u64,
+    /// Quorum-loss recovery: start as the only member of the cluster, keeping this member's
+    /// data (its IDs and revisions too); then add the other members back. Use it on one
+    /// surviving member, once, with every other member stopped.
+    #[arg(long)]
+    force_new_cluster: bool,
 }
 
 fn server_config(a: ServerArgs) -> Result<ServerConfig> {
@@ -171,6 +176,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         request_timeout: Duration::from_millis(a.request_timeout),
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
         quota_backend_bytes: a.quota_backend_bytes,
+        force_new_cluster: a.force_new_cluster,
     })
 }
 

@@ -44,6 +44,10 @@ const META_COMPACT_SCHEDULED: &[u8] = b"compact_scheduled";
 const META_MEMBER_PREFIX: &[u8] = b"member/";
 /// The active alarms, one sorted list.
 const META_ALARMS: &[u8] = b"alarms";
+/// Set when the data did not come through this cluster's Raft log (a restore, a forced new
+/// cluster): the log cannot rebuild it, so a snapshot must be taken and the log purged before
+/// a member is caught up from it.
+const META_BASELINE_PENDING: &[u8] = b"baseline_snapshot_pending";
 
 /// One change in the history: a new version of a key, or its deletion (a tombstone).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1077,6 +1081,7 @@ impl MvccStore {
                 batch.remove(k);
             }
         }
+        batch.insert(META_BASELINE_PENDING, &[][..]);
         self.trees.meta.apply_batch(batch)?;
         if bump > 0 {
             let revision = self.revision();
@@ -1091,6 +1096,30 @@ impl MvccStore {
                 .insert(META_COMPACT, &bumped.to_be_bytes())?;
             self.revision.store(bumped, Ordering::Release);
             self.compact_revision.store(bumped, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Removes metadata entries (local bookkeeping outside the log).
+    pub fn remove_meta(&self, keys: &[&[u8]]) -> Result<(), StorageError> {
+        let mut batch = sled::Batch::default();
+        for k in keys {
+            batch.remove(*k);
+        }
+        self.trees.meta.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Whether the data still needs its baseline Raft snapshot (see `META_BASELINE_PENDING`).
+    pub fn baseline_pending(&self) -> Result<bool, StorageError> {
+        Ok(self.trees.meta.contains_key(META_BASELINE_PENDING)?)
+    }
+
+    pub fn set_baseline_pending(&self, pending: bool) -> Result<(), StorageError> {
+        if pending {
+            self.trees.meta.insert(META_BASELINE_PENDING, &[][..])?;
+        } else {
+            self.trees.meta.remove(META_BASELINE_PENDING)?;
         }
         Ok(())
     }

@@ -85,6 +85,15 @@ impl LogStore {
     pub fn is_empty(&self) -> bool {
         self.log.is_empty()
     }
+
+    /// Forgets the whole log, the vote and the commit index, durably (a forced new cluster
+    /// starts its Raft state afresh over the applied data).
+    pub fn wipe(&self) -> Result<(), sled::Error> {
+        self.log.clear()?;
+        self.meta.clear()?;
+        self.db.flush()?;
+        Ok(())
+    }
 }
 
 fn index_key(index: u64) -> [u8; 8] {

@@ -68,6 +68,16 @@ impl StateMachine {
         &self.mvcc
     }
 
+    /// Forgets the Raft state kept with the data: the applied log id, the membership and the
+    /// snapshot file. The keys, history and leases stay.
+    pub fn forget_raft_state(&self) -> Result<(), StorageError> {
+        self.mvcc.remove_meta(&[META_APPLIED, META_MEMBERSHIP])?;
+        match std::fs::remove_file(self.dir.join(SNAPSHOT_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
     /// The last applied log id as committed in the store.
     pub fn applied(&self) -> Result<Option<LogId>, StorageError> {
         match self.mvcc.meta(META_APPLIED)? {

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod recovery;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -67,6 +68,8 @@ pub struct ServerConfig {
     pub progress_interval: Duration,
     /// The database size that raises a NOSPACE alarm.
     pub quota_backend_bytes: u64,
+    /// Start as the only member of the cluster with this member's data (quorum-loss recovery).
+    pub force_new_cluster: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,9 +187,29 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
     sm.installs = metrics.snapshot_installs.clone();
     let committed = Arc::new(AtomicU64::new(0));
-    let log_store = LogStore::open(&db)
+    let mut log_store = LogStore::open(&db)
         .map_err(|e| storage_err(e.into()))?
         .observed(committed.clone(), metrics.fsync_seconds.clone());
+
+    let forced = if cfg.force_new_cluster {
+        if data_dir.fresh {
+            return Err(ServerError::Config(format!(
+                "--force-new-cluster needs the data dir of a surviving member, and {} is new",
+                cfg.data_dir.display()
+            )));
+        }
+        let forced = recovery::force_new_cluster(&mut log_store, &mut sm)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        tracing::warn!(
+            replayed = forced.replayed,
+            revision = forced.revision,
+            "forced a new cluster: this member is now its only member; add the others back with `rkube member add`"
+        );
+        true
+    } else {
+        false
+    };
 
     let election_ms = cfg.election_timeout.as_millis() as u64;
     let raft_config = openraft::Config {
@@ -265,7 +288,17 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         }
     }));
 
-    if data_dir.fresh && cfg.initial_cluster_state == ClusterState::New {
+    if forced {
+        let me = BTreeMap::from([(
+            id,
+            Member {
+                peer_addr: peer_addr.clone(),
+            },
+        )]);
+        raft.initialize(me)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+    } else if data_dir.fresh && cfg.initial_cluster_state == ClusterState::New {
         let members: BTreeMap<u64, Member> = cfg
             .initial_cluster
             .iter()
@@ -337,6 +370,15 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     }
 
     tasks.push(tokio::spawn(background(node.clone(), stopped())));
+    if node.mvcc.baseline_pending().map_err(storage_err)? {
+        let (node, stop) = (node.clone(), stopped());
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                _ = stop => {}
+                _ = recovery::baseline_snapshot(node) => {}
+            }
+        }));
+    }
     tracing::info!(name = %cfg.name, id = format!("{id:x}"), peer = %peer_addr, client = %cfg.listen_client, "member started");
     Ok(RunningServer {
         node,
