@@ -169,3 +169,46 @@ async fn nospace_alarm_refuses_writes_until_space_is_freed_and_it_is_disarmed() 
         .logs(&c)
         .expect("a write after the alarm is disarmed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn move_leader_hands_leadership_to_the_chosen_voter() {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    let mut leader = c.wait_leader().await;
+    let mut revision = 0;
+    // Around the ring: each follower in turn, asked through a member that is not the leader.
+    for _ in 0..3 {
+        let to = (leader + 1) % 3;
+        let via = (leader + 2) % 3;
+        let target_id = c.id_of(to);
+        let moved = MaintenanceClient::new(c.channel(via))
+            .move_leader(pb::MoveLeaderRequest { target_id })
+            .await
+            .logs(&c)
+            .expect("move-leader");
+        assert!(moved.into_inner().header.is_some());
+        let status = c.status(via).await.expect("status");
+        assert_eq!(status.leader, target_id, "the leadership went elsewhere");
+        leader = to;
+        let rev = c
+            .put(via, &format!("/moved/{to}"), "v")
+            .await
+            .logs(&c)
+            .expect("a write under the new leader");
+        assert!(rev > revision);
+        revision = rev;
+    }
+    // Moving to itself changes nothing; a member that is not a voter is refused as etcd does.
+    let me = c.id_of(leader);
+    MaintenanceClient::new(c.channel(leader))
+        .move_leader(pb::MoveLeaderRequest { target_id: me })
+        .await
+        .expect("move to the leader itself");
+    assert_eq!(c.status(0).await.expect("status").leader, me);
+    let refused = MaintenanceClient::new(c.channel(0))
+        .move_leader(pb::MoveLeaderRequest { target_id: 42 })
+        .await
+        .expect_err("an unknown transferee is refused");
+    assert_eq!(refused.message(), "etcdserver: bad leader transferee");
+}

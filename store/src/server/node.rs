@@ -4,7 +4,7 @@
 //! membership changes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,13 +22,23 @@ use crate::raft::network::PeerNetwork;
 use crate::raft::{Member, NodeId, Raft};
 
 /// A request a follower hands to the leader.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Forward {
     Propose(Command),
     ReadIndex,
     LeaseKeepAlive(i64),
     LeaseTimeToLive(i64),
     Membership(MembershipChange),
+    /// Hand the leadership to this voter (etcd's MoveLeader).
+    MoveLeader(NodeId),
+    /// To any member, from the leader: hold off elections of its own while the leadership
+    /// moves to `to`, for at most `millis`.
+    HoldElections {
+        to: NodeId,
+        millis: u64,
+    },
+    /// To the transferee, from the leader: campaign now.
+    Campaign,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -38,6 +48,7 @@ pub enum ForwardReply {
     KeepAlive { ttl: i64 },
     TimeToLive { ttl: i64, granted: i64 },
     Membership,
+    Done,
 }
 
 /// Errors as they travel between members.
@@ -127,6 +138,9 @@ pub struct Node {
     /// The database's size on disk, refreshed by the member's background loop (reading it
     /// walks files, too slow for every write).
     pub db_size: AtomicU64,
+    /// Set on the leader while it hands its leadership over: it takes no new work meanwhile, so
+    /// that the transferee catches up and nothing refreshes the followers' leader lease.
+    transferring: AtomicBool,
 }
 
 /// The leader's view of when each lease expires. Kept in memory only: a new leader starts every
@@ -174,6 +188,7 @@ impl Node {
             leases: LeaseClock::default(),
             quota_bytes,
             db_size,
+            transferring: AtomicBool::new(false),
         }
     }
 
@@ -245,7 +260,7 @@ impl Node {
         loop {
             let leader = self.wait_for_leader(deadline).await?;
             let result = if leader == self.id {
-                self.serve_forward(clone_forward(&req)).await
+                self.serve_forward(req.clone()).await
             } else {
                 self.send_forward(leader, &req, deadline).await
             };
@@ -307,7 +322,22 @@ impl Node {
 
     /// Serves a request on this member as leader; `NotLeader` when it is not.
     pub async fn serve_forward(&self, req: Forward) -> Result<ForwardReply, ForwardError> {
-        if !self.is_leader() {
+        match req {
+            Forward::HoldElections { to, millis } => {
+                self.hold_elections(to, Duration::from_millis(millis));
+                return Ok(ForwardReply::Done);
+            }
+            Forward::Campaign => {
+                self.raft
+                    .trigger()
+                    .elect()
+                    .await
+                    .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+                return Ok(ForwardReply::Done);
+            }
+            _ => {}
+        }
+        if !self.is_leader() || self.transferring.load(Ordering::Acquire) {
             return Err(ForwardError::NotLeader);
         }
         self.check_quorum_contact()?;
@@ -324,6 +354,8 @@ impl Node {
                 .change_membership_local(change)
                 .await
                 .map(|_| ForwardReply::Membership),
+            Forward::MoveLeader(to) => self.move_leader_local(to).await.map(|_| ForwardReply::Done),
+            Forward::HoldElections { .. } | Forward::Campaign => Ok(ForwardReply::Done),
         }
     }
 
@@ -657,6 +689,108 @@ impl Node {
         }
     }
 
+    // ---- leadership transfer ----
+
+    /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
+    /// leads now.
+    pub async fn move_leader(&self, to: NodeId) -> Result<(), StoreError> {
+        self.to_leader(Forward::MoveLeader(to)).await.map(|_| ())
+    }
+
+    /// openraft 0.9 has no leadership transfer of its own, so the leader arranges one: it stops
+    /// taking work and sending heartbeats, asks the other voters to hold their elections, and
+    /// asks the caught-up transferee to campaign. The transferee wins as soon as enough voters
+    /// consider the old leader's lease over (the old leader's own vote comes at once).
+    async fn move_leader_local(&self, to: NodeId) -> Result<(), ForwardError> {
+        if to == self.id {
+            return Ok(());
+        }
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        if !voters.contains(&to) {
+            return Err(ForwardError::FailedPrecondition(
+                "bad leader transferee".into(),
+            ));
+        }
+        if self.transferring.swap(true, Ordering::AcqRel) {
+            return Err(ForwardError::FailedPrecondition(
+                "a leader transfer is already in progress".into(),
+            ));
+        }
+        let result = self.transfer_to(to, &voters).await;
+        let rc = self.raft.runtime_config();
+        rc.heartbeat(true);
+        rc.elect(true);
+        self.transferring.store(false, Ordering::Release);
+        result
+    }
+
+    async fn transfer_to(&self, to: NodeId, voters: &BTreeSet<NodeId>) -> Result<(), ForwardError> {
+        let budget = self.timing.request_timeout.mul_f64(0.9);
+        let deadline = Instant::now() + budget;
+        let too_long =
+            || ForwardError::Unavailable("request timed out, leader transfer took too long".into());
+        let mut rx = self.raft.metrics();
+        let caught_up = |m: &openraft::RaftMetrics<NodeId, Member>| {
+            let last = m.last_log_index.unwrap_or(0);
+            m.replication
+                .as_ref()
+                .and_then(|r| r.get(&to).cloned().flatten())
+                .is_some_and(|matched| matched.index >= last)
+        };
+        tokio::time::timeout_at(deadline.into(), rx.wait_for(|m| caught_up(m)))
+            .await
+            .map_err(|_| too_long())?
+            .map_err(|_| ForwardError::Unavailable("server stopped".into()))?;
+
+        let rc = self.raft.runtime_config();
+        rc.heartbeat(false);
+        rc.elect(false);
+        let hold = Forward::HoldElections {
+            to,
+            millis: budget.as_millis() as u64,
+        };
+        for &v in voters.iter().filter(|v| **v != to && **v != self.id) {
+            // A voter that cannot be told cannot be reached by the transferee either.
+            if let Err(e) = self.send_forward(v, &hold, deadline).await {
+                tracing::info!(member = format!("{v:x}"), error = ?e, "could not hold elections");
+            }
+        }
+        // The first campaign wins at once when the voters it needs see no live leader lease (the
+        // old leader's own lease usually ran out long ago); otherwise it campaigns again once the
+        // followers' leases, last renewed by the final heartbeat, have run out.
+        let lease = self.timing.election_timeout * 2 + Duration::from_millis(100);
+        loop {
+            self.send_forward(to, &Forward::Campaign, deadline).await?;
+            let until = deadline.min(Instant::now() + lease);
+            match tokio::time::timeout_at(
+                until.into(),
+                rx.wait_for(|m| m.current_leader == Some(to)),
+            )
+            .await
+            {
+                Ok(Ok(_)) => break,
+                Ok(Err(_)) => return Err(ForwardError::Unavailable("server stopped".into())),
+                Err(_) if Instant::now() >= deadline => return Err(too_long()),
+                Err(_) => {}
+            }
+        }
+        tracing::info!(to = format!("{to:x}"), "leadership moved");
+        Ok(())
+    }
+
+    /// Keeps this member from campaigning until `to` leads, or for at most `window`.
+    fn hold_elections(&self, to: NodeId, window: Duration) {
+        self.raft.runtime_config().elect(false);
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            let mut rx = raft.metrics();
+            let _ =
+                tokio::time::timeout(window, rx.wait_for(|m| m.current_leader == Some(to))).await;
+            raft.runtime_config().elect(true);
+        });
+    }
+
     /// A learner is in sync when it has matched the leader's log to within a small lag.
     fn learner_in_sync(&self, id: NodeId) -> bool {
         let m = self.raft.metrics();
@@ -671,16 +805,6 @@ impl Node {
             return false;
         };
         last.saturating_sub(matched.index) <= 100
-    }
-}
-
-fn clone_forward(req: &Forward) -> Forward {
-    match req {
-        Forward::Propose(c) => Forward::Propose(c.clone()),
-        Forward::ReadIndex => Forward::ReadIndex,
-        Forward::LeaseKeepAlive(id) => Forward::LeaseKeepAlive(*id),
-        Forward::LeaseTimeToLive(id) => Forward::LeaseTimeToLive(*id),
-        Forward::Membership(m) => Forward::Membership(m.clone()),
     }
 }
 

@@ -1,6 +1,5 @@
-//! etcd's Maintenance service: Status, Hash, HashKV, Alarm and Snapshot (in rkube's backup
-//! format). Defragment, MoveLeader and Downgrade are not provided yet and answer
-//! `Unimplemented` saying so.
+//! etcd's Maintenance service: Status, Hash, HashKV, Alarm, Defragment, MoveLeader and Snapshot
+//! (in rkube's backup format). Downgrade is not provided and answers `Unimplemented` saying so.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -134,11 +133,22 @@ impl Maintenance for MaintenanceService {
         }))
     }
 
+    /// sled has no offline compaction to run: it rewrites its segments in the background and
+    /// reuses the space of compacted revisions as it goes. Defragment makes everything durable
+    /// and reads the size on disk afresh (so the quota check sees freed space at once).
     async fn defragment(
         &self,
         _request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        Err(not_yet("defragment"))
+        self.0
+            .db
+            .flush_async()
+            .await
+            .map_err(|e| status(crate::error::StorageError::from(e).into()))?;
+        self.0.refresh_db_size();
+        Ok(Response::new(pb::DefragmentResponse {
+            header: self.0.header(self.0.mvcc.revision()),
+        }))
     }
 
     async fn hash(
@@ -203,9 +213,13 @@ impl Maintenance for MaintenanceService {
 
     async fn move_leader(
         &self,
-        _request: Request<pb::MoveLeaderRequest>,
+        request: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        Err(not_yet("move-leader"))
+        let to = request.into_inner().target_id;
+        self.0.move_leader(to).await.map_err(status)?;
+        Ok(Response::new(pb::MoveLeaderResponse {
+            header: self.0.header(self.0.mvcc.revision()),
+        }))
     }
 
     async fn downgrade(
