@@ -1314,7 +1314,7 @@ async fn etcdctl_endpoint_status_health_and_hashkv_cover_the_cluster() {
             "{status}"
         );
         assert_eq!(row[5], "false", "no learners: {status}");
-        assert!(row[7].parse::<u64>().map_or(false, |n| n > 0), "{status}");
+        assert!(row[7].parse::<u64>().is_ok_and(|n| n > 0), "{status}");
         assert_eq!(row[9], "", "no errors: {status}");
     }
     assert_eq!(urls, all_urls, "{status}");
@@ -1741,10 +1741,13 @@ async fn etcd_client_txn_compares_branches_and_nesting() {
     );
 }
 
-/// Collects (revision, key) of every event of a watch stream until it ends or fails.
+/// (revision, key) of each event a watch delivered, in order.
+type SeenEvents = Arc<Mutex<Vec<(i64, String)>>>;
+
+/// Collects the events of a watch stream until it ends or fails.
 fn collect_events(
     mut stream: etcd_client::WatchStream,
-) -> (Arc<Mutex<Vec<(i64, String)>>>, tokio::task::JoinHandle<()>) {
+) -> (SeenEvents, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = seen.clone();
     let task = tokio::spawn(async move {
