@@ -13,6 +13,9 @@ use anyhow::{bail, Context, Result};
 use rkube_store::proto::etcdserverpb as pb;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+pub mod etcdctl;
+
+pub use etcdctl::{Etcdctl, EtcdctlChild, EtcdctlOutput};
 pub use pb::cluster_client::ClusterClient;
 pub use pb::kv_client::KvClient;
 pub use pb::lease_client::LeaseClient;

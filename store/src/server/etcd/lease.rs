@@ -22,6 +22,12 @@ pub struct LeaseService {
     pub min_ttl: i64,
 }
 
+/// etcd's answer to a TTL above the maximum (its `ErrGRPCLeaseTTLTooLarge`): clients such as
+/// etcdctl recognise the error by this code and text.
+fn ttl_too_large() -> Status {
+    Status::out_of_range("etcdserver: too large lease TTL")
+}
+
 type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<pb::LeaseKeepAliveResponse, Status>> + Send>>;
 
@@ -33,7 +39,7 @@ impl Lease for LeaseService {
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
         let req = request.into_inner();
         if req.ttl > MAX_LEASE_TTL {
-            return Err(status(MvccError::LeaseTtlTooLarge.into()));
+            return Err(ttl_too_large());
         }
         let ttl = req.ttl.max(self.min_ttl);
         let id = if req.id != 0 {
@@ -46,7 +52,11 @@ impl Lease for LeaseService {
             .propose(Command::LeaseGrant { id, ttl })
             .await
             .map_err(status)?;
-        match applied.output.map_err(|e| status(e.into()))? {
+        let output = applied.output.map_err(|e| match e {
+            MvccError::LeaseTtlTooLarge => ttl_too_large(),
+            e => status(e.into()),
+        })?;
+        match output {
             Output::LeaseGranted { id, ttl } => Ok(Response::new(pb::LeaseGrantResponse {
                 header: self.node.header(applied.revision),
                 id,
