@@ -34,6 +34,8 @@ pub enum BackupError {
     Corrupt(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    #[error("cannot read the snapshot file: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// Serializes the store's current state into a backup file's bytes.
@@ -58,8 +60,21 @@ pub fn encode(store: &MvccStore) -> Result<(BackupInfo, Vec<u8>), StorageError> 
     Ok((info, out))
 }
 
+/// Checks a backup file's bytes — magic, checksum, header and format — without parsing the
+/// dump (what listing many files needs).
+pub fn inspect(bytes: &[u8]) -> Result<BackupInfo, BackupError> {
+    check(bytes).map(|(info, _)| info)
+}
+
 /// Checks and parses a backup file's bytes.
 pub fn decode(bytes: &[u8]) -> Result<(BackupInfo, Dump), BackupError> {
+    let (info, body) = check(bytes)?;
+    let dump: Dump = bincode::deserialize(body).map_err(|e| BackupError::Corrupt(e.to_string()))?;
+    Ok((info, dump))
+}
+
+/// The checked header and the bytes of the dump.
+fn check(bytes: &[u8]) -> Result<(BackupInfo, &[u8]), BackupError> {
     if !bytes.starts_with(MAGIC) {
         return Err(BackupError::NotASnapshot);
     }
@@ -83,9 +98,7 @@ pub fn decode(bytes: &[u8]) -> Result<(BackupInfo, Dump), BackupError> {
     if info.format != FORMAT_VERSION {
         return Err(BackupError::UnsupportedFormat(info.format));
     }
-    let dump: Dump =
-        bincode::deserialize(&rest[len..]).map_err(|e| BackupError::Corrupt(e.to_string()))?;
-    Ok((info, dump))
+    Ok((info, &rest[len..]))
 }
 
 #[cfg(test)]
@@ -125,6 +138,7 @@ mod tests {
         assert_eq!(info.hash, store.hash_kv(3).expect("hash").0);
         let (back, dump) = decode(&bytes).expect("decode");
         assert_eq!(back, info);
+        assert_eq!(inspect(&bytes).expect("inspect"), info);
         let target = store_with(&[]);
         target.restore_for_new_cluster(dump, 0).expect("restore");
         assert_eq!(target.revision(), 3);
@@ -146,6 +160,7 @@ mod tests {
         let mid = flipped.len() / 2;
         flipped[mid] ^= 0xff;
         assert!(matches!(decode(&flipped), Err(BackupError::Corrupt(_))));
+        assert!(matches!(inspect(&flipped), Err(BackupError::Corrupt(_))));
     }
 
     #[test]
