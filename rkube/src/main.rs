@@ -261,7 +261,7 @@ async fn run(cli: Cli) -> Result<()> {
                 snapshot::SnapshotCommand::Save { .. } => Some(cluster.resolve()?.connect().await?),
                 _ => None,
             };
-            snapshot::run(ch, command).await
+            snapshot::run(ch, cluster.dir.as_deref(), command).await
         }
         Command::Bench {
             cluster,
