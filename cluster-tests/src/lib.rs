@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rkube_store::proto::etcdserverpb as pb;
+use rkube_store::server::snapshot_schedule::{self, SnapshotName};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub use pb::cluster_client::ClusterClient;
@@ -530,6 +531,16 @@ impl Cluster {
             l.strip_prefix(name)
                 .and_then(|rest| rest.trim().parse().ok())
         })
+    }
+
+    /// Member `i`'s scheduled snapshot dir (the default, DATA_DIR/snapshots).
+    pub fn snapshot_dir(&self, i: usize) -> PathBuf {
+        self.path().join(&self.members[i].name).join("snapshots")
+    }
+
+    /// The scheduled snapshots in member `i`'s snapshot dir, newest first (none if it has no dir).
+    pub fn scheduled_snapshots(&self, i: usize) -> Vec<SnapshotName> {
+        snapshot_schedule::scheduled_in(&self.snapshot_dir(i)).unwrap_or_default()
     }
 
     pub fn id_of(&self, i: usize) -> u64 {
