@@ -31,11 +31,30 @@ pub fn rkube_bin() -> &'static Path {
             .parent()
             .expect("workspace root")
             .to_path_buf();
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build
             .args(["build", "-p", "rkube", "--bin", "rkube"])
-            .current_dir(&workspace)
-            .status()
-            .expect("cargo build of rkube runs");
+            .current_dir(&workspace);
+        // Cargo sets these for this test crate. Build scripts (ring's) watch some of them, so
+        // passing them on would make this build and the next plain `cargo build` or
+        // `cargo test` rebuild each other's dependencies every time.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    name.as_ref(),
+                    "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                )
+            {
+                build.env_remove(name.as_ref());
+            }
+        }
+        let status = build.status().expect("cargo build of rkube runs");
         assert!(status.success(), "building the rkube binary failed");
         let target = std::env::var("CARGO_TARGET_DIR")
             .map(PathBuf::from)
