@@ -143,22 +143,19 @@ fn list_sources(
             .collect();
         return Ok(("dir", sources));
     }
-    let local = match cluster_dir {
-        Some(dir) => crate::up::LocalCluster::load(dir).with_context(|| {
-            format!(
-                "to list a snapshot dir rather than a local cluster's, pass it as an argument: rkube snapshot list {}",
-                dir.display()
-            )
-        })?,
-        None => crate::up::LocalCluster::load(Path::new(crate::up::DEFAULT_DIR)).context(
-            "no snapshot dir given: pass one (rkube snapshot list SNAPSHOT_DIR) or a local cluster's --dir",
-        )?,
-    };
     let dir = cluster_dir.unwrap_or(Path::new(crate::up::DEFAULT_DIR));
+    let hint = match cluster_dir {
+        Some(d) => format!(
+            "to list a snapshot dir rather than a local cluster's, pass it as an argument: rkube snapshot list {}",
+            d.display()
+        ),
+        None => "no snapshot dir given: pass one (rkube snapshot list SNAPSHOT_DIR) or a local cluster's --dir".to_string(),
+    };
+    let local = crate::up::LocalCluster::load(dir).context(hint)?;
     let sources = local
         .members
         .iter()
-        .map(|m| (m.name.clone(), local.snapshot_dir(&dir, &m.name)))
+        .map(|m| (m.name.clone(), local.snapshot_dir(dir, &m.name)))
         .collect();
     Ok(("member", sources))
 }
@@ -170,7 +167,7 @@ fn list(snapshot_dirs: Vec<PathBuf>, cluster_dir: Option<&Path>, json: bool) -> 
     for (source, dir) in &sources {
         match snapshot_schedule::list(dir) {
             Ok(listed) => rows.extend(listed.into_iter().map(|l| (source.clone(), l))),
-            // A member that never was leader with a schedule has no snapshot dir.
+            // A member started without a schedule has no snapshot dir.
             Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).context(format!("cannot list snapshot dir {}", dir.display())),
         }
