@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rkube_store::proto::etcdserverpb as pb;
+use rkube_store::server::snapshot_schedule::{self, SnapshotName};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub mod etcdctl;
@@ -33,11 +34,30 @@ pub fn rkube_bin() -> &'static Path {
             .parent()
             .expect("workspace root")
             .to_path_buf();
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        let mut build = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        build
             .args(["build", "-p", "rkube", "--bin", "rkube"])
-            .current_dir(&workspace)
-            .status()
-            .expect("cargo build of rkube runs");
+            .current_dir(&workspace);
+        // Cargo sets these for this test crate. Build scripts (ring's) watch some of them, so
+        // passing them on would make this build and the next plain `cargo build` or
+        // `cargo test` rebuild each other's dependencies every time.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    name.as_ref(),
+                    "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                )
+            {
+                build.env_remove(name.as_ref());
+            }
+        }
+        let status = build.status().expect("cargo build of rkube runs");
         assert!(status.success(), "building the rkube binary failed");
         let target = std::env::var("CARGO_TARGET_DIR")
             .map(PathBuf::from)
@@ -533,6 +553,16 @@ impl Cluster {
             l.strip_prefix(name)
                 .and_then(|rest| rest.trim().parse().ok())
         })
+    }
+
+    /// Member `i`'s scheduled snapshot dir (the default, DATA_DIR/snapshots).
+    pub fn snapshot_dir(&self, i: usize) -> PathBuf {
+        self.path().join(&self.members[i].name).join("snapshots")
+    }
+
+    /// The scheduled snapshots in member `i`'s snapshot dir, newest first (none if it has no dir).
+    pub fn scheduled_snapshots(&self, i: usize) -> Vec<SnapshotName> {
+        snapshot_schedule::scheduled_in(&self.snapshot_dir(i)).unwrap_or_default()
     }
 
     pub fn id_of(&self, i: usize) -> u64 {

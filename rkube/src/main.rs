@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod flags;
 mod kv;
 mod member;
 mod snapshot;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use rkube_store::server::snapshot_schedule::{SnapshotSchedule, DEFAULT_RETAIN};
 use rkube_store::server::{parse_initial_cluster, ClusterState, ServerConfig};
 
 #[derive(Debug, Parser)]
@@ -148,6 +150,15 @@ struct ServerArgs {
     /// surviving member, once, with every other member stopped.
     #[arg(long)]
     force_new_cluster: bool,
+    /// While leader, write a backup file this often, e.g. 30m, 1h, 10s (0: never).
+    #[arg(long, default_value = "0", value_parser = flags::parse_snapshot_interval)]
+    snapshot_interval: Duration,
+    /// Scheduled snapshots to keep; older ones are deleted after each new one.
+    #[arg(long, default_value_t = DEFAULT_RETAIN, value_parser = flags::parse_retain)]
+    snapshot_retain: usize,
+    /// Directory of the scheduled snapshots (default: DATA_DIR/snapshots).
+    #[arg(long)]
+    snapshot_dir: Option<PathBuf>,
 }
 
 fn server_config(a: ServerArgs) -> Result<ServerConfig> {
@@ -156,6 +167,14 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         "existing" => ClusterState::Existing,
         other => anyhow::bail!("--initial-cluster-state must be new or existing, not {other:?}"),
     };
+    let snapshot_schedule = (!a.snapshot_interval.is_zero()).then(|| SnapshotSchedule {
+        interval: a.snapshot_interval,
+        retain: a.snapshot_retain,
+        dir: a
+            .snapshot_dir
+            .clone()
+            .unwrap_or_else(|| a.data_dir.join("snapshots")),
+    });
     Ok(ServerConfig {
         name: a.name,
         data_dir: a.data_dir,
@@ -177,6 +196,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
         quota_backend_bytes: a.quota_backend_bytes,
         force_new_cluster: a.force_new_cluster,
+        snapshot_schedule,
     })
 }
 
@@ -241,7 +261,7 @@ async fn run(cli: Cli) -> Result<()> {
                 snapshot::SnapshotCommand::Save { .. } => Some(cluster.resolve()?.connect().await?),
                 _ => None,
             };
-            snapshot::run(ch, command).await
+            snapshot::run(ch, cluster.dir.as_deref(), command).await
         }
         Command::Bench {
             cluster,

@@ -1,4 +1,5 @@
-//! `rkube snapshot save|status|restore`: backups of the store's desired state.
+//! `rkube snapshot save|status|restore|list`: backups of the store's desired state, taken by
+//! hand or by the leader on a schedule (`rkube server --snapshot-interval`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use clap::Subcommand;
 use futures::StreamExt;
 use rkube_store::backup;
 use rkube_store::proto::etcdserverpb as pb;
+use rkube_store::server::snapshot_schedule;
 use tonic::transport::Channel;
 
 #[derive(Debug, Subcommand)]
@@ -32,6 +34,16 @@ pub enum SnapshotCommand {
         /// watchers and caches of the old cluster re-list (0 keeps the revisions as they were).
         #[arg(long, default_value_t = 1_000_000)]
         bump_revision: i64,
+    },
+    /// List the scheduled snapshots, newest first, each file checked: those in the given
+    /// snapshot dirs, or else in every member's snapshot dir of the local cluster --dir DIR
+    /// (default ./rkube-local).
+    List {
+        /// Snapshot dirs (a server's --snapshot-dir, by default DATA_DIR/snapshots).
+        snapshot_dirs: Vec<PathBuf>,
+        /// Output format: table or json.
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
     },
 }
 
@@ -57,7 +69,12 @@ pub fn restore_into(file: &Path, data_dir: &Path, bump: i64) -> Result<backup::B
     Ok(info)
 }
 
-pub async fn run(ch: Option<Channel>, cmd: SnapshotCommand) -> Result<()> {
+/// Runs a snapshot command; `save` needs `ch`, `list` may use the local cluster `cluster_dir`.
+pub async fn run(
+    ch: Option<Channel>,
+    cluster_dir: Option<&Path>,
+    cmd: SnapshotCommand,
+) -> Result<()> {
     match cmd {
         SnapshotCommand::Save { file } => {
             save(ch.context("snapshot save needs a cluster")?, &file).await
@@ -85,6 +102,10 @@ pub async fn run(ch: Option<Channel>, cmd: SnapshotCommand) -> Result<()> {
             }
             Ok(())
         }
+        SnapshotCommand::List {
+            snapshot_dirs,
+            output,
+        } => list(snapshot_dirs, cluster_dir, output == "json"),
         SnapshotCommand::Restore {
             file,
             data_dir,
@@ -102,6 +123,135 @@ pub async fn run(ch: Option<Channel>, cmd: SnapshotCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The dirs `list` reads, each with the label it shows (a member's name, or the dir).
+fn list_sources(
+    snapshot_dirs: Vec<PathBuf>,
+    cluster_dir: Option<&Path>,
+) -> Result<(&'static str, Vec<(String, PathBuf)>)> {
+    if !snapshot_dirs.is_empty() {
+        if let Some(dir) = cluster_dir {
+            bail!(
+                "give snapshot dirs or the --dir of a local cluster, not both (--dir {})",
+                dir.display()
+            );
+        }
+        let sources = snapshot_dirs
+            .into_iter()
+            .map(|d| (d.display().to_string(), d))
+            .collect();
+        return Ok(("dir", sources));
+    }
+    let dir = cluster_dir.unwrap_or(Path::new(crate::up::DEFAULT_DIR));
+    let hint = match cluster_dir {
+        Some(d) => format!(
+            "to list a snapshot dir rather than a local cluster's, pass it as an argument: rkube snapshot list {}",
+            d.display()
+        ),
+        None => "no snapshot dir given: pass one (rkube snapshot list SNAPSHOT_DIR) or a local cluster's --dir".to_string(),
+    };
+    let local = crate::up::LocalCluster::load(dir).context(hint)?;
+    let sources = local
+        .members
+        .iter()
+        .map(|m| (m.name.clone(), local.snapshot_dir(dir, &m.name)))
+        .collect();
+    Ok(("member", sources))
+}
+
+fn list(snapshot_dirs: Vec<PathBuf>, cluster_dir: Option<&Path>, json: bool) -> Result<()> {
+    let explicit = !snapshot_dirs.is_empty();
+    let (label, sources) = list_sources(snapshot_dirs, cluster_dir)?;
+    let mut rows = Vec::new();
+    for (source, dir) in &sources {
+        match snapshot_schedule::list(dir) {
+            Ok(listed) => rows.extend(listed.into_iter().map(|l| (source.clone(), l))),
+            // A member started without a schedule has no snapshot dir.
+            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).context(format!("cannot list snapshot dir {}", dir.display())),
+        }
+    }
+    rows.sort_by(|a, b| b.1.name.cmp(&a.1.name));
+    let taken = |l: &snapshot_schedule::Listed| {
+        l.name
+            .taken
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    if json {
+        let items: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(source, l)| {
+                let info = l.check.as_ref().ok();
+                serde_json::json!({
+                    label: source,
+                    "file": l.name.file,
+                    "path": l.path,
+                    "taken": taken(l),
+                    "revision": info.map_or(l.name.revision, |i| i.revision),
+                    "totalKey": info.map(|i| i.keys),
+                    "totalSize": l.size,
+                    "hash": info.map(|i| i.hash),
+                    "error": l.check.as_ref().err().map(ToString::to_string),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(items));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        let dirs: Vec<String> = sources
+            .iter()
+            .map(|(_, d)| d.display().to_string())
+            .collect();
+        eprintln!("no scheduled snapshots in {}", dirs.join(", "));
+        return Ok(());
+    }
+    // One dir needs no column saying which.
+    let show_source = !(explicit && sources.len() == 1);
+    let width = rows
+        .iter()
+        .map(|(s, _)| s.len())
+        .chain([label.len()])
+        .max()
+        .unwrap_or(0);
+    let file_width = rows
+        .iter()
+        .map(|(_, l)| l.name.file.len())
+        .max()
+        .unwrap_or(0);
+    let source_col = |s: &str| {
+        if show_source {
+            format!("{s:<width$}  ")
+        } else {
+            String::new()
+        }
+    };
+    println!(
+        "{}{:<file_width$}  {:<24}  {:>10}  {:>10}  {:>12}  CHECK",
+        source_col(&label.to_uppercase()),
+        "FILE",
+        "TAKEN",
+        "REVISION",
+        "TOTAL KEYS",
+        "TOTAL SIZE"
+    );
+    for (source, l) in &rows {
+        let (revision, keys, check) = match &l.check {
+            Ok(info) => (info.revision, info.keys.to_string(), "ok".to_string()),
+            Err(e) => (l.name.revision, "-".to_string(), e.to_string()),
+        };
+        println!(
+            "{}{:<file_width$}  {:<24}  {:>10}  {:>10}  {:>12}  {check}",
+            source_col(source),
+            l.name.file,
+            taken(l),
+            revision,
+            keys,
+            l.size
+        );
+    }
+    Ok(())
 }
 
 async fn save(ch: Channel, file: &Path) -> Result<()> {

@@ -2,7 +2,8 @@
 //!
 //! DIR holds `cluster.json` (the layout, so that `up` on an existing DIR restarts the same
 //! members), `pki/` (CA, member and admin certificates), `<name>/` (data dirs), `<name>.pid`,
-//! `<name>.log` and `env` (export lines for etcdctl and rkube's own clients).
+//! `<name>.log` and `env` (export lines for etcdctl and rkube's own clients). Scheduled snapshots
+//! go to `<name>/snapshots/` (or `SNAPSHOT_DIR/<name>/` with `--snapshot-dir`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -13,6 +14,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::status::{collect, print_table};
+use rkube_store::server::snapshot_schedule::DEFAULT_RETAIN;
 
 pub const DEFAULT_DIR: &str = "rkube-local";
 
@@ -54,6 +56,16 @@ pub struct UpArgs {
     /// starts (stop a member first to restart it with the new quota).
     #[arg(long)]
     pub quota_backend_bytes: Option<u64>,
+    /// The leader writes a backup file this often, e.g. 30m, 1h, 10s (0: never; the default for
+    /// a new DIR). Given for an existing DIR, it replaces the recorded setting.
+    #[arg(long, value_parser = crate::flags::parse_snapshot_interval)]
+    pub snapshot_interval: Option<Duration>,
+    /// Scheduled snapshots each member keeps (default 5).
+    #[arg(long, value_parser = crate::flags::parse_retain)]
+    pub snapshot_retain: Option<usize>,
+    /// Scheduled snapshots go to SNAPSHOT_DIR/<name>/ (default: DIR/<name>/snapshots/).
+    #[arg(long)]
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// etcd's default space quota.
@@ -73,6 +85,18 @@ pub struct LocalCluster {
     pub election_timeout: u64,
     #[serde(default = "default_quota")]
     pub quota_backend_bytes: u64,
+    /// Scheduled snapshots, 0: none. (Absent in layouts written before they existed.)
+    #[serde(default)]
+    pub snapshot_interval_ms: u64,
+    #[serde(default = "default_retain")]
+    pub snapshot_retain: usize,
+    /// Absolute; each member writes to its own subdirectory.
+    #[serde(default)]
+    pub snapshot_dir: Option<PathBuf>,
+}
+
+fn default_retain() -> usize {
+    DEFAULT_RETAIN
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -102,6 +126,41 @@ impl LocalCluster {
             .iter()
             .map(|m| format!("https://{}", m.client))
             .collect()
+    }
+
+    /// Where member `name` writes its scheduled snapshots; `dir` is the cluster's DIR.
+    pub fn snapshot_dir(&self, dir: &Path, name: &str) -> PathBuf {
+        match &self.snapshot_dir {
+            Some(d) => d.join(name),
+            None => dir.join(name).join("snapshots"),
+        }
+    }
+
+    /// Applies the snapshot flags given to `up`; true when the layout changed.
+    fn apply_snapshot_flags(&mut self, args: &UpArgs) -> Result<bool> {
+        let before = (
+            self.snapshot_interval_ms,
+            self.snapshot_retain,
+            self.snapshot_dir.clone(),
+        );
+        if let Some(interval) = args.snapshot_interval {
+            self.snapshot_interval_ms = interval.as_millis() as u64;
+        }
+        if let Some(retain) = args.snapshot_retain {
+            self.snapshot_retain = retain;
+        }
+        if let Some(dir) = &args.snapshot_dir {
+            self.snapshot_dir = Some(
+                std::path::absolute(dir)
+                    .with_context(|| format!("cannot resolve --snapshot-dir {}", dir.display()))?,
+            );
+        }
+        Ok(before
+            != (
+                self.snapshot_interval_ms,
+                self.snapshot_retain,
+                self.snapshot_dir.clone(),
+            ))
     }
 
     fn initial_cluster(&self) -> String {
@@ -161,6 +220,9 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         heartbeat_interval: args.heartbeat_interval,
         election_timeout: args.election_timeout,
         quota_backend_bytes: args.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BYTES),
+        snapshot_interval_ms: 0,
+        snapshot_retain: DEFAULT_RETAIN,
+        snapshot_dir: None,
     })
 }
 
@@ -208,7 +270,8 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
         .append(true)
         .open(dir.join(format!("{}.log", m.name)))?;
     let abs = std::fs::canonicalize(dir)?;
-    let child = std::process::Command::new(exe)
+    let mut command = std::process::Command::new(exe);
+    command
         .arg("server")
         .args(["--name", &m.name])
         .arg("--data-dir")
@@ -238,7 +301,19 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
         .args([
             "--quota-backend-bytes",
             &cluster.quota_backend_bytes.to_string(),
-        ])
+        ]);
+    if cluster.snapshot_interval_ms > 0 {
+        command
+            .args([
+                "--snapshot-interval",
+                &format!("{}ms", cluster.snapshot_interval_ms),
+                "--snapshot-retain",
+                &cluster.snapshot_retain.to_string(),
+            ])
+            .arg("--snapshot-dir")
+            .arg(cluster.snapshot_dir(&abs, &m.name));
+    }
+    let child = command
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -254,7 +329,7 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
 pub async fn up(args: UpArgs) -> Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
-    let cluster = match LocalCluster::load(&args.dir) {
+    let (mut cluster, fresh) = match LocalCluster::load(&args.dir) {
         Ok(_) if args.restore.is_some() => {
             bail!(
                 "{} already holds a cluster; --restore starts a new one and needs a new DIR",
@@ -269,7 +344,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
                     serde_json::to_vec_pretty(&c)?,
                 )?;
             }
-            c
+            (c, false)
         }
         Err(_) => {
             let c = create(&args)?;
@@ -289,18 +364,33 @@ pub async fn up(args: UpArgs) -> Result<()> {
                     );
                 }
             }
-            std::fs::write(
-                args.dir.join("cluster.json"),
-                serde_json::to_vec_pretty(&c)?,
-            )?;
-            c
+            (c, true)
         }
     };
+    let changed = cluster.apply_snapshot_flags(&args)?;
+    if fresh || changed {
+        std::fs::write(
+            args.dir.join("cluster.json"),
+            serde_json::to_vec_pretty(&cluster)?,
+        )?;
+    }
+    if cluster.snapshot_interval_ms > 0 {
+        println!(
+            "scheduled snapshots: every {:?} on the leader, {} kept, in {}",
+            Duration::from_millis(cluster.snapshot_interval_ms),
+            cluster.snapshot_retain,
+            cluster.snapshot_dir(&args.dir, "<name>").display()
+        );
+    }
     write_pki(&args.dir, &cluster)?;
     write_env(&args.dir, &cluster)?;
     let mut started = Vec::new();
     for m in &cluster.members {
         match running_pid(&args.dir, &m.name) {
+            Some(pid) if changed && !fresh => println!(
+                "{} is already running (pid {pid}); it takes the new snapshot settings when restarted",
+                m.name
+            ),
             Some(pid) => println!("{} is already running (pid {pid})", m.name),
             None => {
                 let pid = spawn_member(&args.dir, &cluster, m)?;

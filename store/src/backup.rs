@@ -2,7 +2,8 @@
 //! state — keys, values, history, leases, revisions — with a header and a checksum.
 //!
 //! Layout: the magic line, a little-endian u32 header length, the bincode header
-//! ([`BackupInfo`]), the bincode dump of the MVCC trees, and the SHA-256 of everything before it.
+//! ([`BackupInfo`]), the bincode dump of the MVCC trees, zeros up to a multiple of 512 bytes (as
+//! etcdctl expects of a snapshot stream), and the SHA-256 of everything before it.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -34,6 +35,8 @@ pub enum BackupError {
     Corrupt(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    #[error("cannot read the snapshot file: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// Serializes the store's current state into a backup file's bytes.
@@ -53,13 +56,29 @@ pub fn encode(store: &MvccStore) -> Result<(BackupInfo, Vec<u8>), StorageError> 
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
     out.extend_from_slice(&body);
+    // `etcdctl snapshot save` accepts a stream only when it ends with a SHA-256 after a whole
+    // number of 512-byte blocks: zeros before the checksum make it so; decoding ignores them.
+    out.resize(out.len().div_ceil(512) * 512, 0);
     let sum = Sha256::digest(&out);
     out.extend_from_slice(&sum);
     Ok((info, out))
 }
 
+/// Checks a backup file's bytes — magic, checksum, header and format — without parsing the
+/// dump (what listing many files needs).
+pub fn inspect(bytes: &[u8]) -> Result<BackupInfo, BackupError> {
+    check(bytes).map(|(info, _)| info)
+}
+
 /// Checks and parses a backup file's bytes.
 pub fn decode(bytes: &[u8]) -> Result<(BackupInfo, Dump), BackupError> {
+    let (info, body) = check(bytes)?;
+    let dump: Dump = bincode::deserialize(body).map_err(|e| BackupError::Corrupt(e.to_string()))?;
+    Ok((info, dump))
+}
+
+/// The checked header and the bytes of the dump.
+fn check(bytes: &[u8]) -> Result<(BackupInfo, &[u8]), BackupError> {
     if !bytes.starts_with(MAGIC) {
         return Err(BackupError::NotASnapshot);
     }
@@ -83,9 +102,7 @@ pub fn decode(bytes: &[u8]) -> Result<(BackupInfo, Dump), BackupError> {
     if info.format != FORMAT_VERSION {
         return Err(BackupError::UnsupportedFormat(info.format));
     }
-    let dump: Dump =
-        bincode::deserialize(&rest[len..]).map_err(|e| BackupError::Corrupt(e.to_string()))?;
-    Ok((info, dump))
+    Ok((info, &rest[len..]))
 }
 
 #[cfg(test)]
@@ -125,6 +142,7 @@ mod tests {
         assert_eq!(info.hash, store.hash_kv(3).expect("hash").0);
         let (back, dump) = decode(&bytes).expect("decode");
         assert_eq!(back, info);
+        assert_eq!(inspect(&bytes).expect("inspect"), info);
         let target = store_with(&[]);
         target.restore_for_new_cluster(dump, 0).expect("restore");
         assert_eq!(target.revision(), 3);
@@ -146,6 +164,7 @@ mod tests {
         let mid = flipped.len() / 2;
         flipped[mid] ^= 0xff;
         assert!(matches!(decode(&flipped), Err(BackupError::Corrupt(_))));
+        assert!(matches!(inspect(&flipped), Err(BackupError::Corrupt(_))));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! - [`mvcc`]: the data model (revisions, versions, leases, compaction) on sled, and watchers.
 //! - [`raft`]: openraft's log storage, state machine and peer network.
 //! - [`server`]: a member (`rkube server`): the Raft node, the peer service, the etcd v3 client
-//!   API, lease expiry on the leader, metrics and health.
+//!   API, lease expiry and scheduled snapshots on the leader, metrics and health.
+//! - [`backup`]: the backup file format that `rkube snapshot save` and scheduled snapshots write.
 //! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
 
 pub mod backup;

@@ -34,6 +34,10 @@ pub struct Metrics {
     /// Set by the state machine: snapshots installed from a leader.
     pub snapshot_installs: Arc<AtomicU64>,
     snapshot_installs_gauge: Gauge,
+    pub scheduled_snapshots: Counter,
+    pub scheduled_snapshot_failures: Counter,
+    pub scheduled_snapshot_seconds: Histogram,
+    pub scheduled_snapshot_last_success: Gauge,
 }
 
 impl Default for Metrics {
@@ -62,6 +66,10 @@ impl Metrics {
             fsync_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             snapshot_installs: Arc::new(AtomicU64::new(0)),
             snapshot_installs_gauge: Gauge::default(),
+            scheduled_snapshots: Counter::default(),
+            scheduled_snapshot_failures: Counter::default(),
+            scheduled_snapshot_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            scheduled_snapshot_last_success: Gauge::default(),
         };
         r.register(
             "raft_snapshot_installs",
@@ -128,6 +136,26 @@ impl Metrics {
             "disk_fsync_duration_seconds",
             "Time of the log's fsync",
             m.fsync_seconds.clone(),
+        );
+        r.register(
+            "scheduled_snapshots",
+            "Scheduled snapshots this member wrote as leader",
+            m.scheduled_snapshots.clone(),
+        );
+        r.register(
+            "scheduled_snapshot_failures",
+            "Scheduled snapshots that could not be written, or whose old files could not be deleted",
+            m.scheduled_snapshot_failures.clone(),
+        );
+        r.register(
+            "scheduled_snapshot_duration_seconds",
+            "Time to encode, write and fsync a scheduled snapshot",
+            m.scheduled_snapshot_seconds.clone(),
+        );
+        r.register(
+            "scheduled_snapshot_last_success_timestamp_seconds",
+            "Unix time of this member's last scheduled snapshot (0: none since start)",
+            m.scheduled_snapshot_last_success.clone(),
         );
         *m.registry.lock().unwrap_or_else(|e| e.into_inner()) = r;
         m

@@ -1,6 +1,7 @@
 //! One control-plane member (`rkube server`): opens the data dir, starts the Raft node over
 //! sled, serves the peer port (mutual TLS), the etcd v3 client port (mutual TLS unless
-//! insecure), and metrics/health over HTTP, and runs the leader's lease clock.
+//! insecure), and metrics/health over HTTP, and runs the leader's lease clock and scheduled
+//! snapshots.
 
 pub mod datadir;
 pub mod etcd;
@@ -8,6 +9,7 @@ pub mod metrics;
 pub mod node;
 pub mod peer;
 pub mod recovery;
+pub mod snapshot_schedule;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -70,6 +72,8 @@ pub struct ServerConfig {
     pub quota_backend_bytes: u64,
     /// Start as the only member of the cluster with this member's data (quorum-loss recovery).
     pub force_new_cluster: bool,
+    /// Scheduled snapshots on the leader; `None` takes none.
+    pub snapshot_schedule: Option<snapshot_schedule::SnapshotSchedule>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,11 @@ pub enum ServerError {
     Listen {
         addr: SocketAddr,
         what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot use snapshot dir {dir}: {source}; pick another --snapshot-dir")]
+    SnapshotDir {
+        dir: PathBuf,
         source: std::io::Error,
     },
     #[error("raft: {0}")]
@@ -164,6 +173,13 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         peer_addr: peer_addr.clone(),
     };
     let data_dir = DataDir::open(&cfg.data_dir, &record)?;
+    if let Some(schedule) = &cfg.snapshot_schedule {
+        // Now rather than at the first snapshot, so that a wrong dir stops the start.
+        std::fs::create_dir_all(&schedule.dir).map_err(|source| ServerError::SnapshotDir {
+            dir: schedule.dir.clone(),
+            source,
+        })?;
+    }
 
     let tls = TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
     let server_tls = ServerTlsConfig::new()
@@ -378,6 +394,14 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
                 _ = recovery::baseline_snapshot(node) => {}
             }
         }));
+    }
+    if let Some(schedule) = cfg.snapshot_schedule.clone() {
+        tracing::info!(dir = %schedule.dir.display(), interval = ?schedule.interval, retain = schedule.retain, "scheduled snapshots on the leader");
+        tasks.push(tokio::spawn(snapshot_schedule::run(
+            node.clone(),
+            schedule,
+            stopped(),
+        )));
     }
     tracing::info!(name = %cfg.name, id = format!("{id:x}"), peer = %peer_addr, client = %cfg.listen_client, "member started");
     Ok(RunningServer {
