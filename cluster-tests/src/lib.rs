@@ -575,6 +575,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        // A failing test shows what its members said last.
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
         for i in 0..self.members.len() {
             self.signal(i, libc::SIGCONT);
             self.signal(i, libc::SIGKILL);

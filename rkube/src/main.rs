@@ -225,6 +225,8 @@ async fn main() {
             }),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = run(Cli::parse()).await {
         eprintln!("Error: {e:#}");
