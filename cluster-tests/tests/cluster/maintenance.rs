@@ -212,3 +212,71 @@ async fn move_leader_hands_leadership_to_the_chosen_voter() {
         .expect_err("an unknown transferee is refused");
     assert_eq!(refused.message(), "etcdserver: bad leader transferee");
 }
+
+/// `etcdctl alarm`, `defrag` and `move-leader`, with only DIR/env, checked by their output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_alarm_defrag_and_move_leader() {
+    let c = Cluster::start(Options {
+        up_args: vec!["--quota-backend-bytes".into(), "200000".into()],
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let etcdctl = c.etcdctl();
+    assert_eq!(etcdctl.ok(&["alarm", "list"]).await, "");
+
+    let defrag = etcdctl.ok(&["defrag", "--cluster"]).await;
+    for m in &c.members {
+        assert!(
+            defrag.contains(&format!(
+                "Finished defragmenting etcd member[https://{}]",
+                m.client
+            )),
+            "{defrag}"
+        );
+    }
+
+    let to = (leader + 1) % 3;
+    let moved = etcdctl
+        .ok(&["move-leader", &format!("{:x}", c.id_of(to))])
+        .await;
+    assert_eq!(
+        moved.trim(),
+        format!(
+            "Leadership transferred from {:x} to {:x}",
+            c.id_of(leader),
+            c.id_of(to)
+        )
+    );
+    assert_eq!(c.status(leader).await.expect("status").leader, c.id_of(to));
+    let refused = etcdctl.run(&["move-leader", "2a"]).await;
+    assert!(!refused.success, "{refused:?}");
+    assert_eq!(
+        refused.error(),
+        Some("etcdserver: bad leader transferee"),
+        "{refused:?}"
+    );
+
+    // Fill the store through one member until the quota refuses a write.
+    let member = etcdctl.with_endpoint(&format!("https://{}", c.members[0].client));
+    let value = "x".repeat(16 * 1024);
+    let mut n = 0;
+    let refusal = loop {
+        n += 1;
+        assert!(n < 1000, "the quota never refused a write");
+        let out = member.run(&["put", &format!("/fill/{n}"), &value]).await;
+        if !out.success {
+            break out;
+        }
+    };
+    assert_eq!(refusal.error(), Some(NO_SPACE), "{refusal:?}");
+    let alarm = format!("memberID:{} alarm:NOSPACE", c.id_of(0));
+    let listed = etcdctl.ok(&["alarm", "list"]).await;
+    assert!(listed.lines().any(|l| l.trim() == alarm), "{listed}");
+    let status = etcdctl.ok(&["endpoint", "status", "--cluster"]).await;
+    assert!(status.contains(&alarm), "{status}");
+    etcdctl.ok(&["del", "--prefix", "/fill/"]).await;
+    let disarmed = etcdctl.ok(&["alarm", "disarm"]).await;
+    assert!(disarmed.lines().any(|l| l.trim() == alarm), "{disarmed}");
+}
