@@ -211,6 +211,9 @@ pub enum Command {
         member: u64,
         alarm: AlarmKind,
     },
+    /// Commands proposed together as one log entry (one fsync, one replication message), each
+    /// applied in order as if it were an entry of its own: its own revision, its own result.
+    Batch(Vec<Command>),
 }
 
 impl Command {
@@ -228,6 +231,7 @@ impl Command {
         match self {
             Command::Txn(t) => ops_put(&t.success) || ops_put(&t.failure),
             Command::LeaseGrant { .. } => true,
+            Command::Batch(cmds) => cmds.iter().any(Command::takes_space),
             _ => false,
         }
     }
@@ -292,6 +296,8 @@ pub enum Output {
     MemberAttrs,
     /// The alarms the command raised or cleared (none when there was nothing to change).
     Alarms(Vec<Alarm>),
+    /// What each command of a batch produced, in order.
+    Batch(Vec<Applied>),
     /// Raft's own entries (blank, membership) carry no command.
     None,
 }

@@ -307,3 +307,58 @@ async fn an_interrupted_snapshot_install_finishes_at_the_next_start() {
         "the marker is removed once the install is done"
     );
 }
+
+#[tokio::test]
+async fn a_batch_applies_each_command_once_even_across_a_crash_in_its_middle() {
+    let batch = || {
+        Command::Batch(vec![
+            put_cmd("a", "1", 0),
+            put_cmd("b", "1", 0),
+            put_cmd("a", "2", 0),
+        ])
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = Member::open(dir.path()).expect("open");
+    let out =
+        m.sm.apply([entry(1, 1, EntryPayload::Normal(batch()))])
+            .await
+            .expect("apply");
+    let Ok(Output::Batch(results)) = &out[0].output else {
+        panic!("a batch answers with one result per command: {out:?}");
+    };
+    let revisions: Vec<i64> = results.iter().map(|r| r.revision).collect();
+    assert_eq!(revisions, [1, 2, 3], "one revision per command");
+    assert!(results.iter().all(|r| r.output == put_ok()));
+    assert_eq!(
+        m.sm.applied_state().await.expect("state").0,
+        Some(log_id(1, 0, 1))
+    );
+
+    // A member that stopped after the first command of the batch: the entry is applied again
+    // at the next start, and only the commands after the first take effect.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut m = Member::open(dir.path()).expect("open");
+    let progress = bincode::serialize(&(log_id::<u64>(1, 0, 1), 1usize)).expect("encode");
+    m.sm.mvcc()
+        .apply(
+            &put_cmd("a", "1", 0),
+            vec![(super::state_machine::META_BATCH_PROGRESS.to_vec(), progress)],
+        )
+        .expect("first command");
+    assert_eq!(m.sm.applied_state().await.expect("state").0, None);
+    let out =
+        m.sm.apply([entry(1, 1, EntryPayload::Normal(batch()))])
+            .await
+            .expect("apply");
+    let Ok(Output::Batch(results)) = &out[0].output else {
+        panic!("{out:?}");
+    };
+    assert_eq!(results.len(), 2, "the applied command is not applied twice");
+    let keys = all_keys(&m.sm);
+    let a = keys.iter().find(|kv| kv.key == b"a").expect("a");
+    assert_eq!((a.version, a.mod_revision), (2, 3));
+    assert_eq!(
+        m.sm.applied_state().await.expect("state").0,
+        Some(log_id(1, 0, 1))
+    );
+}

@@ -24,10 +24,13 @@ use super::{
     RaftStorageError, StoredMembership, TypeConfig,
 };
 use crate::error::StorageError;
-use crate::mvcc::{Applied, MvccStore, Output};
+use crate::mvcc::{Applied, Command, MvccStore, Output};
 
 const META_APPLIED: &[u8] = b"raft_applied";
 const META_MEMBERSHIP: &[u8] = b"raft_membership";
+/// How many commands of a batch entry are applied: (its log id, count). Committed with each
+/// command, so a crash in the middle of a batch resumes after the last applied command.
+pub(super) const META_BATCH_PROGRESS: &[u8] = b"raft_batch_progress";
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 const INSTALL_MARKER: &str = "snapshot.installing";
 
@@ -71,11 +74,47 @@ impl StateMachine {
     /// Forgets the Raft state kept with the data: the applied log id, the membership and the
     /// snapshot file. The keys, history and leases stay.
     pub fn forget_raft_state(&self) -> Result<(), StorageError> {
-        self.mvcc.remove_meta(&[META_APPLIED, META_MEMBERSHIP])?;
+        self.mvcc
+            .remove_meta(&[META_APPLIED, META_MEMBERSHIP, META_BATCH_PROGRESS])?;
         match std::fs::remove_file(self.dir.join(SNAPSHOT_FILE)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
         }
+    }
+
+    /// Applies the commands of a batch entry one by one, each committed with the batch's
+    /// progress and the last with `applied_meta` (the entry's applied log id).
+    fn apply_batch(
+        &self,
+        log_id: LogId,
+        cmds: &[Command],
+        applied_meta: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<Applied, StorageError> {
+        let done = match self.mvcc.meta(META_BATCH_PROGRESS)? {
+            Some(v) => match bincode::deserialize::<(LogId, usize)>(&v)? {
+                (id, n) if id == log_id => n,
+                _ => 0,
+            },
+            None => 0,
+        };
+        let mut results = Vec::with_capacity(cmds.len());
+        if done >= cmds.len() {
+            self.mvcc.commit_meta(applied_meta.clone())?;
+        }
+        for (i, cmd) in cmds.iter().enumerate().skip(done) {
+            let mut meta = vec![(
+                META_BATCH_PROGRESS.to_vec(),
+                bincode::serialize(&(log_id, i + 1))?,
+            )];
+            if i + 1 == cmds.len() {
+                meta.extend(applied_meta.iter().cloned());
+            }
+            results.push(self.mvcc.apply(cmd, meta)?);
+        }
+        Ok(Applied {
+            revision: self.mvcc.revision(),
+            output: Ok(Output::Batch(results)),
+        })
     }
 
     /// The last applied log id as committed in the store.
@@ -180,6 +219,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
             )];
             let applied = match &entry.payload {
+                EntryPayload::Normal(Command::Batch(cmds)) => self
+                    .apply_batch(entry.log_id, cmds, meta)
+                    .map_err(sm_write)?,
                 EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());

@@ -3,6 +3,7 @@
 //! insecure), and metrics/health over HTTP, and runs the leader's lease clock and scheduled
 //! snapshots.
 
+pub mod batcher;
 pub mod datadir;
 pub mod etcd;
 pub mod metrics;

@@ -13,6 +13,7 @@ use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
+use super::batcher::Batcher;
 use super::metrics::Metrics;
 use crate::error::{MvccError, StoreError};
 use crate::mvcc::{AlarmKind, Applied, Command, MvccStore};
@@ -52,7 +53,7 @@ pub enum ForwardReply {
 }
 
 /// Errors as they travel between members.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ForwardError {
     NotLeader,
     Mvcc(MvccError),
@@ -141,6 +142,8 @@ pub struct Node {
     /// Set on the leader while it hands its leadership over: it takes no new work meanwhile, so
     /// that the transferee catches up and nothing refreshes the followers' leader lease.
     transferring: AtomicBool,
+    /// Group commit of this member's proposals while it leads.
+    batcher: Batcher,
 }
 
 /// The leader's view of when each lease expires. Kept in memory only: a new leader starts every
@@ -173,6 +176,7 @@ impl Node {
         quota_bytes: u64,
     ) -> Self {
         let db_size = AtomicU64::new(db_size_on_disk(&db));
+        let batcher = Batcher::start(raft.clone(), timing.request_timeout);
         Self {
             id: identity.id,
             name: identity.name.clone(),
@@ -189,6 +193,7 @@ impl Node {
             quota_bytes,
             db_size,
             transferring: AtomicBool::new(false),
+            batcher,
         }
     }
 
@@ -392,25 +397,14 @@ impl Node {
 
     async fn propose_local(&self, cmd: Command) -> Result<Applied, ForwardError> {
         let started = Instant::now();
-        let result =
-            tokio::time::timeout(self.timing.request_timeout, self.raft.client_write(cmd)).await;
+        let result = self.batcher.propose(cmd).await;
         self.metrics
             .proposal_seconds
             .observe(started.elapsed().as_secs_f64());
-        match result {
-            Err(_) => {
-                self.metrics.proposals_failed.inc();
-                Err(ForwardError::Timeout)
-            }
-            Ok(Ok(resp)) => Ok(resp.data),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
-                Err(ForwardError::NotLeader)
-            }
-            Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => {
-                Err(ForwardError::FailedPrecondition(e.to_string()))
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(ForwardError::Unavailable(f.to_string())),
+        if matches!(result, Err(ForwardError::Timeout)) {
+            self.metrics.proposals_failed.inc();
         }
+        result
     }
 
     /// Reads the database size on disk again.
