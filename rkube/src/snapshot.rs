@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
@@ -254,6 +253,29 @@ fn list(snapshot_dirs: Vec<PathBuf>, cluster_dir: Option<&Path>, json: bool) -> 
     Ok(())
 }
 
+/// Writes the stream into `part` with a progress bar, and syncs it.
+async fn receive(stream: &mut tonic::Streaming<pb::SnapshotResponse>, part: &Path) -> Result<()> {
+    let mut out =
+        std::fs::File::create(part).with_context(|| format!("cannot create {}", part.display()))?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut received = 0u64;
+    while let Some(msg) = stream.next().await {
+        let msg = msg.map_err(|s| anyhow::anyhow!("snapshot stream failed: {}", s.message()))?;
+        out.write_all(&msg.blob)?;
+        received += msg.blob.len() as u64;
+        bar.set_length(received + msg.remaining_bytes);
+        bar.set_position(received);
+    }
+    bar.finish();
+    out.sync_all()?;
+    Ok(())
+}
+
 async fn save(ch: Channel, file: &Path) -> Result<()> {
     let mut m =
         pb::maintenance_client::MaintenanceClient::new(ch).max_decoding_message_size(usize::MAX);
@@ -262,24 +284,14 @@ async fn save(ch: Channel, file: &Path) -> Result<()> {
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))?
         .into_inner();
-    let part = file.with_extension("part");
-    let mut out = std::fs::File::create(&part)
-        .with_context(|| format!("cannot create {}", part.display()))?;
-    let started = Instant::now();
-    let mut received = 0usize;
-    while let Some(msg) = stream.next().await {
-        let msg = msg.map_err(|s| anyhow::anyhow!("snapshot stream failed: {}", s.message()))?;
-        out.write_all(&msg.blob)?;
-        received += msg.blob.len();
-        let rate = received as f64 / started.elapsed().as_secs_f64().max(0.001) / 1e6;
-        eprint!(
-            "\rreceived {received} bytes ({rate:.1} MB/s), {} left   ",
-            msg.remaining_bytes
-        );
+    let mut part = file.as_os_str().to_owned();
+    part.push(".part");
+    let part = PathBuf::from(part);
+    let result = receive(&mut stream, &part).await;
+    if result.is_err() {
+        let _ = std::fs::remove_file(&part);
     }
-    eprintln!();
-    out.sync_all()?;
-    drop(out);
+    result?;
     let (info, _) = read(&part).context("the received snapshot does not check out")?;
     std::fs::rename(&part, file)?;
     println!(
