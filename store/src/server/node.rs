@@ -318,10 +318,14 @@ impl Node {
             {
                 Err(ForwardError::NotLeader)
             }
-            Err(status) => Err(ForwardError::Unavailable(format!(
-                "leader unreachable: {}",
-                status.message()
-            ))),
+            // The connection to the leader broke with the write in flight: it may have been
+            // committed or not. etcd's wording for that, which clients know to check.
+            Err(status) => {
+                tracing::debug!(leader = format!("{leader:x}"), %status, "forwarded write lost");
+                Err(ForwardError::Unavailable(
+                    "request timed out, possibly due to connection lost".into(),
+                ))
+            }
         }
     }
 
