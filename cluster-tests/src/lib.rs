@@ -125,6 +125,52 @@ pub struct Cluster {
     opts: Options,
     /// Members started by the harness itself (not through `up`), with their pids.
     extra: Vec<(String, u32)>,
+    /// Released after the processes are gone (fields drop after `Drop::drop`).
+    _turn: Turn,
+}
+
+/// One test's clusters run at a time: their failovers hinge on election timeouts, and two
+/// tests' clusters on two cores starve each other into spurious elections. A test may hold
+/// several clusters (a restore into a new one): turns are per test thread, and a turn is `Send`
+/// so a cluster shared with spawned tasks may be dropped anywhere.
+struct Turn;
+
+struct TurnState {
+    owner: Option<String>,
+    held: usize,
+}
+
+static TURNS: std::sync::Mutex<TurnState> = std::sync::Mutex::new(TurnState {
+    owner: None,
+    held: 0,
+});
+static TURN_FREE: std::sync::Condvar = std::sync::Condvar::new();
+
+impl Turn {
+    fn take() -> Self {
+        let me = std::thread::current()
+            .name()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{:?}", std::thread::current().id()));
+        let mut state = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        while state.held > 0 && state.owner.as_deref() != Some(me.as_str()) {
+            state = TURN_FREE.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.owner = Some(me);
+        state.held += 1;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut state = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        state.held -= 1;
+        if state.held == 0 {
+            state.owner = None;
+            TURN_FREE.notify_all();
+        }
+    }
 }
 
 fn port_free(port: u16) -> bool {
@@ -144,6 +190,7 @@ fn free_base(n: usize) -> u16 {
 
 impl Cluster {
     pub async fn start(opts: Options) -> Result<Self> {
+        let turn = Turn::take();
         let dir = tempfile::tempdir()?;
         let base = free_base(opts.servers);
         let mut up = Command::new(rkube_bin());
@@ -209,6 +256,7 @@ impl Cluster {
             tls,
             opts,
             extra: Vec::new(),
+            _turn: turn,
         };
         if !out.status.success() {
             bail!(
@@ -269,8 +317,7 @@ impl Cluster {
                 || async move {
                     let mut status = 0;
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-                    // Gone, or a zombie: only then has the kernel closed its files (and its data dir
-                    // lock); an empty cmdline comes earlier in exit and is not enough.
+                    // Gone, or a zombie: an empty cmdline comes earlier in exit and is not enough.
                     let stat =
                         std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
                     let state = stat
@@ -278,7 +325,12 @@ impl Cluster {
                         .next()
                         .and_then(|rest| rest.split_whitespace().next())
                         .unwrap_or("");
-                    let gone = stat.is_empty() || state == "Z" || state == "X";
+                    // A zombie main thread may still have sibling threads exiting (an fsync in
+                    // flight) that share its open files: only when they are gone too is the
+                    // data dir lock free.
+                    let threads =
+                        std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+                    let gone = stat.is_empty() || ((state == "Z" || state == "X") && threads <= 1);
                     gone.then_some(())
                 },
             )
