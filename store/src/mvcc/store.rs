@@ -608,13 +608,12 @@ impl MvccStore {
         let no_space = || -> Result<bool, StorageError> {
             Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
         };
-        if let Command::Batch(_) = cmd {
-            return Err(StorageError::Corrupt(
-                "a batch is applied command by command by the state machine".into(),
-            ));
-        }
         let output = match cmd {
-            Command::Batch(_) => unreachable!("handled above"),
+            Command::Batch(_) => {
+                return Err(StorageError::Corrupt(
+                    "a batch is applied command by command by the state machine".into(),
+                ))
+            }
             // With a NOSPACE alarm active every member refuses what would grow the database.
             _ if cmd.takes_space() && no_space()? => Err(MvccError::NoSpace),
             Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
