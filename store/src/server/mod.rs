@@ -156,6 +156,19 @@ impl RunningServer {
     }
 }
 
+/// Accepted connections with Nagle's algorithm off: requests and responses are small and
+/// latency-bound, and with it on a lone client waits on delayed ACKs (tens of milliseconds).
+fn incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
+}
+
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServerError> {
     TcpListener::bind(addr)
         .await
@@ -298,7 +311,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let stop_peer = stopped();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = peer_server
-            .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stop_peer)
+            .serve_with_incoming_shutdown(incoming(peer_listener), stop_peer)
             .await
         {
             tracing::error!(error = %e, "peer server failed");
@@ -365,7 +378,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let stop_client = stopped();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = client_server
-            .serve_with_incoming_shutdown(TcpListenerStream::new(client_listener), stop_client)
+            .serve_with_incoming_shutdown(incoming(client_listener), stop_client)
             .await
         {
             tracing::error!(error = %e, "client server failed");
