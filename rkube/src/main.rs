@@ -105,6 +105,9 @@ struct ServerArgs {
     /// Address for /metrics, /livez and /readyz (plain HTTP).
     #[arg(long)]
     listen_metrics: Option<SocketAddr>,
+    /// Address for the Kubernetes API (HTTPS, with this member's certificate).
+    #[arg(long)]
+    listen_api: Option<SocketAddr>,
     /// Client URLs to publish (default: derived from --listen-client).
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
@@ -201,8 +204,19 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
 }
 
 async fn run_server(args: ServerArgs) -> Result<()> {
+    let listen_api = args.listen_api;
     let cfg = server_config(args)?;
+    let tls = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
     let server = rkube_store::server::start(cfg).await?;
+    let api = match listen_api {
+        Some(listen) => {
+            let api =
+                rkube_api::start(server.node.clone(), rkube_api::ApiConfig { listen, tls }).await?;
+            tracing::info!(addr = %api.addr, "serving the Kubernetes API");
+            Some(api)
+        }
+        None => None,
+    };
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -210,6 +224,9 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         _ = sigterm.recv() => {}
     }
     tracing::info!("shutting down");
+    if let Some(api) = api {
+        api.shutdown().await;
+    }
     server.shutdown().await;
     Ok(())
 }

@@ -105,6 +105,25 @@ pub struct LocalMember {
     pub client: String,
     pub peer: String,
     pub metrics: String,
+    /// The Kubernetes API (HTTPS). Absent in DIRs made before the API existed: the port after
+    /// the metrics one.
+    #[serde(default)]
+    pub api: String,
+}
+
+impl LocalMember {
+    pub fn api_addr(&self) -> String {
+        if !self.api.is_empty() {
+            return self.api.clone();
+        }
+        match self.metrics.rsplit_once(':') {
+            Some((host, port)) => format!(
+                "{host}:{}",
+                port.parse::<u16>().unwrap_or(0).saturating_add(1)
+            ),
+            None => self.metrics.clone(),
+        }
+    }
 }
 
 impl LocalCluster {
@@ -197,7 +216,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
     let members = (1..=args.servers)
         .map(|i| {
             let base = args.base_port as usize + 10 * (i - 1);
-            if base + 2 > u16::MAX as usize {
+            if base + 3 > u16::MAX as usize {
                 bail!(
                     "--base-port {} leaves no room for {} servers",
                     args.base_port,
@@ -209,6 +228,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
                 client: format!("127.0.0.1:{base}"),
                 peer: format!("127.0.0.1:{}", base + 1),
                 metrics: format!("127.0.0.1:{}", base + 2),
+                api: format!("127.0.0.1:{}", base + 3),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -252,13 +272,64 @@ fn write_env(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let abs = std::fs::canonicalize(dir)?;
     let pki = abs.join("pki");
     let env = format!(
-        "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\n",
+        "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\nexport KUBECONFIG={}\n",
         cluster.client_urls().join(","),
         pki.join("ca.crt").display(),
         pki.join("admin.crt").display(),
         pki.join("admin.key").display(),
+        abs.join(KUBECONFIG_FILE).display(),
     );
     std::fs::write(dir.join("env"), env)?;
+    Ok(())
+}
+
+pub const KUBECONFIG_FILE: &str = "admin.kubeconfig";
+
+/// DIR/admin.kubeconfig: the admin's certificate, one context per server (`rkube-n1`...), the
+/// first server's current. Written once: later changes (`kubectl config set-context`) are the
+/// user's.
+fn write_kubeconfig(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    use base64::Engine;
+    let path = dir.join(KUBECONFIG_FILE);
+    if path.exists() {
+        return Ok(());
+    }
+    let b64 = |f: &str| -> Result<String> {
+        let bytes =
+            std::fs::read(dir.join("pki").join(f)).with_context(|| format!("reading pki/{f}"))?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+    };
+    let (ca, cert, key) = (b64("ca.crt")?, b64("admin.crt")?, b64("admin.key")?);
+    let mut clusters = String::new();
+    let mut contexts = String::new();
+    for m in &cluster.members {
+        clusters.push_str(&format!(
+            "- name: rkube-{name}\n  cluster:\n    server: https://{addr}\n    certificate-authority-data: {ca}\n",
+            name = m.name,
+            addr = m.api_addr(),
+        ));
+        contexts.push_str(&format!(
+            "- name: rkube-{name}\n  context:\n    cluster: rkube-{name}\n    user: kubernetes-admin\n",
+            name = m.name,
+        ));
+    }
+    let first = cluster
+        .members
+        .first()
+        .map(|m| m.name.as_str())
+        .unwrap_or("n1");
+    let doc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{contexts}current-context: rkube-{first}\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\npreferences: {{}}\n"
+    );
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(doc.as_bytes())?;
     Ok(())
 }
 
@@ -283,6 +354,8 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
             &m.client,
             "--listen-metrics",
             &m.metrics,
+            "--listen-api",
+            &m.api_addr(),
         ])
         .args(["--initial-cluster", &cluster.initial_cluster()])
         .args(["--initial-cluster-token", &cluster.token])
@@ -383,6 +456,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
         );
     }
     write_pki(&args.dir, &cluster)?;
+    write_kubeconfig(&args.dir, &cluster)?;
     write_env(&args.dir, &cluster)?;
     let mut started = Vec::new();
     for m in &cluster.members {
@@ -395,9 +469,10 @@ pub async fn up(args: UpArgs) -> Result<()> {
             None => {
                 let pid = spawn_member(&args.dir, &cluster, m)?;
                 println!(
-                    "started {} (pid {pid}): client https://{}, log {}",
+                    "started {} (pid {pid}): etcd https://{}, kubernetes https://{}, log {}",
                     m.name,
                     m.client,
+                    m.api_addr(),
                     args.dir.join(format!("{}.log", m.name)).display()
                 );
                 started.push(pid);
@@ -429,7 +504,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
     };
     print_table(&rows);
     println!(
-        "\nsource {}/env to use etcdctl or `rkube kv` without flags",
+        "\nsource {}/env to use kubectl, etcdctl or `rkube kv` without flags",
         args.dir.display()
     );
     if args.detach {

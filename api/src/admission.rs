@@ -1,0 +1,667 @@
+//! Admission: the defaults Kubernetes fills in (mutating), then the checks it makes before an
+//! object is stored (validating). Objects are JSON values; each kind's rules are a function.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::{ApiError, Cause};
+use crate::resources::Resource;
+
+fn obj(v: &mut Value) -> Option<&mut Map<String, Value>> {
+    v.as_object_mut()
+}
+
+/// Sets `key` to `value` unless it is already set (and not null).
+fn default(map: &mut Map<String, Value>, key: &str, value: Value) {
+    match map.get(key) {
+        Some(v) if !v.is_null() => {}
+        _ => {
+            map.insert(key.to_string(), value);
+        }
+    }
+}
+
+/// A child object, created empty when missing.
+fn child<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    if !map.get(key).is_some_and(Value::is_object) {
+        map.insert(key.to_string(), json!({}));
+    }
+    map.get_mut(key)
+        .and_then(Value::as_object_mut)
+        .expect("just inserted an object")
+}
+
+fn each_in<'a>(
+    map: &'a mut Map<String, Value>,
+    key: &str,
+) -> impl Iterator<Item = &'a mut Map<String, Value>> {
+    map.get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object_mut)
+}
+
+fn image_pull_policy(image: &str) -> &'static str {
+    // The tag is after the last ':' of the last path segment; a digest pins the image.
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    match last.rsplit_once(':') {
+        None => "Always",
+        Some((_, "latest")) => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+fn default_container(c: &mut Map<String, Value>) {
+    let policy = image_pull_policy(c.get("image").and_then(Value::as_str).unwrap_or(""));
+    default(c, "imagePullPolicy", json!(policy));
+    default(c, "terminationMessagePath", json!("/dev/termination-log"));
+    default(c, "terminationMessagePolicy", json!("File"));
+    default(c, "resources", json!({}));
+    for p in each_in(c, "ports") {
+        default(p, "protocol", json!("TCP"));
+    }
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        if let Some(p) = c.get_mut(probe).and_then(Value::as_object_mut) {
+            default(p, "timeoutSeconds", json!(1));
+            default(p, "periodSeconds", json!(10));
+            default(p, "successThreshold", json!(1));
+            default(p, "failureThreshold", json!(3));
+        }
+    }
+}
+
+/// Defaults of a pod spec (pods and the templates of workloads).
+pub fn default_pod_spec(spec: &mut Map<String, Value>) {
+    default(spec, "restartPolicy", json!("Always"));
+    default(spec, "terminationGracePeriodSeconds", json!(30));
+    default(spec, "dnsPolicy", json!("ClusterFirst"));
+    default(spec, "securityContext", json!({}));
+    default(spec, "schedulerName", json!("default-scheduler"));
+    default(spec, "enableServiceLinks", json!(true));
+    default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
+    default(spec, "priority", json!(0));
+    for key in ["containers", "initContainers"] {
+        for c in each_in(spec, key) {
+            default_container(c);
+        }
+    }
+    for v in each_in(spec, "volumes") {
+        for (kind, field) in [("secret", "defaultMode"), ("configMap", "defaultMode")] {
+            if let Some(src) = v.get_mut(kind).and_then(Value::as_object_mut) {
+                default(src, field, json!(420));
+            }
+        }
+    }
+}
+
+fn default_template(spec: &mut Map<String, Value>) {
+    let template = child(spec, "template");
+    child(template, "metadata");
+    default_pod_spec(child(template, "spec"));
+}
+
+/// Applies the kind's defaults to a new or updated object.
+pub fn defaults(res: &Resource, object: &mut Value) {
+    let qos = qos_class(object);
+    let Some(o) = obj(object) else { return };
+    match (res.group, res.kind) {
+        ("", "Pod") => {
+            let spec = child(o, "spec");
+            default_pod_spec(spec);
+            default(spec, "serviceAccountName", json!("default"));
+            if let Some(sa) = spec.get("serviceAccountName").cloned() {
+                default(spec, "serviceAccount", sa);
+            }
+            let status = child(o, "status");
+            default(status, "phase", json!("Pending"));
+            default(status, "qosClass", json!(qos));
+        }
+        ("apps", "Deployment") => {
+            let spec = child(o, "spec");
+            default(spec, "replicas", json!(1));
+            default(spec, "revisionHistoryLimit", json!(10));
+            default(spec, "progressDeadlineSeconds", json!(600));
+            let strategy = child(spec, "strategy");
+            default(strategy, "type", json!("RollingUpdate"));
+            if strategy.get("type").and_then(Value::as_str) == Some("RollingUpdate") {
+                let ru = child(strategy, "rollingUpdate");
+                default(ru, "maxUnavailable", json!("25%"));
+                default(ru, "maxSurge", json!("25%"));
+            }
+            default_template(spec);
+        }
+        ("apps", "ReplicaSet") => {
+            let spec = child(o, "spec");
+            default(spec, "replicas", json!(1));
+            default_template(spec);
+        }
+        ("", "ReplicationController") => {
+            let spec = child(o, "spec");
+            default(spec, "replicas", json!(1));
+            default_template(spec);
+            // An RC without a selector selects its template's labels, and an RC without labels
+            // takes them from its template as well.
+            let labels = spec
+                .pointer_mut_compat("template/metadata/labels")
+                .cloned()
+                .unwrap_or(json!({}));
+            default(spec, "selector", labels.clone());
+            let meta = child(o, "metadata");
+            default(meta, "labels", labels);
+        }
+        ("", "Service") => {
+            let spec = child(o, "spec");
+            default(spec, "type", json!("ClusterIP"));
+            default(spec, "sessionAffinity", json!("None"));
+            let ty = spec
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if ty != "ExternalName" {
+                default(spec, "internalTrafficPolicy", json!("Cluster"));
+                default(spec, "ipFamilies", json!(["IPv4"]));
+                default(spec, "ipFamilyPolicy", json!("SingleStack"));
+            }
+            if ty == "NodePort" || ty == "LoadBalancer" {
+                default(spec, "externalTrafficPolicy", json!("Cluster"));
+            }
+            if ty == "LoadBalancer" {
+                default(spec, "allocateLoadBalancerNodePorts", json!(true));
+            }
+            for p in each_in(spec, "ports") {
+                default(p, "protocol", json!("TCP"));
+                if let Some(port) = p.get("port").cloned() {
+                    default(p, "targetPort", port);
+                }
+            }
+            let status = child(o, "status");
+            default(status, "loadBalancer", json!({}));
+        }
+        ("", "Namespace") => {
+            let name = o
+                .get("metadata")
+                .and_then(|m| m.get("name"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let labels = child(child(o, "metadata"), "labels");
+            labels.insert("kubernetes.io/metadata.name".into(), name);
+            let spec = child(o, "spec");
+            default(spec, "finalizers", json!(["kubernetes"]));
+            let status = child(o, "status");
+            default(status, "phase", json!("Active"));
+        }
+        ("", "Secret") => default(o, "type", json!("Opaque")),
+        ("", "Node") => {
+            let status = child(o, "status");
+            default(status, "phase", json!("Pending"));
+        }
+        ("scheduling.k8s.io", "PriorityClass") => {
+            default(o, "preemptionPolicy", json!("PreemptLowerPriority"));
+        }
+        _ => {}
+    }
+}
+
+/// A pod's quality-of-service class from its containers' requests and limits.
+pub fn qos_class(pod: &Value) -> &'static str {
+    let containers = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in &containers {
+        let req = c.pointer("/resources/requests").and_then(Value::as_object);
+        let lim = c.pointer("/resources/limits").and_then(Value::as_object);
+        if req.is_some_and(|r| !r.is_empty()) || lim.is_some_and(|l| !l.is_empty()) {
+            any = true;
+        }
+        for r in ["cpu", "memory"] {
+            let l = lim.and_then(|l| l.get(r));
+            let q = req.and_then(|q| q.get(r)).or(l);
+            if l.is_none() || q != l {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+trait PointerCompat {
+    fn pointer_mut_compat(&mut self, path: &str) -> Option<&mut Value>;
+}
+
+impl PointerCompat for Map<String, Value> {
+    fn pointer_mut_compat(&mut self, path: &str) -> Option<&mut Value> {
+        let mut parts = path.split('/');
+        let first = parts.next()?;
+        let mut v = self.get_mut(first)?;
+        for p in parts {
+            v = v.get_mut(p)?;
+        }
+        Some(v)
+    }
+}
+
+fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Kinds whose names must be DNS labels (they become host names or DNS labels).
+fn name_is_label(res: &Resource) -> bool {
+    matches!((res.group, res.kind), ("", "Namespace" | "Service"))
+}
+
+/// The check a name must pass, with Kubernetes' message when it fails.
+pub fn check_name(res: &Resource, name: &str) -> Option<String> {
+    if matches!(res.group, "rbac.authorization.k8s.io") {
+        // RBAC names are path segments: anything but '/', '%', '.' and '..'.
+        return (name.is_empty() || name.contains('/') || name.contains('%') || name == "." || name == "..")
+            .then(|| format!("Invalid value: {name:?}: may not contain '/' or '%' and may not be '.' or '..'"));
+    }
+    if name_is_label(res) {
+        (!is_dns1123_label(name)).then(|| format!(
+            "Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+        ))
+    } else {
+        (!is_dns1123_subdomain(name)).then(|| format!(
+            "Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        ))
+    }
+}
+
+fn required(field: &str) -> Cause {
+    Cause {
+        reason: "FieldValueRequired",
+        field: field.into(),
+        message: "Required value".into(),
+    }
+}
+
+fn invalid(field: &str, message: String) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid",
+        field: field.into(),
+        message,
+    }
+}
+
+fn validate_labels(object: &Value, causes: &mut Vec<Cause>) {
+    for (what, path) in [
+        ("labels", "/metadata/labels"),
+        ("annotations", "/metadata/annotations"),
+    ] {
+        let Some(map) = object.pointer(path) else {
+            continue;
+        };
+        let Some(map) = map.as_object() else {
+            causes.push(invalid(
+                &format!("metadata.{what}"),
+                "must be a map of strings".into(),
+            ));
+            continue;
+        };
+        for (k, v) in map {
+            if !crate::query::valid_label_key(k) {
+                causes.push(invalid(
+                    &format!("metadata.{what}"),
+                    format!("Invalid value: {k:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),
+                ));
+            }
+            match v.as_str() {
+                Some(s) if what == "labels" => {
+                    let ok = s.is_empty()
+                        || (s.len() <= 63
+                            && s.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+                            && s.ends_with(|c: char| c.is_ascii_alphanumeric()));
+                    if !ok {
+                        causes.push(invalid(
+                            &format!("metadata.labels"),
+                            format!("Invalid value: {s:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),
+                        ));
+                    }
+                }
+                Some(_) => {}
+                None => causes.push(invalid(
+                    &format!("metadata.{what}"),
+                    format!("Invalid value: {k:?}: values must be strings"),
+                )),
+            }
+        }
+    }
+}
+
+fn validate_pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
+    let containers = spec
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array);
+    match containers {
+        None => causes.push(required(&format!("{at}.containers"))),
+        Some(cs) if cs.is_empty() => causes.push(required(&format!("{at}.containers"))),
+        Some(cs) => {
+            let mut seen = std::collections::HashSet::new();
+            for (i, c) in cs.iter().enumerate() {
+                let f = format!("{at}.containers[{i}]");
+                match c.get("name").and_then(Value::as_str) {
+                    None | Some("") => causes.push(required(&format!("{f}.name"))),
+                    Some(n) => {
+                        if !is_dns1123_label(n) {
+                            causes.push(invalid(&format!("{f}.name"), format!("Invalid value: {n:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character")));
+                        }
+                        if !seen.insert(n.to_string()) {
+                            causes.push(Cause {
+                                reason: "FieldValueDuplicate",
+                                field: format!("{f}.name"),
+                                message: format!("Duplicate value: {n:?}"),
+                            });
+                        }
+                    }
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push(required(&format!("{f}.image")));
+                }
+            }
+        }
+    }
+    if let Some(policy) = spec
+        .and_then(|s| s.get("restartPolicy"))
+        .and_then(Value::as_str)
+    {
+        if !["Always", "OnFailure", "Never"].contains(&policy) {
+            causes.push(Cause {
+                reason: "FieldValueNotSupported",
+                field: format!("{at}.restartPolicy"),
+                message: format!("Unsupported value: {policy:?}: supported values: \"Always\", \"OnFailure\", \"Never\""),
+            });
+        }
+    }
+}
+
+fn selector_matches_labels(selector: &Value, labels: Option<&Value>) -> bool {
+    let labels = labels.and_then(Value::as_object);
+    let ml = selector.get("matchLabels").and_then(Value::as_object);
+    let ok_labels = ml.is_none_or(|ml| {
+        ml.iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    });
+    let ok_expr = selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .is_none_or(|exprs| {
+            exprs.iter().all(|e| {
+                let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+                let got = labels.and_then(|l| l.get(key)).and_then(Value::as_str);
+                let values: Vec<&str> = e
+                    .get("values")
+                    .and_then(Value::as_array)
+                    .map(|vs| vs.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                match e.get("operator").and_then(Value::as_str) {
+                    Some("In") => got.is_some_and(|g| values.contains(&g)),
+                    Some("NotIn") => !got.is_some_and(|g| values.contains(&g)),
+                    Some("Exists") => got.is_some(),
+                    Some("DoesNotExist") => got.is_none(),
+                    _ => false,
+                }
+            })
+        });
+    ok_labels && ok_expr
+}
+
+fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
+    let spec = object.get("spec");
+    if let Some(r) = spec.and_then(|s| s.get("replicas")) {
+        if r.as_i64().is_none_or(|r| r < 0) {
+            causes.push(invalid(
+                "spec.replicas",
+                format!("Invalid value: {r}: must be greater than or equal to 0"),
+            ));
+        }
+    }
+    let template_labels = object.pointer("/spec/template/metadata/labels");
+    let selector = spec.and_then(|s| s.get("selector"));
+    if kind == "ReplicationController" {
+        // RC selectors are plain maps (defaulted from the template).
+        if let (Some(sel), labels) = (selector.and_then(Value::as_object), template_labels) {
+            let matches = sel
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+            if !matches {
+                causes.push(invalid(
+                    "spec.template.metadata.labels",
+                    format!(
+                        "Invalid value: {}: `selector` does not match template `labels`",
+                        labels.cloned().unwrap_or(json!({}))
+                    ),
+                ));
+            }
+        }
+    } else {
+        match selector {
+            None => causes.push(required("spec.selector")),
+            Some(sel) => {
+                let empty = sel
+                    .get("matchLabels")
+                    .and_then(Value::as_object)
+                    .is_none_or(|m| m.is_empty())
+                    && sel
+                        .get("matchExpressions")
+                        .and_then(Value::as_array)
+                        .is_none_or(|m| m.is_empty());
+                if empty {
+                    causes.push(invalid(
+                        "spec.selector",
+                        "Invalid value: {}: empty selector is invalid for deployment"
+                            .replace("deployment", &kind.to_lowercase()),
+                    ));
+                } else if !selector_matches_labels(sel, template_labels) {
+                    causes.push(invalid(
+                        "spec.template.metadata.labels",
+                        format!(
+                            "Invalid value: {}: `selector` does not match template `labels`",
+                            template_labels.cloned().unwrap_or(json!({}))
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    validate_pod_spec(
+        object.pointer("/spec/template/spec"),
+        "spec.template.spec",
+        causes,
+    );
+}
+
+fn validate_service(object: &Value, causes: &mut Vec<Cause>) {
+    let spec = object.get("spec");
+    let ty = spec
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
+    if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&ty) {
+        causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "spec.type".into(),
+            message: format!("Unsupported value: {ty:?}: supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\""),
+        });
+    }
+    let ports = spec.and_then(|s| s.get("ports")).and_then(Value::as_array);
+    let headless = spec
+        .and_then(|s| s.get("clusterIP"))
+        .and_then(Value::as_str)
+        == Some("None");
+    if ty != "ExternalName" && !headless && ports.is_none_or(|p| p.is_empty()) {
+        causes.push(required("spec.ports"));
+    }
+    for (i, p) in ports.into_iter().flatten().enumerate() {
+        match p.get("port").and_then(Value::as_i64) {
+            Some(n) if (1..=65535).contains(&n) => {}
+            Some(n) => causes.push(invalid(
+                &format!("spec.ports[{i}].port"),
+                format!("Invalid value: {n}: must be between 1 and 65535, inclusive"),
+            )),
+            None => causes.push(required(&format!("spec.ports[{i}].port"))),
+        }
+        if ports.is_some_and(|all| all.len() > 1)
+            && p.get("name")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        {
+            causes.push(required(&format!("spec.ports[{i}].name")));
+        }
+    }
+}
+
+/// Validates an object about to be stored; a non-empty list of causes is a 422.
+pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if name.is_empty() {
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            field: "metadata.name".into(),
+            message: "Required value: name or generateName is required".into(),
+        });
+    } else if let Some(message) = check_name(res, name) {
+        causes.push(invalid("metadata.name", message));
+    }
+    validate_labels(object, &mut causes);
+    match (res.group, res.kind) {
+        ("", "Pod") => validate_pod_spec(object.get("spec"), "spec", &mut causes),
+        ("apps", "Deployment" | "ReplicaSet") | ("", "ReplicationController") => {
+            validate_workload(object, res.kind, &mut causes)
+        }
+        ("", "Service") => validate_service(object, &mut causes),
+        ("", "ConfigMap" | "Secret") => {
+            for field in ["data", "binaryData", "stringData"] {
+                for k in object
+                    .get(field)
+                    .and_then(Value::as_object)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, _)| k)
+                {
+                    let ok = !k.is_empty()
+                        && k.len() <= 253
+                        && k.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+                    if !ok {
+                        causes.push(invalid(&format!("{field}[{k}]"), format!("Invalid value: {k:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'")));
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(res.group, res.kind, name, causes))
+    }
+}
+
+/// Whether the namespace may not be deleted (it exists from bootstrap).
+pub fn protected_namespace(name: &str) -> bool {
+    matches!(
+        name,
+        "default" | "kube-system" | "kube-public" | "kube-node-lease"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::find;
+
+    #[test]
+    fn pod_defaults() {
+        let mut pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "image": "nginx", "ports": [{"containerPort": 80}]},
+            {"name": "b", "image": "busybox:1.36"}]}});
+        defaults(find("", "v1", "pods").unwrap(), &mut pod);
+        assert_eq!(pod["spec"]["restartPolicy"], "Always");
+        assert_eq!(pod["spec"]["dnsPolicy"], "ClusterFirst");
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 30);
+        assert_eq!(pod["spec"]["serviceAccountName"], "default");
+        assert_eq!(pod["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(
+            pod["spec"]["containers"][1]["imagePullPolicy"],
+            "IfNotPresent"
+        );
+        assert_eq!(pod["spec"]["containers"][0]["ports"][0]["protocol"], "TCP");
+        assert_eq!(pod["status"]["phase"], "Pending");
+        assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    }
+
+    #[test]
+    fn deployment_defaults_and_selector_check() {
+        let res = find("apps", "v1", "deployments").unwrap();
+        let mut d = json!({"metadata": {"name": "web"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                         "spec": {"containers": [{"name": "c", "image": "nginx:1.25"}]}}}});
+        defaults(res, &mut d);
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        assert_eq!(d["spec"]["progressDeadlineSeconds"], 600);
+        validate(res, &d).unwrap();
+        d["spec"]["selector"]["matchLabels"]["app"] = json!("other");
+        let e = validate(res, &d).unwrap_err();
+        assert_eq!(e.code, 422);
+        assert!(
+            e.message
+                .contains("`selector` does not match template `labels`"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn names_and_missing_fields_are_422() {
+        let res = find("", "v1", "pods").unwrap();
+        let e = validate(res, &json!({"metadata": {"name": "Bad_Name"}, "spec": {}})).unwrap_err();
+        assert_eq!(e.causes.len(), 2, "{:?}", e.causes);
+        assert_eq!(e.causes[1].field, "spec.containers");
+        let ns = find("", "v1", "namespaces").unwrap();
+        assert!(check_name(ns, "a.b").is_some());
+        assert!(check_name(res, "a.b").is_none());
+    }
+
+    #[test]
+    fn qos() {
+        let g = json!({"spec": {"containers": [{"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}});
+        assert_eq!(qos_class(&g), "Guaranteed");
+        let b = json!({"spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}});
+        assert_eq!(qos_class(&b), "Burstable");
+    }
+}

@@ -1,0 +1,150 @@
+//! What the API server keeps true on its own while its member leads: the namespaces that exist
+//! from the start, a `default` ServiceAccount in every namespace, and the end of a namespace's
+//! deletion (its contents go, then the namespace).
+//!
+//! # Correctness
+//! Runs only on the Raft leader, and every write is a conditional store transaction, so two
+//! members that both believe they lead for a moment cannot create anything twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::handler::{Api, Target};
+use crate::query::Query;
+use crate::resources::{self, RESOURCES};
+use crate::storage::Freshness;
+
+pub const SYSTEM_NAMESPACES: &[&str] =
+    &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+impl Api {
+    pub fn start_background(self: Arc<Self>) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if !self.node.is_leader() {
+                    continue;
+                }
+                if let Err(e) = self.reconcile_namespaces().await {
+                    tracing::debug!(error = %e, "namespace upkeep failed; retrying");
+                }
+            }
+        });
+    }
+
+    async fn create_if_missing(
+        &self,
+        target: Target,
+        object: Value,
+    ) -> Result<(), crate::error::ApiError> {
+        match self.create_object(&target, &Query::default(), object).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn reconcile_namespaces(&self) -> Result<(), crate::error::ApiError> {
+        let nsres = resources::find("", "v1", "namespaces").expect("namespaces are served");
+        let sares =
+            resources::find("", "v1", "serviceaccounts").expect("serviceaccounts are served");
+        for ns in SYSTEM_NAMESPACES {
+            if self
+                .store
+                .get(&nsres.key(None, ns), Freshness::Any)
+                .await?
+                .is_none()
+            {
+                self.create_if_missing(
+                    Target::new(nsres, None, None),
+                    json!({"metadata": {"name": ns}}),
+                )
+                .await?;
+            }
+        }
+        let prefix = nsres.prefix(None);
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+        for kv in kvs {
+            let ns = crate::storage::decode(&kv)?;
+            let name = ns
+                .object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            if ns.object.pointer("/metadata/deletionTimestamp").is_some() {
+                self.finish_namespace(&name, &ns).await?;
+            } else if self
+                .store
+                .get(&sares.key(Some(&name), "default"), Freshness::Any)
+                .await?
+                .is_none()
+            {
+                self.create_if_missing(
+                    Target::new(sares, Some(name.clone()), None),
+                    json!({"metadata": {"name": "default", "namespace": name}}),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes everything in a terminating namespace, then the namespace.
+    async fn finish_namespace(
+        &self,
+        name: &str,
+        ns: &crate::storage::Stored,
+    ) -> Result<(), crate::error::ApiError> {
+        let mut left = 0;
+        let mut seen = std::collections::HashSet::new();
+        for res in RESOURCES
+            .iter()
+            .filter(|r| r.namespaced && !r.storage.is_empty())
+        {
+            if !seen.insert(res.storage) {
+                continue;
+            }
+            let prefix = res.prefix(Some(name));
+            let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+            let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+            for kv in kvs {
+                let obj = crate::storage::decode(&kv)?;
+                let has_finalizers = obj
+                    .object
+                    .pointer("/metadata/finalizers")
+                    .and_then(Value::as_array)
+                    .is_some_and(|f| !f.is_empty());
+                if has_finalizers {
+                    // Marked for deletion; its finalizers' owners remove it.
+                    left += 1;
+                    if obj.object.pointer("/metadata/deletionTimestamp").is_none() {
+                        let oname = obj
+                            .object
+                            .pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string();
+                        let t = Target::new(res, Some(name.to_string()), Some(oname));
+                        let _ = self.delete_object(&t, &Query::default(), None).await;
+                    }
+                    continue;
+                }
+                let key = String::from_utf8_lossy(&kv.key).to_string();
+                self.store.delete_if(&key, kv.mod_revision).await?;
+            }
+        }
+        if left == 0 {
+            let key = resources::find("", "v1", "namespaces")
+                .expect("served")
+                .key(None, name);
+            self.store.delete_if(&key, ns.revision).await?;
+        }
+        Ok(())
+    }
+}

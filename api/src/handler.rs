@@ -1,0 +1,1555 @@
+//! Request routing and the REST verbs over [`crate::storage`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use rand::Rng;
+use rkube_store::mvcc::types::{EventKind, KeyRange};
+use rkube_store::mvcc::watch::{self as store_watch, WatchMessage, WatchSpec};
+use rkube_store::server::node::Node;
+use serde_json::{json, Value};
+
+use crate::admission;
+use crate::auth::User;
+use crate::discovery;
+use crate::error::ApiError;
+use crate::patch;
+use crate::query::{FieldSelector, LabelSelector, Query};
+use crate::resources::{self, Resource};
+use crate::storage::{decode, set_resource_version, Freshness, ObjectStore, Stored, Write};
+use crate::table::{self, Form};
+
+/// Largest request body accepted (Kubernetes' limit).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// How many times a write retries when the object moved under it and the client did not pin a
+/// resourceVersion.
+const UPDATE_RETRIES: usize = 16;
+
+pub type Resp = Response<Body>;
+
+pub struct Api {
+    pub store: ObjectStore,
+    pub node: Arc<Node>,
+}
+
+fn json_response(code: u16, body: &Value) -> Resp {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(bytes))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn error_response(e: &ApiError) -> Resp {
+    let mut r = json_response(e.code, &e.status());
+    if let Some(s) = e.retry_after {
+        if let Ok(v) = s.to_string().parse() {
+            r.headers_mut().insert("retry-after", v);
+        }
+    }
+    r
+}
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn new_uid() -> String {
+    let b: [u8; 16] = rand::thread_rng().gen();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-4{}-{}{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        ["8", "9", "a", "b"][(b[8] & 3) as usize],
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::thread_rng();
+    (0..5)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn meta(o: &Value) -> Option<&serde_json::Map<String, Value>> {
+    o.get("metadata").and_then(Value::as_object)
+}
+
+fn meta_mut(o: &mut Value) -> Result<&mut serde_json::Map<String, Value>, ApiError> {
+    let map = o
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the request body is not a JSON object"))?;
+    if !map.get("metadata").is_some_and(Value::is_object) {
+        map.insert("metadata".into(), json!({}));
+    }
+    Ok(map
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .expect("just made metadata an object"))
+}
+
+fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
+    meta(o).and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+/// What a URL names: a resource, maybe a namespace, an object and a subresource.
+pub struct Target {
+    res: &'static Resource,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+impl Target {
+    pub fn new(res: &'static Resource, ns: Option<String>, name: Option<String>) -> Target {
+        Target {
+            res,
+            ns,
+            name,
+            sub: None,
+        }
+    }
+
+    fn key(&self) -> String {
+        self.res
+            .key(self.ns.as_deref(), self.name.as_deref().unwrap_or(""))
+    }
+    fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
+    }
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
+    let find = |plural: &str| resources::find(group, version, plural).ok_or_else(not_found_path);
+    let (res, ns, tail): (&Resource, Option<String>, &[&str]) = match rest {
+        ["namespaces", ns, plural, tail @ ..]
+            if !(group.is_empty() && (*plural == "status" || *plural == "finalize")) =>
+        {
+            let res = find(plural)?;
+            if !res.namespaced {
+                return Err(not_found_path());
+            }
+            (res, Some(ns.to_string()), tail)
+        }
+        [plural, tail @ ..] => (find(plural)?, None, tail),
+        [] => return Err(not_found_path()),
+    };
+    let (name, sub) = match tail {
+        [] => (None, None),
+        [name] => (Some(name.to_string()), None),
+        [name, sub] => {
+            if !res.subresources.contains(sub) {
+                return Err(not_found_path());
+            }
+            (Some(name.to_string()), Some(sub.to_string()))
+        }
+        _ => return Err(not_found_path()),
+    };
+    // A namespaced object is only addressed inside its namespace.
+    if res.namespaced && ns.is_none() && name.is_some() {
+        return Err(not_found_path());
+    }
+    Ok(Target { res, ns, name, sub })
+}
+
+fn freshness(q: &Query) -> Result<Freshness, ApiError> {
+    let rv = match q.get("resourceVersion") {
+        None | Some("") => return Ok(Freshness::Latest),
+        Some("0") => return Ok(Freshness::Any),
+        Some(v) => v.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "resourceVersion: Invalid value: {v:?}: must be an integer"
+            ))
+        })?,
+    };
+    match q.get("resourceVersionMatch") {
+        None | Some("") | Some("NotOlderThan") => Ok(Freshness::NotOlderThan(rv)),
+        Some("Exact") => Ok(Freshness::Exact(rv)),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+        ))),
+    }
+}
+
+/// The continue token: where the next page starts and the revision every page is read at.
+fn encode_continue(rv: i64, start_after: &str) -> String {
+    use base64::Engine;
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{start_after}\u{0}")});
+    base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(i64, String), ApiError> {
+    use base64::Engine;
+    let bad = || ApiError::bad_request("continue key is not valid: the token is malformed");
+    let raw = base64::engine::general_purpose::URL_SAFE
+        .decode(token)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return Err(bad());
+    }
+    let rv = v["rv"].as_i64().filter(|r| *r > 0).ok_or_else(bad)?;
+    let start = v["start"].as_str().ok_or_else(bad)?;
+    if start.contains("..") || start.starts_with('/') {
+        return Err(bad());
+    }
+    Ok((rv, start.to_string()))
+}
+
+/// Delete options from the body (DeleteOptions) or the query.
+struct DeleteOptions {
+    grace: Option<i64>,
+    propagation: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl DeleteOptions {
+    fn from(q: &Query, body: Option<&Value>) -> Result<DeleteOptions, ApiError> {
+        let b = body.cloned().unwrap_or(json!({}));
+        let grace = match b.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            Some(g) => Some(g),
+            None => q.int("gracePeriodSeconds")?,
+        };
+        let propagation = b
+            .get("propagationPolicy")
+            .and_then(Value::as_str)
+            .or(q.get("propagationPolicy"))
+            .map(str::to_string);
+        if let Some(p) = &propagation {
+            if !["Orphan", "Background", "Foreground"].contains(&p.as_str()) {
+                return Err(ApiError::bad_request(format!(
+                    "propagationPolicy: Unsupported value: {p:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                )));
+            }
+        }
+        Ok(DeleteOptions {
+            grace,
+            propagation,
+            uid: b
+                .pointer("/preconditions/uid")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            resource_version: b
+                .pointer("/preconditions/resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+}
+
+impl Api {
+    pub fn new(node: Arc<Node>) -> Self {
+        Api {
+            store: ObjectStore::new(node.clone()),
+            node,
+        }
+    }
+
+    pub async fn handle(&self, user: &User, req: Request<Incoming>) -> Resp {
+        let started = std::time::Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let result = self.route(user, req).await;
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+        tracing::debug!(%method, %path, status = resp.status().as_u16(), user = %user.name,
+                        elapsed_ms = started.elapsed().as_millis() as u64, "api request");
+        resp
+    }
+
+    async fn route(&self, user: &User, req: Request<Incoming>) -> Result<Resp, ApiError> {
+        let path = req.uri().path().to_string();
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let accept = req
+            .headers()
+            .get("accept")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_string();
+        match segs.as_slice() {
+            ["healthz" | "livez"] => return Ok(text(200, "ok")),
+            ["readyz"] => {
+                return Ok(if self.node.leader().is_some() {
+                    text(200, "ok")
+                } else {
+                    text(
+                        503,
+                        "[-]etcd failed: the store has no leader\nreadyz check failed",
+                    )
+                })
+            }
+            ["version"] => return Ok(json_response(200, &version())),
+            _ => {}
+        }
+        if user.is_anonymous() {
+            return Err(ApiError::new(401, "Unauthorized", "Unauthorized"));
+        }
+        let get_only = |m: &Method| {
+            if *m == Method::GET {
+                Ok(())
+            } else {
+                Err(ApiError::method_not_allowed(format!(
+                    "the server does not allow this method on the requested resource"
+                )))
+            }
+        };
+        match segs.as_slice() {
+            ["api"] => {
+                get_only(req.method())?;
+                Ok(match discovery::wants_aggregated(&accept) {
+                    Some(v) => aggregated_response(discovery::aggregated(true, v), v),
+                    None => json_response(200, &discovery::api_versions(&self.server_address())),
+                })
+            }
+            ["apis"] => {
+                get_only(req.method())?;
+                Ok(match discovery::wants_aggregated(&accept) {
+                    Some(v) => aggregated_response(discovery::aggregated(false, v), v),
+                    None => json_response(200, &discovery::api_group_list()),
+                })
+            }
+            ["api", "v1"] => {
+                get_only(req.method())?;
+                discovery::resource_list("", "v1")
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(not_found_path)
+            }
+            ["apis", g] => {
+                get_only(req.method())?;
+                discovery::group(g)
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(not_found_path)
+            }
+            ["apis", g, v] => {
+                get_only(req.method())?;
+                discovery::resource_list(g, v)
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(not_found_path)
+            }
+            ["api", "v1", rest @ ..] => {
+                let t = parse_target("", "v1", rest)?;
+                self.resource(user, t, req, &accept).await
+            }
+            ["apis", g, v, rest @ ..] => {
+                let t = parse_target(g, v, rest)?;
+                self.resource(user, t, req, &accept).await
+            }
+            _ => Err(not_found_path()),
+        }
+    }
+
+    fn server_address(&self) -> String {
+        // Clients reach the API at whatever address they dialled; this is informational.
+        self.node.identity.name.clone()
+    }
+
+    async fn resource(
+        &self,
+        user: &User,
+        t: Target,
+        req: Request<Incoming>,
+        accept: &str,
+    ) -> Result<Resp, ApiError> {
+        let q = Query::parse(req.uri().query());
+        let method = req.method().clone();
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let body = read_body(req).await?;
+        let verb_allowed = |verb: &str| {
+            if t.res.serves(verb) {
+                Ok(())
+            } else {
+                Err(ApiError::method_not_allowed(format!(
+                    "the server does not allow this method on the requested resource ({} {})",
+                    verb,
+                    t.res.qualified()
+                )))
+            }
+        };
+        let _ = user;
+        match (method, t.name.is_some(), t.sub.as_deref()) {
+            (Method::GET, false, None) => {
+                if q.flag("watch") {
+                    verb_allowed("watch")?;
+                    self.watch(&t, &q, accept).await
+                } else {
+                    verb_allowed("list")?;
+                    self.list(&t, &q, accept).await
+                }
+            }
+            (Method::GET, true, sub) => {
+                verb_allowed("get")?;
+                let stored = self.get(&t, &q).await?;
+                match sub {
+                    Some("scale") => Ok(json_response(200, &scale_of(t.res, &stored.object))),
+                    _ => Ok(self.render_one(&t, stored.object, accept, &q)),
+                }
+            }
+            (Method::POST, false, None) => {
+                verb_allowed("create")?;
+                let object = decode_body(&body, &content_type)?;
+                self.create(&t, &q, object).await
+            }
+            (Method::POST, true, Some("binding")) => {
+                let object = decode_body(&body, &content_type)?;
+                self.bind(&t, &q, object).await
+            }
+            (Method::POST, true, Some("eviction")) => {
+                let object = decode_body(&body, &content_type)?;
+                let opts = object.get("deleteOptions").cloned();
+                self.delete(&t, &q, opts.as_ref()).await?;
+                Ok(json_response(201, &success_status()))
+            }
+            (Method::PUT, true, sub) => {
+                verb_allowed("update")?;
+                let object = decode_body(&body, &content_type)?;
+                self.update(&t, &q, object, sub).await
+            }
+            (Method::PATCH, true, sub) => {
+                verb_allowed("patch")?;
+                self.patch(&t, &q, &body, &content_type, sub).await
+            }
+            (Method::DELETE, true, None) => {
+                verb_allowed("delete")?;
+                let opts = if body.is_empty() {
+                    None
+                } else {
+                    Some(decode_body(&body, &content_type)?)
+                };
+                let deleted = self.delete(&t, &q, opts.as_ref()).await?;
+                Ok(json_response(200, &deleted))
+            }
+            (Method::DELETE, false, None) => {
+                verb_allowed("deletecollection")?;
+                self.delete_collection(&t, &q).await
+            }
+            _ => Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            )),
+        }
+    }
+
+    fn render_one(&self, t: &Target, object: Value, accept: &str, q: &Query) -> Resp {
+        match table::form(accept) {
+            Form::Object => json_response(200, &object),
+            Form::Metadata => json_response(200, &table::metadata_only(&object)),
+            Form::Table => {
+                let rv = meta_str(&object, "resourceVersion")
+                    .unwrap_or("")
+                    .to_string();
+                json_response(
+                    200,
+                    &table::table(
+                        t.res,
+                        &[object],
+                        json!({"resourceVersion": rv}),
+                        q.get("includeObject").unwrap_or("Metadata"),
+                    ),
+                )
+            }
+        }
+    }
+
+    async fn get(&self, t: &Target, q: &Query) -> Result<Stored, ApiError> {
+        self.store
+            .get(&t.key(), freshness(q)?)
+            .await?
+            .ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, t.name()))
+    }
+
+    /// The objects of a collection matching the selectors: one page of at most `limit` (0: all)
+    /// from `start` (a key suffix), read at `freshness`. Returns the objects, the revision and
+    /// the key suffix to continue after, if more remain.
+    async fn select(
+        &self,
+        t: &Target,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+        limit: i64,
+        start: Option<String>,
+        mut freshness: Freshness,
+    ) -> Result<(Vec<Value>, i64, Option<String>), ApiError> {
+        let prefix = t.res.prefix(t.ns.as_deref());
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let mut from = match start {
+            Some(s) => format!("{prefix}{s}"),
+            None => prefix.clone(),
+        };
+        let mut items = Vec::new();
+        let chunk = if limit > 0 { limit.max(100) } else { 0 };
+        loop {
+            let (kvs, rev, more) = self.store.range(&from, &end, chunk, freshness).await?;
+            // Every further chunk reads at the same revision, so pages are one snapshot.
+            freshness = Freshness::Exact(rev);
+            let last_key = kvs.last().map(|kv| kv.key.clone());
+            for kv in &kvs {
+                let s = decode(kv)?;
+                if labels.matches_object(&s.object) && fields.matches_object(&s.object) {
+                    items.push(s.object);
+                    if limit > 0 && items.len() as i64 == limit {
+                        let key = String::from_utf8_lossy(&kv.key).to_string();
+                        let suffix = key.strip_prefix(&prefix).unwrap_or(&key).to_string();
+                        let remaining =
+                            more || kv.key != *kvs.last().map(|k| &k.key).unwrap_or(&kv.key);
+                        return Ok((items, rev, remaining.then_some(suffix)));
+                    }
+                }
+            }
+            match (more, last_key) {
+                (true, Some(k)) => {
+                    let mut next = k;
+                    next.push(0);
+                    from = String::from_utf8_lossy(&next).to_string();
+                }
+                _ => return Ok((items, rev, None)),
+            }
+        }
+    }
+
+    async fn list(&self, t: &Target, q: &Query, accept: &str) -> Result<Resp, ApiError> {
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
+        let limit = q.int("limit")?.unwrap_or(0).max(0);
+        let (fresh, start) = match q.get("continue").filter(|c| !c.is_empty()) {
+            Some(token) => {
+                let (rv, start) = decode_continue(token)?;
+                if rv <= self.store.compact_revision() {
+                    return Err(ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."));
+                }
+                (Freshness::Exact(rv), Some(start))
+            }
+            None => (freshness(q)?, None),
+        };
+        let (items, rev, next) = self
+            .select(t, &labels, &fields, limit, start, fresh)
+            .await?;
+        let mut list_meta = json!({"resourceVersion": rev.to_string()});
+        if let Some(after) = next {
+            list_meta["continue"] = json!(encode_continue(rev, after.trim_end_matches('\u{0}')));
+        }
+        Ok(match table::form(accept) {
+            Form::Table => json_response(
+                200,
+                &table::table(
+                    t.res,
+                    &items,
+                    list_meta,
+                    q.get("includeObject").unwrap_or("Metadata"),
+                ),
+            ),
+            Form::Metadata => json_response(
+                200,
+                &json!({
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": "meta.k8s.io/v1",
+                    "metadata": list_meta,
+                    "items": items.iter().map(table::metadata_only).collect::<Vec<_>>(),
+                }),
+            ),
+            Form::Object => json_response(
+                200,
+                &json!({
+                    "kind": format!("{}List", t.res.kind),
+                    "apiVersion": t.res.api_version(),
+                    "metadata": list_meta,
+                    "items": items,
+                }),
+            ),
+        })
+    }
+
+    /// Fills in what the server owns on a new object and checks what the client sent.
+    fn prepare_create(&self, t: &Target, object: &mut Value) -> Result<(), ApiError> {
+        let res = t.res;
+        let api_version = res.api_version();
+        if let Some(av) = object.get("apiVersion").and_then(Value::as_str) {
+            // events.k8s.io and core events share a store; everything else must match.
+            if av != api_version {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({api_version})"
+                )));
+            }
+        }
+        if let Some(kind) = object.get("kind").and_then(Value::as_str) {
+            if kind != res.kind {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({kind}) does not match the expected kind ({})",
+                    res.kind
+                )));
+            }
+        }
+        let o = object
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad_request("the request body is not a JSON object"))?;
+        o.insert("apiVersion".into(), json!(api_version));
+        o.insert("kind".into(), json!(res.kind));
+        let m = meta_mut(object)?;
+        if res.namespaced {
+            let url_ns = t.ns.clone().unwrap_or_default();
+            match m.get("namespace").and_then(Value::as_str) {
+                Some(ns) if !ns.is_empty() && ns != url_ns => {
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ))
+                }
+                _ => {
+                    m.insert("namespace".into(), json!(url_ns));
+                }
+            }
+        } else {
+            m.remove("namespace");
+        }
+        let name = m
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if name.is_empty() {
+            if let Some(prefix) = m
+                .get("generateName")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty())
+            {
+                let n = format!("{}{}", &prefix[..prefix.len().min(58)], random_suffix());
+                m.insert("name".into(), json!(n));
+            }
+        }
+        m.insert("uid".into(), json!(new_uid()));
+        m.insert("creationTimestamp".into(), json!(now()));
+        for f in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            m.remove(f);
+        }
+        if res.has_spec {
+            m.insert("generation".into(), json!(1));
+        } else {
+            m.remove("generation");
+        }
+        Ok(())
+    }
+
+    /// NamespaceLifecycle: new objects only go into namespaces that exist and are not
+    /// terminating.
+    async fn check_namespace(&self, t: &Target) -> Result<(), ApiError> {
+        let Some(ns) = t.ns.as_deref().filter(|_| t.res.namespaced) else {
+            return Ok(());
+        };
+        let nsres = resources::find("", "v1", "namespaces").expect("namespaces are served");
+        let key = nsres.key(None, ns);
+        // The local state first; a namespace created a moment ago elsewhere needs a fresh read.
+        let found = match self.store.get(&key, Freshness::Any).await? {
+            Some(s) => Some(s),
+            None => self.store.get(&key, Freshness::Latest).await?,
+        };
+        match found {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some(s) if s.object.pointer("/metadata/deletionTimestamp").is_some()
+                || s.object.pointer("/status/phase") == Some(&json!("Terminating")) =>
+            {
+                Err(ApiError::forbidden(format!(
+                    "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                    t.res.qualified(),
+                    meta_str(&Value::Null, "name").unwrap_or("")
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Creates an object as a POST would (also for the server's own bootstrap objects).
+    pub(crate) async fn create_object(
+        &self,
+        t: &Target,
+        q: &Query,
+        object: Value,
+    ) -> Result<Resp, ApiError> {
+        self.create(t, q, object).await
+    }
+
+    pub(crate) async fn delete_object(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: Option<&Value>,
+    ) -> Result<Value, ApiError> {
+        self.delete(t, q, body).await
+    }
+
+    async fn create(&self, t: &Target, q: &Query, mut object: Value) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        if t.res.is_virtual() {
+            return Err(ApiError::new(
+                501,
+                "NotImplemented",
+                format!(
+                    "{} are not served yet: authorization reviews come with RBAC",
+                    t.res.qualified()
+                ),
+            ));
+        }
+        self.prepare_create(t, &mut object)?;
+        admission::defaults(t.res, &mut object);
+        self.check_namespace(t).await?;
+        let generated = meta_str(&object, "generateName").is_some() && t.name.is_none();
+        for _ in 0..UPDATE_RETRIES {
+            admission::validate(t.res, &object)?;
+            let name = meta_str(&object, "name").unwrap_or("").to_string();
+            let key = t.res.key(t.ns.as_deref(), &name);
+            if dry_run {
+                return Ok(json_response(201, &object));
+            }
+            match self.store.put_if(&key, &object, 0).await? {
+                Write::Done(s) => return Ok(json_response(201, &s.object)),
+                Write::Lost(_) if generated && meta_str(&object, "generateName").is_some() => {
+                    // A generated name collided: draw another.
+                    let prefix = meta_str(&object, "generateName").unwrap_or("").to_string();
+                    meta_mut(&mut object)?
+                        .insert("name".into(), json!(format!("{prefix}{}", random_suffix())));
+                }
+                Write::Lost(_) => {
+                    return Err(ApiError::already_exists(t.res.group, t.res.plural, &name))
+                }
+            }
+        }
+        Err(ApiError::new(
+            500,
+            "ServerTimeout",
+            "could not generate a unique name; try again",
+        ))
+    }
+
+    /// The new state of an object from a full replacement (`PUT`), given its current state.
+    fn merge_update(
+        &self,
+        t: &Target,
+        current: &Value,
+        mut new: Value,
+        sub: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let res = t.res;
+        if let Some(kind) = new.get("kind").and_then(Value::as_str) {
+            let want = if sub == Some("scale") {
+                "Scale"
+            } else {
+                res.kind
+            };
+            if kind != want {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({kind}) does not match the expected kind ({want})"
+                )));
+            }
+        }
+        match sub {
+            Some("status") => {
+                let mut out = current.clone();
+                out["status"] = new.get("status").cloned().unwrap_or(json!({}));
+                return Ok(out);
+            }
+            Some("scale") => {
+                let replicas = new
+                    .pointer("/spec/replicas")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                if replicas < 0 {
+                    return Err(ApiError::invalid(
+                        "autoscaling",
+                        "Scale",
+                        t.name(),
+                        vec![crate::error::Cause {
+                            reason: "FieldValueInvalid",
+                            field: "spec.replicas".into(),
+                            message: format!(
+                                "Invalid value: {replicas}: must be greater than or equal to 0"
+                            ),
+                        }],
+                    ));
+                }
+                let mut out = current.clone();
+                out["spec"]["replicas"] = json!(replicas);
+                return Ok(bump_generation(res, current, out));
+            }
+            Some("finalize") => {
+                let mut out = current.clone();
+                out["spec"]["finalizers"] = new
+                    .pointer("/spec/finalizers")
+                    .cloned()
+                    .unwrap_or(json!([]));
+                return Ok(out);
+            }
+            Some("approval") => {
+                let mut out = current.clone();
+                out["status"]["conditions"] = new
+                    .pointer("/status/conditions")
+                    .cloned()
+                    .unwrap_or(json!([]));
+                return Ok(out);
+            }
+            _ => {}
+        }
+        let o = new
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad_request("the request body is not a JSON object"))?;
+        o.insert("apiVersion".into(), json!(res.api_version()));
+        o.insert("kind".into(), json!(res.kind));
+        if res.subresources.contains(&"status") {
+            match current.get("status") {
+                Some(s) => {
+                    o.insert("status".into(), s.clone());
+                }
+                None => {
+                    o.remove("status");
+                }
+            }
+        }
+        let cur_meta = meta(current).cloned().unwrap_or_default();
+        let m = meta_mut(&mut new)?;
+        if let Some(n) = m.get("name").and_then(Value::as_str) {
+            if n != t.name() {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({})",
+                    t.name()
+                )));
+            }
+        }
+        m.insert("name".into(), json!(t.name()));
+        if res.namespaced {
+            m.insert("namespace".into(), json!(t.ns.clone().unwrap_or_default()));
+        }
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "generateName",
+        ] {
+            match cur_meta.get(f) {
+                Some(v) => {
+                    m.insert(f.into(), v.clone());
+                }
+                None => {
+                    m.remove(f);
+                }
+            }
+        }
+        admission::defaults(res, &mut new);
+        Ok(bump_generation(res, current, new))
+    }
+
+    /// Stores the new state of an object whose current state was read at `current.revision`.
+    /// An object being deleted whose last finalizer is gone is deleted instead.
+    async fn commit(
+        &self,
+        t: &Target,
+        current: &Stored,
+        new: Value,
+        dry_run: bool,
+    ) -> Result<Option<Stored>, ApiError> {
+        admission::validate(t.res, &new)?;
+        check_immutable(t.res, &current.object, &new)?;
+        let finalizers_done = new.pointer("/metadata/deletionTimestamp").is_some()
+            && new
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(|f| f.is_empty());
+        if dry_run {
+            return Ok(Some(Stored {
+                object: new,
+                revision: current.revision,
+            }));
+        }
+        let w = if finalizers_done {
+            self.store.delete_if(&t.key(), current.revision).await?
+        } else {
+            self.store.put_if(&t.key(), &new, current.revision).await?
+        };
+        Ok(match w {
+            Write::Done(s) => Some(s),
+            Write::Lost(_) => None,
+        })
+    }
+
+    async fn update(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: Value,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let pinned = body
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<i64>().map_err(|_| {
+                    ApiError::bad_request(format!("metadata.resourceVersion: Invalid value: {s:?}"))
+                })
+            })
+            .transpose()?;
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            if let Some(rv) = pinned {
+                if rv != current.revision {
+                    return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+                }
+            }
+            let new = self.merge_update(t, &current.object, body.clone(), sub)?;
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                let out = if sub == Some("scale") {
+                    scale_of(t.res, &s.object)
+                } else {
+                    s.object
+                };
+                return Ok(json_response(200, &out));
+            }
+            if pinned.is_some() {
+                return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    async fn patch(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: &Bytes,
+        content_type: &str,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let ct = content_type.split(';').next().unwrap_or("").trim();
+        let patch: Value = match ct {
+            "application/json-patch+json"
+            | "application/merge-patch+json"
+            | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+            other => return Err(ApiError::unsupported_media_type(other)),
+        };
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            // A patch applies to what the client sees: the Scale for /scale.
+            let mut view = if sub == Some("scale") {
+                scale_of(t.res, &current.object)
+            } else {
+                current.object.clone()
+            };
+            match ct {
+                "application/json-patch+json" => patch::json_patch(&mut view, &patch)?,
+                _ => patch::merge_patch(&mut view, &patch),
+            }
+            let pinned = view
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|rv| {
+                    patch.pointer("/metadata/resourceVersion").is_some() && *rv != current.revision
+                });
+            if pinned.is_some() {
+                return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+            }
+            let new = match sub {
+                None => {
+                    let mut new = self.merge_update(t, &current.object, view.clone(), None)?;
+                    // A patch of the main resource leaves status as it was (merge_update did),
+                    // except for kinds without a status subresource, where it is part of the object.
+                    if !t.res.subresources.contains(&"status") {
+                        if let Some(s) = view.get("status") {
+                            new["status"] = s.clone();
+                        }
+                    }
+                    new
+                }
+                Some(s) => self.merge_update(t, &current.object, view, Some(s))?,
+            };
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                let out = if sub == Some("scale") {
+                    scale_of(t.res, &s.object)
+                } else {
+                    s.object
+                };
+                return Ok(json_response(200, &out));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    /// Deletes one object, or marks it for deletion when finalizers hold it. Returns what the
+    /// response carries: the object's last state.
+    async fn delete(&self, t: &Target, q: &Query, body: Option<&Value>) -> Result<Value, ApiError> {
+        let dry_run = q.dry_run()?;
+        let opts = DeleteOptions::from(q, body)?;
+        if t.res.kind == "Namespace" && admission::protected_namespace(t.name()) {
+            return Err(ApiError::forbidden(format!(
+                "namespaces \"{}\" is forbidden: this namespace may not be deleted",
+                t.name()
+            )));
+        }
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            if let Some(uid) = &opts.uid {
+                let have = meta_str(&current.object, "uid").unwrap_or("");
+                if uid != have {
+                    return Err(ApiError::conflict(t.res.group, t.res.plural, t.name(), &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {have}"
+                    )));
+                }
+            }
+            if let Some(rv) = &opts.resource_version {
+                if *rv != current.revision.to_string() {
+                    return Err(ApiError::conflict(t.res.group, t.res.plural, t.name(), &format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        current.revision
+                    )));
+                }
+            }
+            let finalizers: Vec<Value> = current
+                .object
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let is_namespace = t.res.kind == "Namespace";
+            if !finalizers.is_empty() || is_namespace {
+                // Marked, not removed: whoever owns the finalizers finishes the deletion.
+                if current
+                    .object
+                    .pointer("/metadata/deletionTimestamp")
+                    .is_some()
+                {
+                    return Ok(current.object);
+                }
+                let mut new = current.object.clone();
+                let m = meta_mut(&mut new)?;
+                m.insert("deletionTimestamp".into(), json!(now()));
+                m.insert(
+                    "deletionGracePeriodSeconds".into(),
+                    json!(opts.grace.unwrap_or(0)),
+                );
+                if is_namespace {
+                    new["status"]["phase"] = json!("Terminating");
+                }
+                if dry_run {
+                    return Ok(new);
+                }
+                match self.store.put_if(&t.key(), &new, current.revision).await? {
+                    Write::Done(s) => return Ok(s.object),
+                    Write::Lost(_) => continue,
+                }
+            }
+            let _ = &opts.propagation;
+            if dry_run {
+                return Ok(current.object);
+            }
+            match self.store.delete_if(&t.key(), current.revision).await? {
+                Write::Done(s) => return Ok(s.object),
+                Write::Lost(_) => continue,
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    async fn delete_collection(&self, t: &Target, q: &Query) -> Result<Resp, ApiError> {
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
+        let (items, rev, _) = self
+            .select(t, &labels, &fields, 0, None, Freshness::Latest)
+            .await?;
+        let mut deleted = Vec::new();
+        for item in items {
+            let name = meta_str(&item, "name").unwrap_or("").to_string();
+            let ns = meta_str(&item, "namespace").map(str::to_string);
+            let one = Target {
+                res: t.res,
+                ns: ns.or(t.ns.clone()),
+                name: Some(name),
+                sub: None,
+            };
+            if t.res.kind == "Namespace" && admission::protected_namespace(one.name()) {
+                continue;
+            }
+            match self.delete(&one, q, None).await {
+                Ok(o) => deleted.push(o),
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(json_response(
+            200,
+            &json!({
+                "kind": format!("{}List", t.res.kind),
+                "apiVersion": t.res.api_version(),
+                "metadata": {"resourceVersion": rev.to_string()},
+                "items": deleted,
+            }),
+        ))
+    }
+
+    /// pods/binding: assigns a pod to a node, once.
+    async fn bind(&self, t: &Target, q: &Query, binding: Value) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let node = binding
+            .pointer("/target/name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "",
+                    "Binding",
+                    t.name(),
+                    vec![crate::error::Cause {
+                        reason: "FieldValueRequired",
+                        field: "target.name".into(),
+                        message: "Required value".into(),
+                    }],
+                )
+            })?
+            .to_string();
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            if let Some(existing) = current
+                .object
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+            {
+                return Err(ApiError::conflict(
+                    "",
+                    "pods/binding",
+                    t.name(),
+                    &format!(
+                        "pod {} is already assigned to node \"{existing}\"",
+                        t.name()
+                    ),
+                ));
+            }
+            if current
+                .object
+                .pointer("/metadata/deletionTimestamp")
+                .is_some()
+            {
+                return Err(ApiError::conflict(
+                    "",
+                    "pods/binding",
+                    t.name(),
+                    "pod is being deleted, cannot be assigned to a host",
+                ));
+            }
+            let mut new = current.object.clone();
+            new["spec"]["nodeName"] = json!(node);
+            let conds = new["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mut conds: Vec<Value> = conds
+                .into_iter()
+                .filter(|c| c["type"] != "PodScheduled")
+                .collect();
+            conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()}));
+            new["status"]["conditions"] = json!(conds);
+            if self.commit(t, &current, new, dry_run).await?.is_some() {
+                return Ok(json_response(201, &success_status()));
+            }
+        }
+        Err(ApiError::conflict(
+            "",
+            "pods/binding",
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    async fn watch(&self, t: &Target, q: &Query, accept: &str) -> Result<Resp, ApiError> {
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
+        let bookmarks = q.flag("allowWatchBookmarks");
+        let timeout =
+            Duration::from_secs(q.int("timeoutSeconds")?.filter(|s| *s > 0).unwrap_or(1800) as u64);
+        let form = table::form(accept);
+        let include = q.get("includeObject").unwrap_or("Metadata").to_string();
+        let res = t.res;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
+        let encode = move |ty: &str, object: Value| -> Bytes {
+            let object = match (form, ty) {
+                (_, "ERROR" | "BOOKMARK") => object,
+                (Form::Table, _) => {
+                    table::table(res, std::slice::from_ref(&object), json!({}), &include)
+                }
+                (Form::Metadata, _) => table::metadata_only(&object),
+                (Form::Object, _) => object,
+            };
+            let mut line =
+                serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
+            line.push(b'\n');
+            Bytes::from(line)
+        };
+        // Where to start: rv unset or 0 sends the current state as ADDED events first.
+        let start = match q.get("resourceVersion") {
+            None | Some("") | Some("0") => {
+                let fresh = if q.get("resourceVersion") == Some("0") {
+                    Freshness::Any
+                } else {
+                    Freshness::Latest
+                };
+                let (items, rev, _) = self.select(t, &labels, &fields, 0, None, fresh).await?;
+                for item in items {
+                    let _ = tx.send(Ok(encode("ADDED", item))).await;
+                }
+                rev + 1
+            }
+            Some(v) => {
+                let rv: i64 = v.parse().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "resourceVersion: Invalid value: {v:?}: must be an integer"
+                    ))
+                })?;
+                rv + 1
+            }
+        };
+        let prefix = t.res.prefix(t.ns.as_deref());
+        let spec = WatchSpec {
+            range: match &t.name {
+                Some(n) => KeyRange::single(t.res.key(t.ns.as_deref(), n).into_bytes()),
+                None => KeyRange::prefix(prefix.into_bytes()),
+            },
+            start_revision: start,
+            prev_kv: true,
+            progress_every: Some(Duration::from_secs(5)),
+            ..Default::default()
+        };
+        let kind = t.res.kind;
+        let api_version = t.res.api_version();
+        let compact = self.store.compact_revision();
+        if start <= compact {
+            let e = ApiError::gone(format!(
+                "too old resource version: {} ({})",
+                start - 1,
+                compact + 1
+            ));
+            let _ = tx.send(Ok(encode("ERROR", e.status()))).await;
+            drop(tx);
+            return Ok(stream_response(rx));
+        }
+        let mut events = store_watch::start(self.node.mvcc.clone(), spec, 1024);
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let msg = tokio::select! {
+                    m = events.recv() => m,
+                    _ = tokio::time::sleep_until(deadline) => None,
+                    _ = tx.closed() => None,
+                };
+                let Some(msg) = msg else { break };
+                match msg {
+                    WatchMessage::Events {
+                        revision,
+                        events: evs,
+                    } => {
+                        for ev in evs {
+                            let old = ev
+                                .prev_kv
+                                .as_ref()
+                                .and_then(|kv| decode(kv).ok())
+                                .map(|s| s.object);
+                            let matches =
+                                |o: &Value| labels.matches_object(o) && fields.matches_object(o);
+                            let old_matches = old.as_ref().is_some_and(matches);
+                            let out = match ev.kind {
+                                EventKind::Put => {
+                                    let Ok(new) = decode(&ev.kv) else { continue };
+                                    let new = new.object;
+                                    match (old_matches, matches(&new)) {
+                                        (true, true) => Some(("MODIFIED", new)),
+                                        (false, true) => Some(("ADDED", new)),
+                                        (true, false) => Some(("DELETED", new)),
+                                        (false, false) => None,
+                                    }
+                                }
+                                EventKind::Delete => old.filter(|_| old_matches).map(|mut o| {
+                                    set_resource_version(&mut o, revision);
+                                    ("DELETED", o)
+                                }),
+                            };
+                            if let Some((ty, o)) = out {
+                                if tx.send(Ok(encode(ty, o))).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    WatchMessage::Progress { revision } => {
+                        if bookmarks {
+                            let b = json!({"kind": kind, "apiVersion": api_version,
+                                           "metadata": {"resourceVersion": revision.to_string()}});
+                            if tx.send(Ok(encode("BOOKMARK", b))).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    WatchMessage::Compacted { compact_revision } => {
+                        let e = ApiError::gone(format!(
+                            "too old resource version: {} ({compact_revision})",
+                            start - 1
+                        ));
+                        let _ = tx.send(Ok(encode("ERROR", e.status()))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(stream_response(rx))
+    }
+}
+
+fn stream_response(rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Resp {
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .header("transfer-encoding", "chunked")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn aggregated_response(doc: Value, version: &str) -> Resp {
+    let mut r = json_response(200, &doc);
+    if let Ok(v) =
+        format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+            .parse()
+    {
+        r.headers_mut().insert("content-type", v);
+    }
+    r
+}
+
+fn text(code: u16, body: &'static str) -> Resp {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::OK))
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Body::from(body))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn success_status() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+}
+
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "32",
+        "gitVersion": concat!("v1.32.0-rkube.", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    })
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!("Request entity too large: limit is {MAX_BODY}"),
+            ))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "reading the request body failed: {e}"
+        ))),
+    }
+}
+
+fn decode_body(body: &Bytes, content_type: &str) -> Result<Value, ApiError> {
+    let ct = content_type.split(';').next().unwrap_or("").trim();
+    let v: Value = match ct {
+        "" | "application/json" => serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as JSON: {e}"
+            ))
+        })?,
+        "application/yaml" => serde_yaml::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body of the request could not be decoded as YAML: {e}"
+            ))
+        })?,
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the request body is not a JSON object",
+        ));
+    }
+    Ok(v)
+}
+
+/// A copy of `new` with metadata.generation bumped if its spec differs from `current`'s.
+fn bump_generation(res: &Resource, current: &Value, mut new: Value) -> Value {
+    if res.has_spec && current.get("spec") != new.get("spec") {
+        let g = current
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        new["metadata"]["generation"] = json!(g);
+    }
+    new
+}
+
+/// Fields that may not change after creation.
+fn check_immutable(res: &Resource, current: &Value, new: &Value) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    let name = meta_str(new, "name").unwrap_or("");
+    let immutable: &[&str] = match (res.group, res.kind) {
+        ("", "Service") => &["/spec/clusterIP"],
+        ("apps", "Deployment" | "ReplicaSet") => &["/spec/selector"],
+        ("", "Pod") => &[],
+        _ => &[],
+    };
+    for ptr in immutable {
+        let old = current.pointer(ptr);
+        if old.is_some() && old != new.pointer(ptr) {
+            causes.push(crate::error::Cause {
+                reason: "FieldValueInvalid",
+                field: ptr.trim_start_matches('/').replace('/', "."),
+                message: format!(
+                    "Invalid value: {}: field is immutable",
+                    new.pointer(ptr).cloned().unwrap_or(Value::Null)
+                ),
+            });
+        }
+    }
+    if res.kind == "Pod" {
+        // A pod's spec is fixed once created, except container images and a few others.
+        let strip = |v: Option<&Value>| {
+            let mut v = v.cloned().unwrap_or(json!({}));
+            for list in ["containers", "initContainers"] {
+                if let Some(cs) = v.get_mut(list).and_then(Value::as_array_mut) {
+                    for c in cs {
+                        if let Some(c) = c.as_object_mut() {
+                            c.remove("image");
+                        }
+                    }
+                }
+            }
+            if let Some(o) = v.as_object_mut() {
+                for f in [
+                    "activeDeadlineSeconds",
+                    "tolerations",
+                    "terminationGracePeriodSeconds",
+                    "nodeName",
+                ] {
+                    o.remove(f);
+                }
+            }
+            v
+        };
+        if strip(current.get("spec")) != strip(new.get("spec")) {
+            causes.push(crate::error::Cause {
+                reason: "FieldValueForbidden",
+                field: "spec".into(),
+                message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".into(),
+            });
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(res.group, res.kind, name, causes))
+    }
+}
+
+/// The autoscaling/v1 Scale of a workload.
+fn scale_of(res: &Resource, o: &Value) -> Value {
+    let selector = match o.pointer("/spec/selector") {
+        Some(sel) if sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some() => {
+            let mut parts: Vec<String> = sel
+                .get("matchLabels")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect();
+            parts.sort();
+            parts.join(",")
+        }
+        Some(sel) => sel
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => String::new(),
+    };
+    let m = meta(o).cloned().unwrap_or_default();
+    let _ = res;
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": m.get("name"), "namespace": m.get("namespace"), "uid": m.get("uid"),
+            "resourceVersion": m.get("resourceVersion"), "creationTimestamp": m.get("creationTimestamp"),
+        },
+        "spec": {"replicas": o.pointer("/spec/replicas").cloned().unwrap_or(json!(0))},
+        "status": {
+            "replicas": o.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector,
+        },
+    })
+}

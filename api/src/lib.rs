@@ -1,0 +1,23 @@
+//! The Kubernetes API server of an rkube control-plane member.
+//!
+//! Every member serves the whole API over HTTPS. Objects are JSON values in the member's
+//! replicated store under Kubernetes' /registry keys ([`resources`] maps URLs to keys); reads
+//! come from the member's applied state (a quorum read index first, unless the client asked for
+//! resourceVersion=0), writes are store transactions proposed through the Raft leader
+//! ([`storage`]). [`handler`] routes a request to a verb; [`discovery`] answers the discovery
+//! documents kubectl reads first.
+
+pub mod admission;
+pub mod auth;
+mod bootstrap;
+pub mod discovery;
+pub mod error;
+pub mod handler;
+pub mod patch;
+pub mod query;
+pub mod resources;
+pub mod server;
+pub mod storage;
+pub mod table;
+
+pub use server::{start, ApiConfig, ApiServer};

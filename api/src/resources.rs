@@ -1,0 +1,241 @@
+//! The table of served resources: what discovery lists, how a URL maps to a resource, and where
+//! its objects live in the store (Kubernetes' own registry layout).
+
+/// One served resource (a REST collection).
+#[derive(Debug)]
+pub struct Resource {
+    /// API group; empty for the core ("legacy") group served under /api.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    /// Plural, lower-case name used in URLs (`pods`).
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// Subresources served besides the main resource.
+    pub subresources: &'static [&'static str],
+    /// The store folder under /registry (Kubernetes' names: `minions` for nodes...).
+    pub storage: &'static str,
+    /// Verbs served; `create`-only kinds (reviews) serve nothing else.
+    pub verbs: &'static [&'static str],
+    /// Whether `metadata.generation` counts spec changes (kinds with a spec).
+    pub has_spec: bool,
+}
+
+pub const ALL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+const CREATE_ONLY: &[&str] = &["create"];
+
+impl Resource {
+    /// `apps/v1`, or `v1` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `deployments.apps`, or `pods` for the core group (the name RBAC and errors use).
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn serves(&self, verb: &str) -> bool {
+        self.verbs.contains(&verb)
+    }
+
+    /// Whether the objects are only ever created and answered, never stored (reviews).
+    pub fn is_virtual(&self) -> bool {
+        self.verbs == CREATE_ONLY
+    }
+
+    /// The store key of one object.
+    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!("/registry/{}/{}/{}", self.storage, ns, name),
+            _ => format!("/registry/{}/{}", self.storage, name),
+        }
+    }
+
+    /// The store prefix of a collection: one namespace's, or all of them.
+    pub fn prefix(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => format!("/registry/{}/{}/", self.storage, ns),
+            _ => format!("/registry/{}/", self.storage),
+        }
+    }
+}
+
+macro_rules! res {
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr,
+     short: [$($short:expr),*], cat: [$($cat:expr),*], sub: [$($sub:expr),*],
+     storage: $storage:expr, verbs: $verbs:expr, spec: $spec:expr) => {
+        Resource {
+            group: $group,
+            version: $version,
+            kind: $kind,
+            plural: $plural,
+            singular: $singular,
+            namespaced: $ns,
+            short_names: &[$($short),*],
+            categories: &[$($cat),*],
+            subresources: &[$($sub),*],
+            storage: $storage,
+            verbs: $verbs,
+            has_spec: $spec,
+        }
+    };
+}
+
+/// Every served resource, in discovery order.
+pub static RESOURCES: &[Resource] = &[
+    // core/v1
+    res!("", "v1", "Namespace", "namespaces", "namespace", false, short: ["ns"], cat: [],
+         sub: ["status", "finalize"], storage: "namespaces", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Pod", "pods", "pod", true, short: ["po"], cat: ["all"],
+         sub: ["status", "binding", "eviction"], storage: "pods", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Node", "nodes", "node", false, short: ["no"], cat: [],
+         sub: ["status"], storage: "minions", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Service", "services", "service", true, short: ["svc"], cat: ["all"],
+         sub: ["status"], storage: "services/specs", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Endpoints", "endpoints", "endpoints", true, short: ["ep"], cat: [],
+         sub: [], storage: "services/endpoints", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "ConfigMap", "configmaps", "configmap", true, short: ["cm"], cat: [],
+         sub: [], storage: "configmaps", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Secret", "secrets", "secret", true, short: [], cat: [],
+         sub: [], storage: "secrets", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "Event", "events", "event", true, short: ["ev"], cat: [],
+         sub: [], storage: "events", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true, short: ["sa"],
+         cat: [], sub: [], storage: "serviceaccounts", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "ReplicationController", "replicationcontrollers", "replicationcontroller",
+         true, short: ["rc"], cat: ["all"], sub: ["scale", "status"], storage: "controllers",
+         verbs: ALL_VERBS, spec: true),
+    res!("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true, short: ["quota"],
+         cat: [], sub: ["status"], storage: "resourcequotas", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "LimitRange", "limitranges", "limitrange", true, short: ["limits"], cat: [],
+         sub: [], storage: "limitranges", verbs: ALL_VERBS, spec: false),
+    // apps/v1
+    res!("apps", "v1", "Deployment", "deployments", "deployment", true, short: ["deploy"],
+         cat: ["all"], sub: ["scale", "status"], storage: "deployments", verbs: ALL_VERBS,
+         spec: true),
+    res!("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true, short: ["rs"],
+         cat: ["all"], sub: ["scale", "status"], storage: "replicasets", verbs: ALL_VERBS,
+         spec: true),
+    res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true,
+         short: [], cat: [], sub: [], storage: "controllerrevisions", verbs: ALL_VERBS,
+         spec: false),
+    // coordination.k8s.io/v1
+    res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, short: [], cat: [],
+         sub: [], storage: "leases", verbs: ALL_VERBS, spec: false),
+    // discovery.k8s.io/v1
+    res!("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", true,
+         short: [], cat: [], sub: [], storage: "endpointslices", verbs: ALL_VERBS, spec: false),
+    // events.k8s.io/v1 shares the store with core events, as in Kubernetes.
+    res!("events.k8s.io", "v1", "Event", "events", "event", true, short: ["ev"], cat: [],
+         sub: [], storage: "events", verbs: ALL_VERBS, spec: false),
+    // rbac.authorization.k8s.io/v1
+    res!("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true, short: [], cat: [],
+         sub: [], storage: "roles", verbs: ALL_VERBS, spec: false),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", "clusterrole", false,
+         short: [], cat: [], sub: [], storage: "clusterroles", verbs: ALL_VERBS, spec: false),
+    res!("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", "rolebinding", true,
+         short: [], cat: [], sub: [], storage: "rolebindings", verbs: ALL_VERBS, spec: false),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings",
+         "clusterrolebinding", false, short: [], cat: [], sub: [],
+         storage: "clusterrolebindings", verbs: ALL_VERBS, spec: false),
+    // certificates.k8s.io/v1
+    res!("certificates.k8s.io", "v1", "CertificateSigningRequest", "certificatesigningrequests",
+         "certificatesigningrequest", false, short: ["csr"], cat: [], sub: ["approval", "status"],
+         storage: "certificatesigningrequests", verbs: ALL_VERBS, spec: false),
+    // authorization.k8s.io/v1: answered, never stored.
+    res!("authorization.k8s.io", "v1", "SelfSubjectAccessReview", "selfsubjectaccessreviews",
+         "selfsubjectaccessreview", false, short: [], cat: [], sub: [], storage: "",
+         verbs: CREATE_ONLY, spec: false),
+    res!("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews",
+         "subjectaccessreview", false, short: [], cat: [], sub: [], storage: "",
+         verbs: CREATE_ONLY, spec: false),
+    // scheduling.k8s.io/v1
+    res!("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", "priorityclass", false,
+         short: ["pc"], cat: [], sub: [], storage: "priorityclasses", verbs: ALL_VERBS,
+         spec: false),
+];
+
+/// The served groups, in discovery order, each with its one version.
+pub fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for r in RESOURCES {
+        if !out.iter().any(|(g, v)| *g == r.group && *v == r.version) {
+            out.push((r.group, r.version));
+        }
+    }
+    out
+}
+
+/// The resource served at `group/version/plural`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource of a kind in a group (for `kind` fields and owner references).
+pub fn by_kind(group: &str, kind: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.kind == kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_registry_layout() {
+        let pods = find("", "v1", "pods").unwrap();
+        assert_eq!(
+            pods.key(Some("default"), "nginx"),
+            "/registry/pods/default/nginx"
+        );
+        assert_eq!(pods.prefix(None), "/registry/pods/");
+        let nodes = find("", "v1", "nodes").unwrap();
+        assert_eq!(nodes.key(None, "n1"), "/registry/minions/n1");
+        let svc = find("", "v1", "services").unwrap();
+        assert_eq!(
+            svc.key(Some("default"), "web"),
+            "/registry/services/specs/default/web"
+        );
+        assert_eq!(
+            find("apps", "v1", "deployments").unwrap().qualified(),
+            "deployments.apps"
+        );
+    }
+
+    #[test]
+    fn every_resource_is_unique_in_its_group() {
+        for (i, a) in RESOURCES.iter().enumerate() {
+            for b in &RESOURCES[i + 1..] {
+                assert!(
+                    !(a.group == b.group && a.plural == b.plural),
+                    "{} served twice",
+                    a.qualified()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The HTTPS listener: TLS with optional client certificates (verified against the cluster CA),
+//! one HTTP/1.1 connection per client, each request handed to [`crate::handler`] with the user
+//! the connection authenticated as.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rkube_store::pki::TlsMaterial;
+use rkube_store::server::node::Node;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::auth::{self, User};
+use crate::handler::Api;
+
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    pub tls: TlsMaterial,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    #[error("cannot listen for the Kubernetes API on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the API server's TLS setup failed: {0}")]
+    Tls(String),
+}
+
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+fn tls_config(tls: &TlsMaterial) -> Result<rustls::ServerConfig, ApiServerError> {
+    let err = |e: &dyn std::fmt::Display| ApiServerError::Tls(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&tls.ca_pem) {
+        roots.add(cert.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| err(&e))?;
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&tls.cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| err(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(&tls.key_pem).map_err(|e| err(&e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| err(&e))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Starts serving the Kubernetes API; returns once the port listens.
+pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServerError> {
+    let tls = Arc::new(tls_config(&cfg.tls)?);
+    let listener =
+        TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| ApiServerError::Listen {
+                addr: cfg.listen,
+                source,
+            })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ApiServerError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    let api = Arc::new(Api::new(node));
+    api.clone().start_background();
+    let (stop, mut stopped) = watch::channel(false);
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let task = tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                c = listener.accept() => c,
+                _ = stopped.changed() => break,
+            };
+            let (tcp, _) = match conn {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting an API connection failed");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let api = api.clone();
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let tls = match acceptor.accept(tcp).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                };
+                let user = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(auth::from_certificate);
+                let user: Arc<User> = Arc::new(user.unwrap_or_else(User::anonymous));
+                let service = service_fn(move |req| {
+                    let api = api.clone();
+                    let user = user.clone();
+                    async move { Ok::<_, std::convert::Infallible>(api.handle(&user, req).await) }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service);
+                tokio::select! {
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(error = %e, "API connection ended");
+                    },
+                    _ = stopped.changed() => {}
+                }
+            });
+        }
+    });
+    Ok(ApiServer { addr, stop, task })
+}

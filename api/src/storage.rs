@@ -1,0 +1,265 @@
+//! Objects in the replicated store: JSON values under /registry keys. An object's
+//! resourceVersion is its key's mod_revision; it is not stored in the value, only set on the way
+//! out. Writes are transactions through the Raft leader that compare the key's revision, which
+//! is what turns a stale update into a Conflict.
+
+use std::sync::Arc;
+
+use rkube_store::mvcc::types::{
+    Command, Compare, CompareResult, CompareTarget, DeleteRequest, KeyRange, KeyValue, Op,
+    OpResult, Output, PutRequest, RangeRequest, TxnRequest,
+};
+use rkube_store::server::node::Node;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// How fresh a read must be (Kubernetes' resourceVersion semantics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// `resourceVersion` unset: the newest state, confirmed with the leader (a quorum read).
+    Latest,
+    /// `resourceVersion=0`: whatever this member has applied.
+    Any,
+    /// At least this revision (waits for this member to apply it).
+    NotOlderThan(i64),
+    /// Exactly this revision (410 Gone when compacted).
+    Exact(i64),
+}
+
+pub struct Stored {
+    pub object: Value,
+    pub revision: i64,
+}
+
+/// The outcome of a conditional write.
+pub enum Write {
+    Done(Stored),
+    /// The compare failed: the key's current state (None when absent).
+    Lost(Option<Stored>),
+}
+
+#[derive(Clone)]
+pub struct ObjectStore {
+    pub node: Arc<Node>,
+}
+
+pub fn decode(kv: &KeyValue) -> Result<Stored, ApiError> {
+    let mut object: Value = serde_json::from_slice(&kv.value).map_err(|e| {
+        ApiError::internal(format!(
+            "object at {} is not JSON: {e}",
+            String::from_utf8_lossy(&kv.key)
+        ))
+    })?;
+    set_resource_version(&mut object, kv.mod_revision);
+    Ok(Stored {
+        object,
+        revision: kv.mod_revision,
+    })
+}
+
+pub fn set_resource_version(object: &mut Value, revision: i64) {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert(
+            "resourceVersion".into(),
+            Value::String(revision.to_string()),
+        );
+    }
+}
+
+fn encode(object: &Value) -> Result<Vec<u8>, ApiError> {
+    let mut object = object.clone();
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+        meta.remove("selfLink");
+    }
+    serde_json::to_vec(&object).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+impl ObjectStore {
+    pub fn new(node: Arc<Node>) -> Self {
+        ObjectStore { node }
+    }
+
+    /// The store revision now (on this member).
+    pub fn revision(&self) -> i64 {
+        self.node.mvcc.revision()
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.node.mvcc.compact_revision()
+    }
+
+    /// Brings this member up to date as `freshness` asks, and returns the revision to read at
+    /// (0: the newest).
+    async fn settle(&self, freshness: Freshness) -> Result<i64, ApiError> {
+        match freshness {
+            Freshness::Latest => {
+                self.node.linearizable_barrier().await?;
+                Ok(0)
+            }
+            Freshness::Any => Ok(0),
+            Freshness::NotOlderThan(rev) => {
+                self.wait_for_revision(rev).await?;
+                Ok(0)
+            }
+            Freshness::Exact(rev) => {
+                self.wait_for_revision(rev).await?;
+                Ok(rev)
+            }
+        }
+    }
+
+    async fn wait_for_revision(&self, rev: i64) -> Result<(), ApiError> {
+        if self.revision() >= rev {
+            return Ok(());
+        }
+        let mut events = self.node.mvcc.subscribe();
+        let deadline = tokio::time::Instant::now() + self.node.timing.request_timeout;
+        while self.revision() < rev {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    return Err(ApiError::timeout(format!(
+                        "Too large resource version: {rev}, current: {}",
+                        self.revision()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn get(&self, key: &str, freshness: Freshness) -> Result<Option<Stored>, ApiError> {
+        let revision = self.settle(freshness).await?;
+        let (result, _) = self
+            .node
+            .mvcc
+            .range(&RangeRequest {
+                range: KeyRange::single(key.as_bytes().to_vec()),
+                revision,
+                ..Default::default()
+            })
+            .map_err(rkube_store::error::StoreError::from)?;
+        result.kvs.first().map(decode).transpose()
+    }
+
+    /// Keys in [start, end) at a revision, at most `limit` (0: all). Returns the key-values, the
+    /// revision they were read at and whether more remain.
+    pub async fn range(
+        &self,
+        start: &str,
+        end: &[u8],
+        limit: i64,
+        freshness: Freshness,
+    ) -> Result<(Vec<KeyValue>, i64, bool), ApiError> {
+        let revision = self.settle(freshness).await?;
+        let (result, rev) = self
+            .node
+            .mvcc
+            .range(&RangeRequest {
+                range: KeyRange {
+                    key: start.as_bytes().to_vec(),
+                    range_end: end.to_vec(),
+                },
+                revision,
+                limit,
+                ..Default::default()
+            })
+            .map_err(rkube_store::error::StoreError::from)?;
+        let read_at = if revision > 0 { revision } else { rev };
+        Ok((result.kvs, read_at, result.more))
+    }
+
+    async fn txn(&self, txn: TxnRequest) -> Result<(bool, Vec<OpResult>, i64), ApiError> {
+        let applied = self.node.propose(Command::Txn(txn)).await?;
+        match applied
+            .output
+            .map_err(rkube_store::error::StoreError::from)?
+        {
+            Output::Txn(t) => Ok((t.succeeded, t.responses, applied.revision)),
+            other => Err(ApiError::internal(format!(
+                "a transaction produced {other:?}"
+            ))),
+        }
+    }
+
+    fn current(results: Vec<OpResult>) -> Result<Option<Stored>, ApiError> {
+        match results.into_iter().next() {
+            Some(OpResult::Range(r)) => r.kvs.first().map(decode).transpose(),
+            _ => Ok(None),
+        }
+    }
+
+    /// Puts `object` at `key` if the key's mod_revision is `expected` (0: the key is absent).
+    pub async fn put_if(
+        &self,
+        key: &str,
+        object: &Value,
+        expected: i64,
+    ) -> Result<Write, ApiError> {
+        let value = encode(object)?;
+        let key = key.as_bytes().to_vec();
+        let (ok, results, revision) = self
+            .txn(TxnRequest {
+                compare: vec![Compare {
+                    range: KeyRange::single(key.clone()),
+                    result: CompareResult::Equal,
+                    target: CompareTarget::ModRevision(expected),
+                }],
+                success: vec![Op::Put(PutRequest {
+                    key: key.clone(),
+                    value,
+                    ..Default::default()
+                })],
+                failure: vec![Op::Range(RangeRequest {
+                    range: KeyRange::single(key),
+                    ..Default::default()
+                })],
+            })
+            .await?;
+        if ok {
+            let mut object = object.clone();
+            set_resource_version(&mut object, revision);
+            Ok(Write::Done(Stored { object, revision }))
+        } else {
+            Ok(Write::Lost(Self::current(results)?))
+        }
+    }
+
+    /// Deletes `key` if its mod_revision is `expected`; returns the deleted object.
+    pub async fn delete_if(&self, key: &str, expected: i64) -> Result<Write, ApiError> {
+        let key = key.as_bytes().to_vec();
+        let (ok, results, revision) = self
+            .txn(TxnRequest {
+                compare: vec![Compare {
+                    range: KeyRange::single(key.clone()),
+                    result: CompareResult::Equal,
+                    target: CompareTarget::ModRevision(expected),
+                }],
+                success: vec![Op::Delete(DeleteRequest {
+                    range: KeyRange::single(key.clone()),
+                    prev_kv: true,
+                })],
+                failure: vec![Op::Range(RangeRequest {
+                    range: KeyRange::single(key),
+                    ..Default::default()
+                })],
+            })
+            .await?;
+        if !ok {
+            return Ok(Write::Lost(Self::current(results)?));
+        }
+        match results.into_iter().next() {
+            Some(OpResult::Delete(d)) => match d.prev_kvs.first() {
+                Some(kv) => {
+                    let mut s = decode(kv)?;
+                    s.revision = revision;
+                    Ok(Write::Done(s))
+                }
+                None => Ok(Write::Lost(None)),
+            },
+            _ => Err(ApiError::internal("a delete produced another result")),
+        }
+    }
+}
