@@ -24,6 +24,7 @@ impl Api {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut ticks: u64 = 0;
             loop {
                 tick.tick().await;
                 if !self.node.is_leader() {
@@ -31,6 +32,15 @@ impl Api {
                 }
                 if let Err(e) = self.reconcile_namespaces().await {
                     tracing::debug!(error = %e, "namespace upkeep failed; retrying");
+                }
+                if let Err(e) = self.ensure_kubernetes_service().await {
+                    tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
+                }
+                ticks += 1;
+                if ticks % 20 == 0 {
+                    if let Err(e) = self.reconcile_quotas().await {
+                        tracing::debug!(error = %e, "quota upkeep failed; retrying");
+                    }
                 }
             }
         });
@@ -95,7 +105,8 @@ impl Api {
         Ok(())
     }
 
-    /// Deletes everything in a terminating namespace, then the namespace.
+    /// Deletes everything in a terminating namespace (through the delete verb, so Service
+    /// addresses and quota usage are released and finalizers honoured), then the namespace.
     async fn finish_namespace(
         &self,
         name: &str,
@@ -115,28 +126,23 @@ impl Api {
             let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
             for kv in kvs {
                 let obj = crate::storage::decode(&kv)?;
-                let has_finalizers = obj
-                    .object
-                    .pointer("/metadata/finalizers")
-                    .and_then(Value::as_array)
-                    .is_some_and(|f| !f.is_empty());
-                if has_finalizers {
-                    // Marked for deletion; its finalizers' owners remove it.
-                    left += 1;
-                    if obj.object.pointer("/metadata/deletionTimestamp").is_none() {
-                        let oname = obj
-                            .object
-                            .pointer("/metadata/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string();
-                        let t = Target::new(res, Some(name.to_string()), Some(oname));
-                        let _ = self.delete_object(&t, &Query::default(), None).await;
-                    }
+                left += 1;
+                if obj.object.pointer("/metadata/deletionTimestamp").is_some() {
+                    // Already marked; the owners of its finalizers finish it.
                     continue;
                 }
-                let key = String::from_utf8_lossy(&kv.key).to_string();
-                self.store.delete_if(&key, kv.mod_revision).await?;
+                let oname = obj
+                    .object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let t = Target::new(res, Some(name.to_string()), Some(oname));
+                match self.delete_object(&t, &Query::default(), None).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         if left == 0 {
@@ -144,6 +150,67 @@ impl Api {
                 .expect("served")
                 .key(None, name);
             self.store.delete_if(&key, ns.revision).await?;
+        }
+        Ok(())
+    }
+
+    /// The `kubernetes` Service in default, on the first address of the service range.
+    async fn ensure_kubernetes_service(&self) -> Result<(), crate::error::ApiError> {
+        let svc = resources::find("", "v1", "services").expect("served");
+        if self
+            .store
+            .get(&svc.key(Some("default"), "kubernetes"), Freshness::Any)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        self.create_if_missing(
+            Target::new(svc, Some("default".into()), None),
+            json!({
+                "metadata": {"name": "kubernetes", "namespace": "default",
+                             "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"type": "ClusterIP", "clusterIP": self.net.first().to_string(),
+                         "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": self.port}]},
+            }),
+        )
+        .await
+    }
+
+    /// Recomputes every quota's usage from the objects, at one revision, and stores it if it
+    /// drifted (objects removed without the API, e.g. by a namespace's deletion racing a
+    /// quota's creation). The write compares the quota's revision at that read, so it never
+    /// overwrites a charge made since.
+    async fn reconcile_quotas(&self) -> Result<(), crate::error::ApiError> {
+        let qres = resources::find("", "v1", "resourcequotas").expect("served");
+        let prefix = qres.prefix(None);
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+        for kv in kvs {
+            let q = crate::storage::decode(&kv)?;
+            let ns = q
+                .object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let hard = q
+                .object
+                .pointer("/spec/hard")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            let (status, rev) = self.quota_status(&ns, &hard, Freshness::Any).await?;
+            // The quota as of that same revision.
+            let key = String::from_utf8_lossy(&kv.key).to_string();
+            let Some(at) = self.store.get(&key, Freshness::Exact(rev)).await? else {
+                continue;
+            };
+            if at.object.get("status") != Some(&status) {
+                let mut updated = at.object.clone();
+                updated["status"] = status;
+                self.store.put_if(&key, &updated, at.revision).await?;
+            }
         }
         Ok(())
     }

@@ -20,8 +20,10 @@ use crate::discovery;
 use crate::error::ApiError;
 use crate::patch;
 use crate::query::{FieldSelector, LabelSelector, Query};
+use crate::quota;
 use crate::resources::{self, Resource};
-use crate::storage::{decode, set_resource_version, Freshness, ObjectStore, Stored, Write};
+use crate::services::{self, ServiceNet};
+use crate::storage::{decode, set_resource_version, Change, Freshness, ObjectStore, Stored, Write};
 use crate::table::{self, Form};
 
 /// Largest request body accepted (Kubernetes' limit).
@@ -35,6 +37,17 @@ pub type Resp = Response<Body>;
 pub struct Api {
     pub store: ObjectStore,
     pub node: Arc<Node>,
+    pub net: ServiceNet,
+    /// The port this member serves the API on (the `kubernetes` Service's target port).
+    pub port: u16,
+}
+
+fn is_service(res: &Resource) -> bool {
+    res.group.is_empty() && res.kind == "Service"
+}
+
+fn is_quota(res: &Resource) -> bool {
+    res.group.is_empty() && res.kind == "ResourceQuota"
 }
 
 fn json_response(code: u16, body: &Value) -> Resp {
@@ -259,10 +272,12 @@ impl DeleteOptions {
 }
 
 impl Api {
-    pub fn new(node: Arc<Node>) -> Self {
+    pub fn new(node: Arc<Node>, net: ServiceNet, port: u16) -> Self {
         Api {
             store: ObjectStore::new(node.clone()),
             node,
+            net,
+            port,
         }
     }
 
@@ -726,27 +741,165 @@ impl Api {
             admission::validate(t.res, &object)?;
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             let key = t.res.key(t.ns.as_deref(), &name);
-            if dry_run {
-                return Ok(json_response(201, &object));
+            let mut obj = object.clone();
+            if is_service(t.res) {
+                services::allocate(&self.net, &mut obj)?;
             }
-            match self.store.put_if(&key, &object, 0).await? {
-                Write::Done(s) => return Ok(json_response(201, &s.object)),
-                Write::Lost(_) if generated && meta_str(&object, "generateName").is_some() => {
+            if is_quota(t.res) {
+                let hard = obj
+                    .pointer("/spec/hard")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                obj["status"] = self
+                    .quota_status(t.ns.as_deref().unwrap_or(""), &hard, Freshness::Latest)
+                    .await?
+                    .0;
+            }
+            let changes = self.changes_for(t, &key, 0, None, Some(&obj)).await?;
+            if dry_run {
+                return Ok(json_response(201, &obj));
+            }
+            if let Some(rev) = self.store.apply(&changes).await? {
+                set_resource_version(&mut obj, rev);
+                return Ok(json_response(201, &obj));
+            }
+            if self.store.get(&key, Freshness::Latest).await?.is_some() {
+                if generated {
                     // A generated name collided: draw another.
                     let prefix = meta_str(&object, "generateName").unwrap_or("").to_string();
                     meta_mut(&mut object)?
                         .insert("name".into(), json!(format!("{prefix}{}", random_suffix())));
+                    continue;
                 }
-                Write::Lost(_) => {
-                    return Err(ApiError::already_exists(t.res.group, t.res.plural, &name))
-                }
+                return Err(ApiError::already_exists(t.res.group, t.res.plural, &name));
             }
+            if is_service(t.res) {
+                self.check_claims(&object, None).await?;
+            }
+            // A quota moved or a picked address was taken meanwhile: go again.
         }
         Err(ApiError::new(
             500,
             "ServerTimeout",
-            "could not generate a unique name; try again",
+            "the object could not be stored after several attempts (concurrent changes); try again",
         ))
+    }
+
+    /// A 422 when one of the addresses `svc` asks for (and `old` did not hold) is taken.
+    async fn check_claims(&self, svc: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+        let held = old.map(services::claims).unwrap_or_default();
+        for claim in services::claims(svc) {
+            if held.contains(&claim) {
+                continue;
+            }
+            if self.store.get(&claim, Freshness::Latest).await?.is_some() {
+                return Err(services::taken(svc, &claim));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every store change that goes with writing `new` (None: deleting) over `old` at `key`:
+    /// the object, the address claims of a Service and the usage of the namespace's quotas.
+    async fn changes_for(
+        &self,
+        t: &Target,
+        key: &str,
+        expected: i64,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> Result<Vec<Change>, ApiError> {
+        let mut changes = vec![Change {
+            key: key.to_string(),
+            expected: Some(expected),
+            write: new.cloned(),
+        }];
+        let any = new.or(old);
+        let name = any
+            .and_then(|o| meta_str(o, "name"))
+            .unwrap_or("")
+            .to_string();
+        if is_service(t.res) {
+            let before = old.map(services::claims).unwrap_or_default();
+            let after = new.map(services::claims).unwrap_or_default();
+            let owner = json!({"service": format!("{}/{name}", t.ns.as_deref().unwrap_or(""))});
+            for c in after.iter().filter(|c| !before.contains(c)) {
+                changes.push(Change {
+                    key: c.clone(),
+                    expected: Some(0),
+                    write: Some(owner.clone()),
+                });
+            }
+            for c in before.iter().filter(|c| !after.contains(c)) {
+                changes.push(Change {
+                    key: c.clone(),
+                    expected: None,
+                    write: None,
+                });
+            }
+        }
+        if t.res.namespaced && !is_quota(t.res) {
+            let delta = quota::delta(t.res, old, new);
+            if !delta.is_empty() {
+                let qres = resources::find("", "v1", "resourcequotas").expect("served");
+                let ns =
+                    t.ns.as_deref()
+                        .or_else(|| any.and_then(|o| meta_str(o, "namespace")))
+                        .unwrap_or("");
+                let prefix = qres.prefix(Some(ns));
+                let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+                let (kvs, _, _) = self
+                    .store
+                    .range(&prefix, &end, 0, Freshness::Latest)
+                    .await?;
+                for kv in kvs {
+                    let q = decode(&kv)?;
+                    if let Some(charged) = quota::charge(&q.object, t.res, &name, new, &delta)? {
+                        changes.push(Change {
+                            key: String::from_utf8_lossy(&kv.key).to_string(),
+                            expected: Some(q.revision),
+                            write: Some(charged),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// A quota's status computed from the objects in its namespace, and the revision read at.
+    pub(crate) async fn quota_status(
+        &self,
+        ns: &str,
+        hard: &serde_json::Map<String, Value>,
+        freshness: Freshness,
+    ) -> Result<(Value, i64), ApiError> {
+        let mut totals = std::collections::BTreeMap::new();
+        let mut fresh = freshness;
+        let mut revision = 0;
+        let mut seen = std::collections::HashSet::new();
+        for res in resources::RESOURCES
+            .iter()
+            .filter(|r| r.namespaced && !r.storage.is_empty())
+        {
+            if !seen.insert(res.storage) {
+                continue;
+            }
+            let prefix = res.prefix(Some(ns));
+            let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+            let (kvs, rev, _) = self.store.range(&prefix, &end, 0, fresh).await?;
+            // Every resource is read at the same revision.
+            fresh = Freshness::Exact(rev);
+            revision = rev;
+            for kv in kvs {
+                let o = decode(&kv)?;
+                for (k, v) in quota::usage(res, &o.object) {
+                    *totals.entry(k).or_insert(0) += v;
+                }
+            }
+        }
+        Ok((quota::status_from(hard, &totals), revision))
     }
 
     /// The new state of an object from a full replacement (`PUT`), given its current state.
@@ -863,6 +1016,9 @@ impl Api {
                 }
             }
         }
+        if is_service(res) {
+            services::keep_allocated(current, &mut new);
+        }
         admission::defaults(res, &mut new);
         Ok(bump_generation(res, current, new))
     }
@@ -883,21 +1039,39 @@ impl Api {
                 .pointer("/metadata/finalizers")
                 .and_then(Value::as_array)
                 .is_none_or(|f| f.is_empty());
+        let mut new = new;
+        if is_service(t.res) && !finalizers_done {
+            services::allocate(&self.net, &mut new)?;
+        }
+        let write = (!finalizers_done).then(|| new.clone());
+        let changes = self
+            .changes_for(
+                t,
+                &t.key(),
+                current.revision,
+                Some(&current.object),
+                write.as_ref(),
+            )
+            .await?;
         if dry_run {
             return Ok(Some(Stored {
                 object: new,
                 revision: current.revision,
             }));
         }
-        let w = if finalizers_done {
-            self.store.delete_if(&t.key(), current.revision).await?
-        } else {
-            self.store.put_if(&t.key(), &new, current.revision).await?
-        };
-        Ok(match w {
-            Write::Done(s) => Some(s),
-            Write::Lost(_) => None,
-        })
+        match self.store.apply(&changes).await? {
+            Some(revision) => {
+                let mut object = write.unwrap_or_else(|| current.object.clone());
+                set_resource_version(&mut object, revision);
+                Ok(Some(Stored { object, revision }))
+            }
+            None => {
+                if is_service(t.res) {
+                    self.check_claims(&new, Some(&current.object)).await?;
+                }
+                Ok(None)
+            }
+        }
     }
 
     async fn update(
@@ -1083,9 +1257,11 @@ impl Api {
             if dry_run {
                 return Ok(current.object);
             }
-            match self.store.delete_if(&t.key(), current.revision).await? {
-                Write::Done(s) => return Ok(s.object),
-                Write::Lost(_) => continue,
+            let changes = self
+                .changes_for(t, &t.key(), current.revision, Some(&current.object), None)
+                .await?;
+            if self.store.apply(&changes).await?.is_some() {
+                return Ok(current.object);
             }
         }
         Err(ApiError::conflict(

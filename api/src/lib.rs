@@ -15,8 +15,10 @@ pub mod error;
 pub mod handler;
 pub mod patch;
 pub mod query;
+pub mod quota;
 pub mod resources;
 pub mod server;
+pub mod services;
 pub mod storage;
 pub mod table;
 

@@ -21,6 +21,8 @@ use crate::handler::Api;
 pub struct ApiConfig {
     pub listen: SocketAddr,
     pub tls: TlsMaterial,
+    /// Where ClusterIPs come from (`--service-cluster-ip-range`, default 10.96.0.0/12).
+    pub service_net: crate::services::ServiceNet,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +93,7 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
             addr: cfg.listen,
             source,
         })?;
-    let api = Arc::new(Api::new(node));
+    let api = Arc::new(Api::new(node, cfg.service_net, addr.port()));
     api.clone().start_background();
     let (stop, mut stopped) = watch::channel(false);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);

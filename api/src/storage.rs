@@ -27,6 +27,15 @@ pub enum Freshness {
     Exact(i64),
 }
 
+/// One key of a multi-key write: its expected mod_revision (0: absent) and the value to put,
+/// or None to delete it.
+pub struct Change {
+    pub key: String,
+    /// None: written whatever its state.
+    pub expected: Option<i64>,
+    pub write: Option<Value>,
+}
+
 pub struct Stored {
     pub object: Value,
     pub revision: i64,
@@ -189,6 +198,43 @@ impl ObjectStore {
             Some(OpResult::Range(r)) => r.kvs.first().map(decode).transpose(),
             _ => Ok(None),
         }
+    }
+
+    /// Applies several changes at once if every key's mod_revision is what its change expects
+    /// (0: absent). Returns the revision written, or None when a compare failed.
+    pub async fn apply(&self, changes: &[Change]) -> Result<Option<i64>, ApiError> {
+        let compare = changes
+            .iter()
+            .filter_map(|c| {
+                c.expected.map(|expected| Compare {
+                    range: KeyRange::single(c.key.as_bytes().to_vec()),
+                    result: CompareResult::Equal,
+                    target: CompareTarget::ModRevision(expected),
+                })
+            })
+            .collect();
+        let success = changes
+            .iter()
+            .map(|c| match &c.write {
+                Some(value) => Ok(Op::Put(PutRequest {
+                    key: c.key.as_bytes().to_vec(),
+                    value: encode(value)?,
+                    ..Default::default()
+                })),
+                None => Ok(Op::Delete(DeleteRequest {
+                    range: KeyRange::single(c.key.as_bytes().to_vec()),
+                    prev_kv: false,
+                })),
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        let (ok, _, revision) = self
+            .txn(TxnRequest {
+                compare,
+                success,
+                failure: vec![],
+            })
+            .await?;
+        Ok(ok.then_some(revision))
     }
 
     /// Puts `object` at `key` if the key's mod_revision is `expected` (0: the key is absent).

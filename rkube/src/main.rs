@@ -108,6 +108,10 @@ struct ServerArgs {
     /// Address for the Kubernetes API (HTTPS, with this member's certificate).
     #[arg(long)]
     listen_api: Option<SocketAddr>,
+    /// The range Service ClusterIPs are allocated from; its first address is the
+    /// `kubernetes` Service's.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cluster_ip_range: rkube_api::services::ServiceNet,
     /// Client URLs to publish (default: derived from --listen-client).
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
@@ -205,13 +209,21 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
 
 async fn run_server(args: ServerArgs) -> Result<()> {
     let listen_api = args.listen_api;
+    let service_net = args.service_cluster_ip_range;
     let cfg = server_config(args)?;
     let tls = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
     let server = rkube_store::server::start(cfg).await?;
     let api = match listen_api {
         Some(listen) => {
-            let api =
-                rkube_api::start(server.node.clone(), rkube_api::ApiConfig { listen, tls }).await?;
+            let api = rkube_api::start(
+                server.node.clone(),
+                rkube_api::ApiConfig {
+                    listen,
+                    tls,
+                    service_net,
+                },
+            )
+            .await?;
             tracing::info!(addr = %api.addr, "serving the Kubernetes API");
             Some(api)
         }
