@@ -15,6 +15,7 @@ use rkube_store::server::snapshot_schedule::{self, SnapshotName};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 pub mod etcdctl;
+pub mod kubectl;
 
 pub use etcdctl::{Etcdctl, EtcdctlChild, EtcdctlOutput};
 pub use pb::cluster_client::ClusterClient;
@@ -177,11 +178,11 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
-/// A base port with room for `n` members (+10 each, 3 ports each) plus one spare member.
+/// A base port with room for `n` members (+10 each, 4 ports each) plus one spare member.
 fn free_base(n: usize) -> u16 {
     for _ in 0..200 {
         let base = 20_000 + (rand::random::<u16>() % 3000) * 10;
-        if (0..=n).all(|i| (0..3).all(|p| port_free(base + (i * 10) as u16 + p))) {
+        if (0..=n).all(|i| (0..4).all(|p| port_free(base + (i * 10) as u16 + p))) {
             return base;
         }
     }

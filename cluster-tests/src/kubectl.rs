@@ -1,0 +1,169 @@
+//! kubectl (1.32) as a user runs it against a cluster started by `rkube up`: with the
+//! KUBECONFIG that `rkube up` wrote to DIR/env, its own HOME (so discovery caches never leak
+//! between clusters), one-shot commands whose output a test reads, and `get -w` whose lines it
+//! waits for.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// How long one kubectl command may take.
+const KUBECTL_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+pub struct Kubectl {
+    kubeconfig: PathBuf,
+    home: PathBuf,
+    extra_env: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+pub struct KubectlOutput {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl KubectlOutput {
+    /// The output of a command that must have succeeded.
+    pub fn ok(self) -> String {
+        assert!(
+            self.success,
+            "kubectl failed:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        self.stdout
+    }
+
+    /// The error of a command that must have failed.
+    pub fn err(self) -> String {
+        assert!(
+            !self.success,
+            "kubectl succeeded but should have failed:\nstdout: {}",
+            self.stdout
+        );
+        self.stderr
+    }
+}
+
+impl Kubectl {
+    /// kubectl with the KUBECONFIG named in an env file written by `rkube up`.
+    pub fn from_env_file(env: &Path, home: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(env).with_context(|| format!("reading {}", env.display()))?;
+        let Some(kubeconfig) = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("export KUBECONFIG="))
+        else {
+            bail!("{} sets no KUBECONFIG", env.display());
+        };
+        std::fs::create_dir_all(home)?;
+        Ok(Kubectl {
+            kubeconfig: PathBuf::from(kubeconfig),
+            home: home.to_path_buf(),
+            extra_env: Vec::new(),
+        })
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The same kubectl with one more environment variable (EDITOR, say).
+    pub fn with_env(&self, name: &str, value: &str) -> Self {
+        let mut k = self.clone();
+        k.extra_env.push((name.into(), value.into()));
+        k
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("kubectl");
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &self.home)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .envs(self.extra_env.iter().cloned())
+            .args(args)
+            .kill_on_drop(true);
+        cmd
+    }
+
+    pub async fn run(&self, args: &[&str]) -> KubectlOutput {
+        self.run_with_input(args, "").await
+    }
+
+    pub async fn run_with_input(&self, args: &[&str], input: &str) -> KubectlOutput {
+        use tokio::io::AsyncWriteExt;
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl runs (it is installed on the machine)");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let input = input.to_string();
+        let feed = async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        };
+        let (_, out) = tokio::time::timeout(
+            KUBECTL_TIMEOUT,
+            futures::future::join(feed, child.wait_with_output()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish within {KUBECTL_TIMEOUT:?}"));
+        let out = out.expect("kubectl's output is read");
+        KubectlOutput {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
+    pub fn spawn_lines(&self, args: &[&str]) -> (tokio::process::Child, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("kubectl runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    }
+}
+
+/// Waits for a line containing every one of `needles`; returns it.
+pub async fn wait_line(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    needles: &[&str],
+    timeout: Duration,
+) -> String {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(line)) => {
+                if needles.iter().all(|n| line.contains(n)) {
+                    return line;
+                }
+                seen.push(line);
+            }
+            Ok(None) => panic!("the command ended before printing {needles:?}; it printed {seen:#?}"),
+            Err(_) => panic!("no line with {needles:?} within {timeout:?}; saw {seen:#?}"),
+        }
+    }
+}
