@@ -40,7 +40,14 @@ pub struct Api {
     pub net: ServiceNet,
     /// The port this member serves the API on (the `kubernetes` Service's target port).
     pub port: u16,
+    /// Requests in flight, as kube-apiserver's --max-requests-inflight (400 reads) and
+    /// --max-mutating-requests-inflight (200 writes); watches are long-running and not counted.
+    reads: tokio::sync::Semaphore,
+    writes: tokio::sync::Semaphore,
 }
+
+pub const MAX_READS_INFLIGHT: usize = 400;
+pub const MAX_WRITES_INFLIGHT: usize = 200;
 
 fn is_service(res: &Resource) -> bool {
     res.group.is_empty() && res.kind == "Service"
@@ -278,6 +285,8 @@ impl Api {
             node,
             net,
             port,
+            reads: tokio::sync::Semaphore::new(MAX_READS_INFLIGHT),
+            writes: tokio::sync::Semaphore::new(MAX_WRITES_INFLIGHT),
         }
     }
 
@@ -285,6 +294,25 @@ impl Api {
         let started = std::time::Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
+        let watch = Query::parse(req.uri().query()).flag("watch");
+        let limit = match method {
+            _ if watch => None,
+            Method::GET | Method::HEAD => Some(&self.reads),
+            _ => Some(&self.writes),
+        };
+        let _permit = match limit.map(|l| l.try_acquire()) {
+            Some(Err(_)) => {
+                let mut e = ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    "Too many requests, please try again later.",
+                );
+                e.retry_after = Some(1);
+                return error_response(&e);
+            }
+            Some(Ok(p)) => Some(p),
+            None => None,
+        };
         let result = self.route(user, req).await;
         let resp = match result {
             Ok(r) => r,
@@ -736,6 +764,14 @@ impl Api {
         self.prepare_create(t, &mut object)?;
         admission::defaults(t.res, &mut object);
         self.check_namespace(t).await?;
+        if t.res.group.is_empty() && t.res.kind == "Pod" {
+            let ranges = self
+                .namespace_objects("limitranges", t.ns.as_deref().unwrap_or(""))
+                .await?;
+            crate::limitrange::admit(&mut object, &ranges)?;
+            // The QoS class follows the resources LimitRange filled in.
+            object["status"]["qosClass"] = json!(admission::qos_class(&object));
+        }
         let generated = meta_str(&object, "generateName").is_some() && t.name.is_none();
         for _ in 0..UPDATE_RETRIES {
             admission::validate(t.res, &object)?;
@@ -784,6 +820,15 @@ impl Api {
             "ServerTimeout",
             "the object could not be stored after several attempts (concurrent changes); try again",
         ))
+    }
+
+    /// Every object of a resource in one namespace, as this member has them.
+    async fn namespace_objects(&self, plural: &str, ns: &str) -> Result<Vec<Value>, ApiError> {
+        let res = resources::find("", "v1", plural).expect("a served core resource");
+        let prefix = res.prefix(Some(ns));
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+        kvs.iter().map(|kv| decode(kv).map(|s| s.object)).collect()
     }
 
     /// A 422 when one of the addresses `svc` asks for (and `old` did not hold) is taken.

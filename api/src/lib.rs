@@ -13,6 +13,7 @@ mod bootstrap;
 pub mod discovery;
 pub mod error;
 pub mod handler;
+pub mod limitrange;
 pub mod patch;
 pub mod query;
 pub mod quota;

@@ -124,7 +124,13 @@ impl Kubectl {
     }
 
     /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
-    pub fn spawn_lines(&self, args: &[&str]) -> (tokio::process::Child, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    pub fn spawn_lines(
+        &self,
+        args: &[&str],
+    ) -> (
+        tokio::process::Child,
+        tokio::sync::mpsc::UnboundedReceiver<String>,
+    ) {
         let mut child = self
             .command(args)
             .stdin(Stdio::null())
@@ -162,7 +168,9 @@ pub async fn wait_line(
                 }
                 seen.push(line);
             }
-            Ok(None) => panic!("the command ended before printing {needles:?}; it printed {seen:#?}"),
+            Ok(None) => {
+                panic!("the command ended before printing {needles:?}; it printed {seen:#?}")
+            }
             Err(_) => panic!("no line with {needles:?} within {timeout:?}; saw {seen:#?}"),
         }
     }

@@ -95,6 +95,9 @@ pub struct Options {
     pub restore: Option<PathBuf>,
     /// More `rkube up` flags, passed through to every server.
     pub up_args: Vec<String>,
+    /// Serve the Kubernetes API too; store scenarios run the store alone (`--store-only`), so
+    /// that the API's own objects do not show up in their keys and revisions.
+    pub kubernetes_api: bool,
 }
 
 impl Default for Options {
@@ -106,6 +109,7 @@ impl Default for Options {
             election_timeout_ms: 1000,
             restore: None,
             up_args: Vec::new(),
+            kubernetes_api: false,
         }
     }
 }
@@ -221,6 +225,7 @@ impl Cluster {
                 "100",
             ])
             .args(&opts.up_args)
+            .args((!opts.kubernetes_api).then_some("--store-only"))
             .stdin(Stdio::null())
             .output()?;
         let layout: serde_json::Value = serde_json::from_slice(

@@ -1218,7 +1218,11 @@ async fn etcdctl_member_list_add_promote_and_remove_a_learner() {
         })
         .collect();
     let list = |out: String| -> BTreeSet<String> { out.lines().map(str::to_string).collect() };
-    assert_eq!(list(etcdctl.ok(&["member", "list"]).await), started);
+    // Each member publishes its name and client URL once it has joined: wait for all three.
+    wait_for("every member to publish its attributes", Duration::from_secs(30), || async {
+        (list(etcdctl.ok(&["member", "list"]).await) == started).then_some(())
+    })
+    .await;
 
     // A learner that is never started: the spare port slot after the last member.
     let port = c.members[2]

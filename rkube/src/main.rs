@@ -211,10 +211,11 @@ async fn run_server(args: ServerArgs) -> Result<()> {
     let listen_api = args.listen_api;
     let service_net = args.service_cluster_ip_range;
     let cfg = server_config(args)?;
-    let tls = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name).load()?;
+    let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
     let server = rkube_store::server::start(cfg).await?;
     let api = match listen_api {
         Some(listen) => {
+            let tls = tls_files.load()?;
             let api = rkube_api::start(
                 server.node.clone(),
                 rkube_api::ApiConfig {

@@ -56,6 +56,10 @@ pub struct UpArgs {
     /// starts (stop a member first to restart it with the new quota).
     #[arg(long)]
     pub quota_backend_bytes: Option<u64>,
+    /// For a new DIR: run only the replicated store (the etcd v3 API), without the Kubernetes
+    /// API, for using rkube as a key-value store.
+    #[arg(long)]
+    pub store_only: bool,
     /// The leader writes a backup file this often, e.g. 30m, 1h, 10s (0: never; the default for
     /// a new DIR). Given for an existing DIR, it replaces the recorded setting.
     #[arg(long, value_parser = crate::flags::parse_snapshot_interval)]
@@ -93,6 +97,9 @@ pub struct LocalCluster {
     /// Absolute; each member writes to its own subdirectory.
     #[serde(default)]
     pub snapshot_dir: Option<PathBuf>,
+    /// Members serve only the store, no Kubernetes API.
+    #[serde(default)]
+    pub store_only: bool,
 }
 
 fn default_retain() -> usize {
@@ -243,6 +250,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         snapshot_interval_ms: 0,
         snapshot_retain: DEFAULT_RETAIN,
         snapshot_dir: None,
+        store_only: args.store_only,
     })
 }
 
@@ -271,14 +279,19 @@ fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
 fn write_env(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let abs = std::fs::canonicalize(dir)?;
     let pki = abs.join("pki");
-    let env = format!(
-        "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\nexport KUBECONFIG={}\n",
+    let mut env = format!(
+        "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\n",
         cluster.client_urls().join(","),
         pki.join("ca.crt").display(),
         pki.join("admin.crt").display(),
         pki.join("admin.key").display(),
-        abs.join(KUBECONFIG_FILE).display(),
     );
+    if !cluster.store_only {
+        env.push_str(&format!(
+            "export KUBECONFIG={}\n",
+            abs.join(KUBECONFIG_FILE).display()
+        ));
+    }
     std::fs::write(dir.join("env"), env)?;
     Ok(())
 }
@@ -354,9 +367,11 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
             &m.client,
             "--listen-metrics",
             &m.metrics,
-            "--listen-api",
-            &m.api_addr(),
-        ])
+        ]);
+    if !cluster.store_only {
+        command.args(["--listen-api", &m.api_addr()]);
+    }
+    command
         .args(["--initial-cluster", &cluster.initial_cluster()])
         .args(["--initial-cluster-token", &cluster.token])
         .arg("--pki")
@@ -456,7 +471,9 @@ pub async fn up(args: UpArgs) -> Result<()> {
         );
     }
     write_pki(&args.dir, &cluster)?;
-    write_kubeconfig(&args.dir, &cluster)?;
+    if !cluster.store_only {
+        write_kubeconfig(&args.dir, &cluster)?;
+    }
     write_env(&args.dir, &cluster)?;
     let mut started = Vec::new();
     for m in &cluster.members {

@@ -18,7 +18,12 @@ fn manifest(name: &str) -> String {
 }
 
 async fn cluster() -> (Cluster, Kubectl) {
-    let c = Cluster::start(Options::default()).await.expect("cluster starts");
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
     c.wait_leader().await;
     let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
     // The API answers once the leader has bootstrapped the system namespaces.
@@ -60,18 +65,35 @@ async fn kubectl_discovery_and_the_articles_manifests() {
         );
     }
     let versions = k.run(&["api-versions"]).await.ok();
-    for gv in ["apps/v1", "v1", "rbac.authorization.k8s.io/v1", "coordination.k8s.io/v1"] {
+    for gv in [
+        "apps/v1",
+        "v1",
+        "rbac.authorization.k8s.io/v1",
+        "coordination.k8s.io/v1",
+    ] {
         assert!(versions.lines().any(|l| l == gv), "{versions}");
     }
 
     let explain = k.run(&["explain", "deployment.spec"]).await.ok();
-    assert!(explain.contains("KIND:") && explain.contains("Deployment"), "{explain}");
+    assert!(
+        explain.contains("KIND:") && explain.contains("Deployment"),
+        "{explain}"
+    );
     assert!(explain.contains("replicas"), "{explain}");
 
-    assert_eq!(k.run(&["create", "namespace", "dev"]).await.ok().trim(), "namespace/dev created");
+    assert_eq!(
+        k.run(&["create", "namespace", "dev"]).await.ok().trim(),
+        "namespace/dev created"
+    );
     let ns = k.run(&["get", "ns"]).await.ok();
     let names: Vec<String> = rows(&ns).into_iter().map(|r| r[0].clone()).collect();
-    for n in ["default", "dev", "kube-node-lease", "kube-public", "kube-system"] {
+    for n in [
+        "default",
+        "dev",
+        "kube-node-lease",
+        "kube-public",
+        "kube-system",
+    ] {
         assert!(names.contains(&n.to_string()), "{ns}");
     }
 
@@ -79,44 +101,100 @@ async fn kubectl_discovery_and_the_articles_manifests() {
     for (file, want) in [
         ("pod.yaml", "pod/nginx created"),
         ("pod-dev.yaml", "pod/myapp-pod created"),
-        ("replicationcontroller.yaml", "replicationcontroller/myapp-rc created"),
-        ("replicaset.yaml", "replicaset.apps/myapp-replicaset created"),
-        ("deployment.yaml", "deployment.apps/myapp-deployment created"),
+        (
+            "replicationcontroller.yaml",
+            "replicationcontroller/myapp-rc created",
+        ),
+        (
+            "replicaset.yaml",
+            "replicaset.apps/myapp-replicaset created",
+        ),
+        (
+            "deployment.yaml",
+            "deployment.apps/myapp-deployment created",
+        ),
         ("service-clusterip.yaml", "service/backend created"),
         ("service-nodeport.yaml", "service/myapp-service created"),
-        ("service-loadbalancer.yaml", "service/voting-app-service created"),
+        (
+            "service-loadbalancer.yaml",
+            "service/voting-app-service created",
+        ),
         ("resourcequota.yaml", "resourcequota/compute-quota created"),
     ] {
         let out = k.run(&["create", "-f", &manifest(file)]).await.ok();
         assert_eq!(out.trim(), want, "{file}");
     }
-    let again = k.run(&["create", "-f", &manifest("namespace.yaml")]).await.err();
-    assert!(again.contains("namespaces \"dev\" already exists"), "{again}");
+    let again = k
+        .run(&["create", "-f", &manifest("namespace.yaml")])
+        .await
+        .err();
+    assert!(
+        again.contains("namespaces \"dev\" already exists"),
+        "{again}"
+    );
 
     // Output formats.
     let pods = k.run(&["get", "pods"]).await.ok();
-    let header: Vec<&str> = pods.lines().next().unwrap_or("").split_whitespace().collect();
+    let header: Vec<&str> = pods
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     assert_eq!(header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
     assert_eq!(rows(&pods)[0][..4], ["nginx", "0/1", "Pending", "0"]);
     let wide = k.run(&["get", "pods", "-o", "wide"]).await.ok();
-    assert!(wide.lines().next().unwrap_or("").contains("IP") && wide.contains("NODE"), "{wide}");
+    assert!(
+        wide.lines().next().unwrap_or("").contains("IP") && wide.contains("NODE"),
+        "{wide}"
+    );
     let yaml = k.run(&["get", "pod", "nginx", "-o", "yaml"]).await.ok();
-    assert!(yaml.contains("restartPolicy: Always") && yaml.contains("dnsPolicy: ClusterFirst"), "{yaml}");
-    assert!(yaml.contains("uid: ") && yaml.contains("resourceVersion: "), "{yaml}");
-    let json: serde_json::Value =
-        serde_json::from_str(&k.run(&["get", "deploy", "myapp-deployment", "-o", "json"]).await.ok()).expect("json");
+    assert!(
+        yaml.contains("restartPolicy: Always") && yaml.contains("dnsPolicy: ClusterFirst"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("uid: ") && yaml.contains("resourceVersion: "),
+        "{yaml}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &k.run(&["get", "deploy", "myapp-deployment", "-o", "json"])
+            .await
+            .ok(),
+    )
+    .expect("json");
     assert_eq!(json["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
     assert_eq!(json["metadata"]["generation"], 1);
     let names = k.run(&["get", "pods", "-A", "-o", "name"]).await.ok();
-    assert_eq!(names.lines().collect::<Vec<_>>(), ["pod/nginx", "pod/myapp-pod"]);
-    let jp = k.run(&["get", "svc", "myapp-service", "-o", "jsonpath={.spec.ports[0].nodePort}"]).await.ok();
+    assert_eq!(
+        names.lines().collect::<Vec<_>>(),
+        ["pod/nginx", "pod/myapp-pod"]
+    );
+    let jp = k
+        .run(&[
+            "get",
+            "svc",
+            "myapp-service",
+            "-o",
+            "jsonpath={.spec.ports[0].nodePort}",
+        ])
+        .await
+        .ok();
     assert_eq!(jp, "30008");
     let cc = k
-        .run(&["get", "deploy", "-o", "custom-columns=NAME:.metadata.name,REPLICAS:.spec.replicas"])
+        .run(&[
+            "get",
+            "deploy",
+            "-o",
+            "custom-columns=NAME:.metadata.name,REPLICAS:.spec.replicas",
+        ])
         .await
         .ok();
     assert_eq!(rows(&cc), [["myapp-deployment", "3"]]);
-    let labelled = k.run(&["get", "rs", "-l", "app=myapp", "--show-labels"]).await.ok();
+    let labelled = k
+        .run(&["get", "rs", "-l", "app=myapp", "--show-labels"])
+        .await
+        .ok();
     assert!(labelled.contains("app=myapp,type=front-end"), "{labelled}");
     assert!(rows(&k.run(&["get", "rs", "-l", "app!=myapp"]).await.ok()).is_empty());
     let dev = k.run(&["get", "pods", "-n", "dev"]).await.ok();
@@ -126,21 +204,39 @@ async fn kubectl_discovery_and_the_articles_manifests() {
 
     let svc = k.run(&["get", "svc"]).await.ok();
     let svc_rows = rows(&svc);
-    let find = |name: &str| svc_rows.iter().find(|r| r[0] == name).cloned().unwrap_or_default();
-    assert_eq!(find("kubernetes")[..3], ["kubernetes", "ClusterIP", "10.96.0.1"]);
+    let find = |name: &str| {
+        svc_rows
+            .iter()
+            .find(|r| r[0] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        find("kubernetes")[..3],
+        ["kubernetes", "ClusterIP", "10.96.0.1"]
+    );
     assert_eq!(find("myapp-service")[1], "NodePort");
     assert_eq!(find("myapp-service")[4], "80:30008/TCP");
     assert_eq!(find("voting-app-service")[3], "<pending>");
     let ips: std::collections::BTreeSet<&String> = svc_rows.iter().map(|r| &r[2]).collect();
     assert_eq!(ips.len(), svc_rows.len(), "ClusterIPs are unique: {svc}");
 
-    let described = k.run(&["describe", "deploy", "myapp-deployment"]).await.ok();
-    assert!(described.contains("Replicas:") && described.contains("RollingUpdate"), "{described}");
+    let described = k
+        .run(&["describe", "deploy", "myapp-deployment"])
+        .await
+        .ok();
+    assert!(
+        described.contains("Replicas:") && described.contains("RollingUpdate"),
+        "{described}"
+    );
     let quota = k.run(&["describe", "quota", "-n", "dev"]).await.ok();
     assert!(quota.contains("pods             1     10"), "{quota}");
 
     // The quota of the articles: dev holds at most 10 pods and every pod must say its needs.
-    let refused = k.run(&["run", "extra", "--image=nginx", "-n", "dev"]).await.err();
+    let refused = k
+        .run(&["run", "extra", "--image=nginx", "-n", "dev"])
+        .await
+        .err();
     assert!(
         refused.contains("pods \"extra\" is forbidden: failed quota: compute-quota: must specify limits.cpu for: extra"),
         "{refused}"
@@ -150,103 +246,279 @@ async fn kubectl_discovery_and_the_articles_manifests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_changes_objects_every_way_a_user_does() {
     let (_c, k) = cluster().await;
-    k.run(&["create", "-f", &manifest("deployment.yaml")]).await.ok();
+    k.run(&["create", "-f", &manifest("deployment.yaml")])
+        .await
+        .ok();
     k.run(&["create", "-f", &manifest("pod.yaml")]).await.ok();
 
-    assert_eq!(k.run(&["label", "pod", "nginx", "tier=web"]).await.ok().trim(), "pod/nginx labeled");
+    assert_eq!(
+        k.run(&["label", "pod", "nginx", "tier=web"])
+            .await
+            .ok()
+            .trim(),
+        "pod/nginx labeled"
+    );
     let again = k.run(&["label", "pod", "nginx", "tier=db"]).await.err();
     assert!(again.contains("already has a value (web)"), "{again}");
-    k.run(&["label", "pod", "nginx", "tier=db", "--overwrite"]).await.ok();
+    k.run(&["label", "pod", "nginx", "tier=db", "--overwrite"])
+        .await
+        .ok();
     assert_eq!(
-        k.run(&["get", "pod", "nginx", "-o", "jsonpath={.metadata.labels.tier}"]).await.ok(),
+        k.run(&[
+            "get",
+            "pod",
+            "nginx",
+            "-o",
+            "jsonpath={.metadata.labels.tier}"
+        ])
+        .await
+        .ok(),
         "db"
     );
     k.run(&["label", "pod", "nginx", "tier-"]).await.ok();
-    assert_eq!(k.run(&["get", "pod", "nginx", "-o", "jsonpath={.metadata.labels.tier}"]).await.ok(), "");
     assert_eq!(
-        k.run(&["annotate", "pod", "nginx", "note=hello"]).await.ok().trim(),
+        k.run(&[
+            "get",
+            "pod",
+            "nginx",
+            "-o",
+            "jsonpath={.metadata.labels.tier}"
+        ])
+        .await
+        .ok(),
+        ""
+    );
+    assert_eq!(
+        k.run(&["annotate", "pod", "nginx", "note=hello"])
+            .await
+            .ok()
+            .trim(),
         "pod/nginx annotated"
     );
 
     assert_eq!(
-        k.run(&["scale", "deploy", "myapp-deployment", "--replicas=5"]).await.ok().trim(),
+        k.run(&["scale", "deploy", "myapp-deployment", "--replicas=5"])
+            .await
+            .ok()
+            .trim(),
         "deployment.apps/myapp-deployment scaled"
     );
     assert_eq!(
-        k.run(&["get", "deploy", "myapp-deployment", "-o", "jsonpath={.spec.replicas} {.metadata.generation}"]).await.ok(),
+        k.run(&[
+            "get",
+            "deploy",
+            "myapp-deployment",
+            "-o",
+            "jsonpath={.spec.replicas} {.metadata.generation}"
+        ])
+        .await
+        .ok(),
         "5 2"
     );
     assert_eq!(
-        k.run(&["set", "image", "deploy/myapp-deployment", "nginx-container=nginx:1.27"]).await.ok().trim(),
+        k.run(&[
+            "set",
+            "image",
+            "deploy/myapp-deployment",
+            "nginx-container=nginx:1.27"
+        ])
+        .await
+        .ok()
+        .trim(),
         "deployment.apps/myapp-deployment image updated"
     );
     let image = "jsonpath={.spec.template.spec.containers[0].image}";
-    assert_eq!(k.run(&["get", "deploy", "myapp-deployment", "-o", image]).await.ok(), "nginx:1.27");
+    assert_eq!(
+        k.run(&["get", "deploy", "myapp-deployment", "-o", image])
+            .await
+            .ok(),
+        "nginx:1.27"
+    );
 
     for (ty, patch, want) in [
-        ("merge", r#"{"metadata":{"labels":{"patched":"merge"}}}"#, "merge"),
-        ("json", r#"[{"op":"replace","path":"/metadata/labels/patched","value":"json"}]"#, "json"),
-        ("strategic", r#"{"metadata":{"labels":{"patched":"strategic"}}}"#, "strategic"),
+        (
+            "merge",
+            r#"{"metadata":{"labels":{"patched":"merge"}}}"#,
+            "merge",
+        ),
+        (
+            "json",
+            r#"[{"op":"replace","path":"/metadata/labels/patched","value":"json"}]"#,
+            "json",
+        ),
+        (
+            "strategic",
+            r#"{"metadata":{"labels":{"patched":"strategic"}}}"#,
+            "strategic",
+        ),
     ] {
-        let out = k.run(&["patch", "deploy", "myapp-deployment", "--type", ty, "-p", patch]).await.ok();
+        let out = k
+            .run(&[
+                "patch",
+                "deploy",
+                "myapp-deployment",
+                "--type",
+                ty,
+                "-p",
+                patch,
+            ])
+            .await
+            .ok();
         assert_eq!(out.trim(), "deployment.apps/myapp-deployment patched");
         assert_eq!(
-            k.run(&["get", "deploy", "myapp-deployment", "-o", "jsonpath={.metadata.labels.patched}"]).await.ok(),
+            k.run(&[
+                "get",
+                "deploy",
+                "myapp-deployment",
+                "-o",
+                "jsonpath={.metadata.labels.patched}"
+            ])
+            .await
+            .ok(),
             want
         );
     }
     // A strategic merge patch merges containers by name.
     k.run(&[
-        "patch", "deploy", "myapp-deployment", "-p",
+        "patch",
+        "deploy",
+        "myapp-deployment",
+        "-p",
         r#"{"spec":{"template":{"spec":{"containers":[{"name":"sidecar","image":"busybox"}]}}}}"#,
     ])
     .await
     .ok();
     let names = k
-        .run(&["get", "deploy", "myapp-deployment", "-o", "jsonpath={.spec.template.spec.containers[*].name}"])
+        .run(&[
+            "get",
+            "deploy",
+            "myapp-deployment",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[*].name}",
+        ])
         .await
         .ok();
     assert_eq!(names, "sidecar nginx-container");
 
     // Objects from flags.
     for (args, want) in [
-        (vec!["create", "configmap", "app-config", "--from-literal=mode=prod"], "configmap/app-config created"),
-        (vec!["create", "secret", "generic", "app-secret", "--from-literal=password=s3cret"], "secret/app-secret created"),
-        (vec!["create", "deployment", "web", "--image=nginx", "--replicas=2", "--port=80"], "deployment.apps/web created"),
-        (vec!["create", "service", "clusterip", "web-svc", "--tcp=80:8080"], "service/web-svc created"),
-        (vec!["expose", "deployment", "web", "--port=8080", "--name=web-exposed"], "service/web-exposed exposed"),
+        (
+            vec![
+                "create",
+                "configmap",
+                "app-config",
+                "--from-literal=mode=prod",
+            ],
+            "configmap/app-config created",
+        ),
+        (
+            vec![
+                "create",
+                "secret",
+                "generic",
+                "app-secret",
+                "--from-literal=password=s3cret",
+            ],
+            "secret/app-secret created",
+        ),
+        (
+            vec![
+                "create",
+                "deployment",
+                "web",
+                "--image=nginx",
+                "--replicas=2",
+                "--port=80",
+            ],
+            "deployment.apps/web created",
+        ),
+        (
+            vec!["create", "service", "clusterip", "web-svc", "--tcp=80:8080"],
+            "service/web-svc created",
+        ),
+        (
+            vec![
+                "expose",
+                "deployment",
+                "web",
+                "--port=8080",
+                "--name=web-exposed",
+            ],
+            "service/web-exposed exposed",
+        ),
     ] {
         assert_eq!(k.run(&args).await.ok().trim(), want, "{args:?}");
     }
     assert_eq!(
-        k.run(&["get", "secret", "app-secret", "-o", "jsonpath={.data.password}"]).await.ok(),
+        k.run(&[
+            "get",
+            "secret",
+            "app-secret",
+            "-o",
+            "jsonpath={.data.password}"
+        ])
+        .await
+        .ok(),
         "czNjcmV0"
     );
     assert_eq!(
-        k.run(&["get", "svc", "web-exposed", "-o", "jsonpath={.spec.selector.app}"]).await.ok(),
+        k.run(&[
+            "get",
+            "svc",
+            "web-exposed",
+            "-o",
+            "jsonpath={.spec.selector.app}"
+        ])
+        .await
+        .ok(),
         "web"
     );
 
     // Deletes: by file, by name, by label.
     assert_eq!(
-        k.run(&["delete", "-f", &manifest("deployment.yaml")]).await.ok().trim(),
+        k.run(&["delete", "-f", &manifest("deployment.yaml")])
+            .await
+            .ok()
+            .trim(),
         "deployment.apps \"myapp-deployment\" deleted"
     );
-    assert_eq!(k.run(&["delete", "pod", "nginx"]).await.ok().trim(), "pod \"nginx\" deleted");
     assert_eq!(
-        k.run(&["delete", "deploy", "-l", "app=web"]).await.ok().trim(),
+        k.run(&["delete", "pod", "nginx"]).await.ok().trim(),
+        "pod \"nginx\" deleted"
+    );
+    assert_eq!(
+        k.run(&["delete", "deploy", "-l", "app=web"])
+            .await
+            .ok()
+            .trim(),
         "deployment.apps \"web\" deleted"
     );
     let missing = k.run(&["get", "pod", "nginx"]).await.err();
-    assert!(missing.contains("Error from server (NotFound): pods \"nginx\" not found"), "{missing}");
+    assert!(
+        missing.contains("Error from server (NotFound): pods \"nginx\" not found"),
+        "{missing}"
+    );
 
     // The namespace of the current context.
     k.run(&["create", "namespace", "dev"]).await.ok();
-    let set = k.run(&["config", "set-context", "--current", "--namespace=dev"]).await.ok();
+    let set = k
+        .run(&["config", "set-context", "--current", "--namespace=dev"])
+        .await
+        .ok();
     assert!(set.contains("modified"), "{set}");
-    k.run(&["create", "configmap", "in-dev", "--from-literal=a=b"]).await.ok();
+    k.run(&["create", "configmap", "in-dev", "--from-literal=a=b"])
+        .await
+        .ok();
     assert_eq!(
-        k.run(&["get", "cm", "in-dev", "-o", "jsonpath={.metadata.namespace}"]).await.ok(),
+        k.run(&[
+            "get",
+            "cm",
+            "in-dev",
+            "-o",
+            "jsonpath={.metadata.namespace}"
+        ])
+        .await
+        .ok(),
         "dev"
     );
 }
@@ -268,62 +540,159 @@ async fn kubectl_apply_replace_and_edit() {
     };
     let f = file.display().to_string();
     write("    app: web\n    stage: beta\n", "nginx:1.26");
-    assert_eq!(k.run(&["apply", "-f", &f]).await.ok().trim(), "deployment.apps/web created");
+    assert_eq!(
+        k.run(&["apply", "-f", &f]).await.ok().trim(),
+        "deployment.apps/web created"
+    );
     write("    app: web\n    stage: beta\n", "nginx:1.27");
-    assert_eq!(k.run(&["apply", "-f", &f]).await.ok().trim(), "deployment.apps/web configured");
+    assert_eq!(
+        k.run(&["apply", "-f", &f]).await.ok().trim(),
+        "deployment.apps/web configured"
+    );
     write("    app: web\n", "nginx:1.27");
     k.run(&["apply", "-f", &f]).await.ok();
     let live: serde_json::Value =
-        serde_json::from_str(&k.run(&["get", "deploy", "web", "-o", "json"]).await.ok()).expect("json");
+        serde_json::from_str(&k.run(&["get", "deploy", "web", "-o", "json"]).await.ok())
+            .expect("json");
     assert!(live["metadata"]["labels"].get("stage").is_none(), "{live}");
-    assert_eq!(live["spec"]["template"]["spec"]["containers"][0]["image"], "nginx:1.27");
+    assert_eq!(
+        live["spec"]["template"]["spec"]["containers"][0]["image"],
+        "nginx:1.27"
+    );
     let last = live["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
         .as_str()
         .expect("last-applied annotation");
     assert!(!last.contains("stage"), "{last}");
-    assert_eq!(k.run(&["apply", "-f", &f]).await.ok().trim(), "deployment.apps/web unchanged");
+    assert_eq!(
+        k.run(&["apply", "-f", &f]).await.ok().trim(),
+        "deployment.apps/web unchanged"
+    );
 
     // A directory.
-    std::fs::write(dir.join("cm.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n").expect("write");
-    let out = k.run(&["apply", "-f", &dir.display().to_string()]).await.ok();
-    assert!(out.contains("configmap/settings created") && out.contains("deployment.apps/web unchanged"), "{out}");
+    std::fs::write(
+        dir.join("cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n",
+    )
+    .expect("write");
+    let out = k
+        .run(&["apply", "-f", &dir.display().to_string()])
+        .await
+        .ok();
+    assert!(
+        out.contains("configmap/settings created") && out.contains("deployment.apps/web unchanged"),
+        "{out}"
+    );
 
     // Server-side apply and its conflicts.
     let ssa = dir.join("ssa.yaml");
-    std::fs::write(&ssa, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: first\n").expect("write");
+    std::fs::write(
+        &ssa,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: first\n",
+    )
+    .expect("write");
     let s = ssa.display().to_string();
-    assert_eq!(k.run(&["apply", "--server-side", "-f", &s]).await.ok().trim(), "configmap/shared serverside-applied");
-    std::fs::write(&ssa, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n").expect("write");
-    let conflict = k.run(&["apply", "--server-side", "--field-manager=other", "-f", &s]).await.err();
+    assert_eq!(
+        k.run(&["apply", "--server-side", "-f", &s])
+            .await
+            .ok()
+            .trim(),
+        "configmap/shared serverside-applied"
+    );
+    std::fs::write(
+        &ssa,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: shared\ndata:\n  owner: second\n",
+    )
+    .expect("write");
+    let conflict = k
+        .run(&["apply", "--server-side", "--field-manager=other", "-f", &s])
+        .await
+        .err();
     assert!(conflict.contains("conflict"), "{conflict}");
-    k.run(&["apply", "--server-side", "--field-manager=other", "--force-conflicts", "-f", &s]).await.ok();
-    assert_eq!(k.run(&["get", "cm", "shared", "-o", "jsonpath={.data.owner}"]).await.ok(), "second");
-    let managers = k.run(&["get", "cm", "shared", "--show-managed-fields", "-o", "jsonpath={.metadata.managedFields[*].manager}"]).await.ok();
+    k.run(&[
+        "apply",
+        "--server-side",
+        "--field-manager=other",
+        "--force-conflicts",
+        "-f",
+        &s,
+    ])
+    .await
+    .ok();
+    assert_eq!(
+        k.run(&["get", "cm", "shared", "-o", "jsonpath={.data.owner}"])
+            .await
+            .ok(),
+        "second"
+    );
+    let managers = k
+        .run(&[
+            "get",
+            "cm",
+            "shared",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ])
+        .await
+        .ok();
     assert!(managers.contains("other"), "{managers}");
 
     // replace and replace --force.
     write("    app: web\n", "nginx:1.28");
-    assert_eq!(k.run(&["replace", "-f", &f]).await.ok().trim(), "deployment.apps/web replaced");
-    let uid = k.run(&["get", "deploy", "web", "-o", "jsonpath={.metadata.uid}"]).await.ok();
+    assert_eq!(
+        k.run(&["replace", "-f", &f]).await.ok().trim(),
+        "deployment.apps/web replaced"
+    );
+    let uid = k
+        .run(&["get", "deploy", "web", "-o", "jsonpath={.metadata.uid}"])
+        .await
+        .ok();
     let forced = k.run(&["replace", "--force", "-f", &f]).await.ok();
-    assert!(forced.contains("deployment.apps \"web\" deleted") && forced.contains("deployment.apps/web replaced"), "{forced}");
-    let new_uid = k.run(&["get", "deploy", "web", "-o", "jsonpath={.metadata.uid}"]).await.ok();
+    assert!(
+        forced.contains("deployment.apps \"web\" deleted")
+            && forced.contains("deployment.apps/web replaced"),
+        "{forced}"
+    );
+    let new_uid = k
+        .run(&["get", "deploy", "web", "-o", "jsonpath={.metadata.uid}"])
+        .await
+        .ok();
     assert_ne!(uid, new_uid);
 
     // edit with an editor that changes the replicas.
     let editor = dir.join("editor.sh");
-    std::fs::write(&editor, "#!/bin/sh\nsed -i 's/^  replicas: 2$/  replicas: 4/' \"$1\"\n").expect("write");
-    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let edited = k.with_env("EDITOR", &editor.display().to_string()).run(&["edit", "deploy", "web"]).await.ok();
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i 's/^  replicas: 2$/  replicas: 4/' \"$1\"\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let edited = k
+        .with_env("EDITOR", &editor.display().to_string())
+        .run(&["edit", "deploy", "web"])
+        .await
+        .ok();
     assert_eq!(edited.trim(), "deployment.apps/web edited");
-    assert_eq!(k.run(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]).await.ok(), "4");
+    assert_eq!(
+        k.run(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"])
+            .await
+            .ok(),
+        "4"
+    );
 
     // Optimistic concurrency: a stale replace is a Conflict.
     let mut stale: serde_json::Value =
-        serde_json::from_str(&k.run(&["get", "deploy", "web", "-o", "json"]).await.ok()).expect("json");
-    k.run(&["scale", "deploy", "web", "--replicas=1"]).await.ok();
+        serde_json::from_str(&k.run(&["get", "deploy", "web", "-o", "json"]).await.ok())
+            .expect("json");
+    k.run(&["scale", "deploy", "web", "--replicas=1"])
+        .await
+        .ok();
     stale["spec"]["replicas"] = serde_json::json!(7);
-    let conflict = k.run_with_input(&["replace", "-f", "-"], &stale.to_string()).await.err();
+    let conflict = k
+        .run_with_input(&["replace", "-f", "-"], &stale.to_string())
+        .await
+        .err();
     assert!(conflict.contains("the object has been modified; please apply your changes to the latest version and try again"), "{conflict}");
 }
 
@@ -345,17 +714,31 @@ async fn kubectl_watch_works_on_every_server_and_across_a_leader_change() {
     for i in (0..3).filter(|i| *i != leader) {
         let ctx = format!("rkube-{}", c.members[i].name);
         let name = format!("after-{i}");
-        wait_for("a write through a surviving server", Duration::from_secs(30), || {
-            let (k, ctx, name) = (&k, &ctx, &name);
-            async move {
-                k.run(&["--context", ctx, "create", "configmap", name, "--from-literal=a=b"])
+        wait_for(
+            "a write through a surviving server",
+            Duration::from_secs(30),
+            || {
+                let (k, ctx, name) = (&k, &ctx, &name);
+                async move {
+                    k.run(&[
+                        "--context",
+                        ctx,
+                        "create",
+                        "configmap",
+                        name,
+                        "--from-literal=a=b",
+                    ])
                     .await
                     .success
                     .then_some(())
-            }
-        })
+                }
+            },
+        )
         .await;
-        let got = k.run(&["--context", &ctx, "get", "cm", "-o", "name"]).await.ok();
+        let got = k
+            .run(&["--context", &ctx, "get", "cm", "-o", "name"])
+            .await
+            .ok();
         assert!(got.contains(&format!("configmap/{name}")), "{got}");
     }
 }
