@@ -338,7 +338,7 @@ fn validate_labels(object: &Value, causes: &mut Vec<Cause>) {
                             && s.ends_with(|c: char| c.is_ascii_alphanumeric()));
                     if !ok {
                         causes.push(invalid(
-                            &format!("metadata.labels"),
+                            "metadata.labels",
                             format!("Invalid value: {s:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),
                         ));
                     }

@@ -37,7 +37,7 @@ impl Api {
                     tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
                 }
                 ticks += 1;
-                if ticks % 20 == 0 {
+                if ticks.is_multiple_of(20) {
                     if let Err(e) = self.reconcile_quotas().await {
                         tracing::debug!(error = %e, "quota upkeep failed; retrying");
                     }
@@ -208,7 +208,7 @@ impl Api {
             };
             if at.object.get("status") != Some(&status) {
                 let mut updated = at.object.clone();
-                updated["status"] = status;
+                crate::value::set(&mut updated, &["status"], status);
                 self.store.put_if(&key, &updated, at.revision).await?;
             }
         }

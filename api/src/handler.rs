@@ -354,9 +354,9 @@ impl Api {
             if *m == Method::GET {
                 Ok(())
             } else {
-                Err(ApiError::method_not_allowed(format!(
-                    "the server does not allow this method on the requested resource"
-                )))
+                Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource".to_string(),
+                ))
             }
         };
         match segs.as_slice() {
@@ -770,7 +770,8 @@ impl Api {
                 .await?;
             crate::limitrange::admit(&mut object, &ranges)?;
             // The QoS class follows the resources LimitRange filled in.
-            object["status"]["qosClass"] = json!(admission::qos_class(&object));
+            let qos = admission::qos_class(&object);
+            crate::value::set(&mut object, &["status", "qosClass"], json!(qos));
         }
         let generated = meta_str(&object, "generateName").is_some() && t.name.is_none();
         for _ in 0..UPDATE_RETRIES {
@@ -787,10 +788,11 @@ impl Api {
                     .and_then(Value::as_object)
                     .cloned()
                     .unwrap_or_default();
-                obj["status"] = self
+                let status = self
                     .quota_status(t.ns.as_deref().unwrap_or(""), &hard, Freshness::Latest)
                     .await?
                     .0;
+                crate::value::set(&mut obj, &["status"], status);
             }
             let changes = self.changes_for(t, &key, 0, None, Some(&obj)).await?;
             if dry_run {
@@ -971,7 +973,11 @@ impl Api {
         match sub {
             Some("status") => {
                 let mut out = current.clone();
-                out["status"] = new.get("status").cloned().unwrap_or(json!({}));
+                crate::value::set(
+                    &mut out,
+                    &["status"],
+                    new.get("status").cloned().unwrap_or(json!({})),
+                );
                 return Ok(out);
             }
             Some("scale") => {
@@ -994,23 +1000,25 @@ impl Api {
                     ));
                 }
                 let mut out = current.clone();
-                out["spec"]["replicas"] = json!(replicas);
+                crate::value::set(&mut out, &["spec", "replicas"], json!(replicas));
                 return Ok(bump_generation(res, current, out));
             }
             Some("finalize") => {
                 let mut out = current.clone();
-                out["spec"]["finalizers"] = new
+                let finalizers = new
                     .pointer("/spec/finalizers")
                     .cloned()
                     .unwrap_or(json!([]));
+                crate::value::set(&mut out, &["spec", "finalizers"], finalizers);
                 return Ok(out);
             }
             Some("approval") => {
                 let mut out = current.clone();
-                out["status"]["conditions"] = new
+                let conditions = new
                     .pointer("/status/conditions")
                     .cloned()
                     .unwrap_or(json!([]));
+                crate::value::set(&mut out, &["status", "conditions"], conditions);
                 return Ok(out);
             }
             _ => {}
@@ -1211,7 +1219,7 @@ impl Api {
                     // except for kinds without a status subresource, where it is part of the object.
                     if !t.res.subresources.contains(&"status") {
                         if let Some(s) = view.get("status") {
-                            new["status"] = s.clone();
+                            crate::value::set(&mut new, &["status"], s.clone());
                         }
                     }
                     new
@@ -1288,7 +1296,7 @@ impl Api {
                     json!(opts.grace.unwrap_or(0)),
                 );
                 if is_namespace {
-                    new["status"]["phase"] = json!("Terminating");
+                    crate::value::set(&mut new, &["status", "phase"], json!("Terminating"));
                 }
                 if dry_run {
                     return Ok(new);
@@ -1404,7 +1412,7 @@ impl Api {
                 ));
             }
             let mut new = current.object.clone();
-            new["spec"]["nodeName"] = json!(node);
+            crate::value::set(&mut new, &["spec", "nodeName"], json!(node));
             let conds = new["status"]["conditions"]
                 .as_array()
                 .cloned()
@@ -1414,7 +1422,7 @@ impl Api {
                 .filter(|c| c["type"] != "PodScheduled")
                 .collect();
             conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()}));
-            new["status"]["conditions"] = json!(conds);
+            crate::value::set(&mut new, &["status", "conditions"], json!(conds));
             if self.commit(t, &current, new, dry_run).await?.is_some() {
                 return Ok(json_response(201, &success_status()));
             }
@@ -1667,7 +1675,7 @@ fn bump_generation(res: &Resource, current: &Value, mut new: Value) -> Value {
             .and_then(Value::as_i64)
             .unwrap_or(0)
             + 1;
-        new["metadata"]["generation"] = json!(g);
+        crate::value::set(&mut new, &["metadata", "generation"], json!(g));
     }
     new
 }
@@ -1773,4 +1781,161 @@ fn scale_of(res: &Resource, o: &Value) -> Value {
             "selector": selector,
         },
     })
+}
+
+/// Bad input never panics the server: random and mutated bodies, patches, selectors, paths,
+/// query strings and continue tokens go through the same functions requests do, and each
+/// either works or is an error with a status code.
+#[cfg(test)]
+mod robustness {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    const SEEDS: &[&str] = &[
+        r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web","labels":{"app":"web"}},"spec":{"replicas":2,"selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx","ports":[{"containerPort":80}],"resources":{"limits":{"cpu":"1"}}}]}}}}"#,
+        r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"s"},"spec":{"type":"NodePort","ports":[{"port":80,"nodePort":30001}],"selector":{"a":"b"}}}"#,
+        r#"[{"op":"add","path":"/metadata/labels/x","value":"1"},{"op":"move","from":"/spec","path":"/spec2"},{"op":"test","path":"/a/0","value":null}]"#,
+        r#"{"metadata":{"labels":{"a":null}},"spec":{"template":{"spec":{"containers":[{"name":"c","$patch":"delete"}]}}}}"#,
+    ];
+
+    fn mutate(rng: &mut rand::rngs::StdRng, seed: &str) -> Vec<u8> {
+        let mut b = seed.as_bytes().to_vec();
+        for _ in 0..rng.gen_range(1..8) {
+            let pos = rng.gen_range(0..=b.len());
+            match rng.gen_range(0..4) {
+                0 if !b.is_empty() => {
+                    let i = rng.gen_range(0..b.len());
+                    b[i] = rng.gen();
+                }
+                1 => {
+                    let s: &[u8] = [
+                        &b"{"[..],
+                        b"}",
+                        b"[",
+                        b"]",
+                        b"\"",
+                        b":",
+                        b",",
+                        b"null",
+                        b"-1",
+                        b"1e999",
+                        b"\"\\u0000\"",
+                    ][rng.gen_range(0..11)];
+                    b.splice(pos..pos, s.iter().copied());
+                }
+                2 if pos < b.len() => {
+                    let end = rng.gen_range(pos..b.len());
+                    b.drain(pos..end);
+                }
+                _ => {
+                    let i = rng.gen_range(0..=b.len());
+                    b.truncate(i);
+                }
+            }
+        }
+        b
+    }
+
+    fn random_value(rng: &mut rand::rngs::StdRng, depth: usize) -> Value {
+        match if depth > 3 {
+            rng.gen_range(0..4)
+        } else {
+            rng.gen_range(0..6)
+        } {
+            0 => Value::Null,
+            1 => json!(rng.gen::<i32>()),
+            2 => {
+                json!(["name", "image", "spec", "status", "", "0", "-", "~1"][rng.gen_range(0..8)])
+            }
+            3 => json!(rng.gen::<bool>()),
+            4 => Value::Array(
+                (0..rng.gen_range(0..4))
+                    .map(|_| random_value(rng, depth + 1))
+                    .collect(),
+            ),
+            _ => {
+                let keys = [
+                    "metadata",
+                    "spec",
+                    "status",
+                    "containers",
+                    "labels",
+                    "name",
+                    "ports",
+                    "nodePort",
+                    "clusterIP",
+                    "replicas",
+                    "selector",
+                    "template",
+                    "resources",
+                    "limits",
+                    "$patch",
+                    "op",
+                    "path",
+                    "value",
+                    "from",
+                ];
+                Value::Object(
+                    (0..rng.gen_range(0..5))
+                        .map(|_| {
+                            (
+                                keys[rng.gen_range(0..keys.len())].to_string(),
+                                random_value(rng, depth + 1),
+                            )
+                        })
+                        .collect(),
+                )
+            }
+        }
+    }
+
+    #[test]
+    fn random_input_is_an_error_never_a_panic() {
+        // RKUBE_FUZZ_SEED and RKUBE_FUZZ_ROUNDS run it longer or differently (see README).
+        let seed = std::env::var("RKUBE_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(7);
+        let rounds = std::env::var("RKUBE_FUZZ_ROUNDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3000);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let net = ServiceNet::default();
+        for round in 0..rounds {
+            let seed = SEEDS[round % SEEDS.len()];
+            let bytes = Bytes::from(mutate(&mut rng, seed));
+            let _ = decode_body(&bytes, "application/json");
+            let _ = decode_body(&bytes, "application/yaml");
+            let _ = decode_body(&bytes, "text/plain");
+            let target = random_value(&mut rng, 0);
+            let patch = serde_json::from_slice::<Value>(&bytes)
+                .unwrap_or_else(|_| random_value(&mut rng, 0));
+            let mut doc = target.clone();
+            let _ = patch::json_patch(&mut doc, &patch);
+            patch::merge_patch(&mut doc, &patch);
+            for res in resources::RESOURCES {
+                let mut o = random_value(&mut rng, 0);
+                admission::defaults(res, &mut o);
+                let _ = admission::validate(res, &o);
+                let _ = crate::quota::usage(res, &o);
+                let _ = bump_generation(res, &target, o.clone());
+                let _ = check_immutable(res, &target, &o);
+                let _ = scale_of(res, &o);
+                let _ = crate::table::table(res, std::slice::from_ref(&o), json!({}), "Object");
+            }
+            let mut svc = random_value(&mut rng, 0);
+            let _ = services::allocate(&net, &mut svc);
+            let text = String::from_utf8_lossy(&bytes).to_string();
+            let _ = LabelSelector::parse(&text);
+            let _ = FieldSelector::parse(&text, "Pod");
+            let _ = decode_continue(&text);
+            let q = Query::parse(Some(&text));
+            let _ = freshness(&q);
+            let _ = q.dry_run();
+            let segs: Vec<&str> = text.split('/').collect();
+            let _ = parse_target("", "v1", &segs);
+            let _ = crate::quota::parse_quantity(&text);
+        }
+    }
 }

@@ -41,10 +41,7 @@ pub fn admit(pod: &mut Value, ranges: &[Value]) -> Result<(), ApiError> {
                         };
                         for (r, v) in defaults {
                             if resources.pointer(&format!("/{what}/{r}")).is_none() {
-                                if !resources.get(what).is_some_and(Value::is_object) {
-                                    resources[what] = json!({});
-                                }
-                                resources[what][r] = v.clone();
+                                crate::value::set(resources, &[what, r], v.clone());
                             }
                         }
                     }
@@ -54,10 +51,7 @@ pub fn admit(pod: &mut Value, ranges: &[Value]) -> Result<(), ApiError> {
                     {
                         for (r, v) in limits {
                             if resources.pointer(&format!("/requests/{r}")).is_none() {
-                                if !resources.get("requests").is_some_and(Value::is_object) {
-                                    resources["requests"] = json!({});
-                                }
-                                resources["requests"][r] = v;
+                                crate::value::set(resources, &["requests", &r], v);
                             }
                         }
                     }

@@ -296,8 +296,8 @@ pub fn charge(
         )));
     }
     let mut out = quota.clone();
-    out["status"]["hard"] = Value::Object(hard);
-    out["status"]["used"] = Value::Object(used);
+    crate::value::set(&mut out, &["status", "hard"], Value::Object(hard));
+    crate::value::set(&mut out, &["status", "used"], Value::Object(used));
     Ok(Some(out))
 }
 

@@ -152,6 +152,7 @@ pub fn keep_allocated(current: &Value, new: &mut Value) {
         .into_iter()
         .flatten()
     {
+        let Some(p) = p.as_object_mut() else { continue };
         if p.get("nodePort").is_some() {
             continue;
         }
@@ -159,7 +160,7 @@ pub fn keep_allocated(current: &Value, new: &mut Value) {
             .iter()
             .find(|o| o.get("port") == p.get("port") && o.get("protocol") == p.get("protocol"));
         if let Some(np) = same.and_then(|o| o.get("nodePort")).cloned() {
-            p["nodePort"] = np;
+            p.insert("nodePort".into(), np);
         }
     }
 }
@@ -173,16 +174,24 @@ pub fn allocate(net: &ServiceNet, svc: &mut Value) -> Result<(), ApiError> {
         .unwrap_or("")
         .to_string();
     let mut causes = Vec::new();
+    if !svc.get("spec").is_some_and(Value::is_object) {
+        return Err(ApiError::invalid(
+            "",
+            "Service",
+            &name,
+            vec![invalid("spec", "Invalid value: must be an object".into())],
+        ));
+    }
     if needs_ip(svc) {
         match svc.pointer("/spec/clusterIP").and_then(Value::as_str) {
             None | Some("") => {
                 let ip = net.random().to_string();
-                svc["spec"]["clusterIP"] = json!(ip);
-                svc["spec"]["clusterIPs"] = json!([ip]);
+                crate::value::set(svc, &["spec", "clusterIP"], json!(ip));
+                crate::value::set(svc, &["spec", "clusterIPs"], json!([ip]));
             }
             Some(ip) => match ip.parse::<Ipv4Addr>() {
                 Ok(addr) if net.contains(addr) => {
-                    svc["spec"]["clusterIPs"] = json!([ip]);
+                    crate::value::set(svc, &["spec", "clusterIPs"], json!([ip]));
                 }
                 Ok(_) => causes.push(invalid(
                     "spec.clusterIPs",
@@ -195,15 +204,22 @@ pub fn allocate(net: &ServiceNet, svc: &mut Value) -> Result<(), ApiError> {
             },
         }
     } else if svc.pointer("/spec/clusterIP").and_then(Value::as_str) == Some("None") {
-        svc["spec"]["clusterIPs"] = json!(["None"]);
+        crate::value::set(svc, &["spec", "clusterIPs"], json!(["None"]));
     }
     if needs_node_ports(svc) {
         let ports = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut);
         for (i, p) in ports.into_iter().flatten().enumerate() {
+            let Some(p) = p.as_object_mut() else {
+                causes.push(invalid(
+                    &format!("spec.ports[{i}]"),
+                    "Invalid value: must be an object".into(),
+                ));
+                continue;
+            };
             match p.get("nodePort").and_then(Value::as_i64) {
                 None => {
                     let port = rand::thread_rng().gen_range(NODE_PORTS);
-                    p["nodePort"] = json!(port);
+                    p.insert("nodePort".into(), json!(port));
                 }
                 Some(n) if n >= *NODE_PORTS.start() as i64 && n <= *NODE_PORTS.end() as i64 => {}
                 Some(n) => causes.push(invalid(

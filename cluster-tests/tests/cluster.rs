@@ -1219,9 +1219,11 @@ async fn etcdctl_member_list_add_promote_and_remove_a_learner() {
         .collect();
     let list = |out: String| -> BTreeSet<String> { out.lines().map(str::to_string).collect() };
     // Each member publishes its name and client URL once it has joined: wait for all three.
-    wait_for("every member to publish its attributes", Duration::from_secs(30), || async {
-        (list(etcdctl.ok(&["member", "list"]).await) == started).then_some(())
-    })
+    wait_for(
+        "every member to publish its attributes",
+        Duration::from_secs(30),
+        || async { (list(etcdctl.ok(&["member", "list"]).await) == started).then_some(()) },
+    )
     .await;
 
     // A learner that is never started: the spare port slot after the last member.
