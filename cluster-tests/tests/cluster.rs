@@ -10,6 +10,8 @@ use futures::StreamExt;
 use rkube_store::proto::etcdserverpb as pb;
 use tokio::sync::Mutex;
 
+#[path = "cluster/kube_client.rs"]
+mod kube_client;
 #[path = "cluster/kubectl.rs"]
 mod kubectl;
 #[path = "cluster/maintenance.rs"]
