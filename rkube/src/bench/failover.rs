@@ -134,13 +134,17 @@ fn put_request() -> pb::PutRequest {
     }
 }
 
-/// One round: returns the time from the kill to the first successful write sent after it.
-async fn round(
-    target: &Target,
-    leader: usize,
-    pid: i32,
-    args: &FailoverArgs,
-) -> Result<(Duration, String)> {
+/// What one round measured.
+struct Round {
+    /// From the kill to the first successful write sent after it.
+    took: Duration,
+    /// The endpoint that write went through.
+    by: String,
+    /// Wall-clock time of the kill, to line up with the members' logs.
+    killed_at: chrono::DateTime<chrono::Utc>,
+}
+
+async fn round(target: &Target, leader: usize, pid: i32, args: &FailoverArgs) -> Result<Round> {
     let others: Vec<String> = (0..target.endpoints.len())
         .filter(|&i| i != leader)
         .map(|i| target.endpoints[i].clone())
@@ -157,6 +161,7 @@ async fn round(
     // Write for half a second before the kill, so the kill lands amid a steady stream.
     let kill_at = tokio::time::Instant::now() + Duration::from_millis(500);
     let mut killed: Option<Instant> = None;
+    let mut killed_at = chrono::Utc::now();
     let mut n = 0usize;
     loop {
         tokio::select! {
@@ -166,6 +171,7 @@ async fn round(
                         bail!("cannot SIGKILL pid {pid}: {}", std::io::Error::last_os_error());
                     }
                     killed = Some(Instant::now());
+                    killed_at = chrono::Utc::now();
                 }
                 if let Some(k) = killed {
                     if k.elapsed() > timeout {
@@ -190,7 +196,7 @@ async fn round(
                     if sent >= k {
                         // Dropping the JoinSet aborts the attempts still in flight.
                         attempts.abort_all();
-                        return Ok((done - k, others[which].clone()));
+                        return Ok(Round { took: done - k, by: others[which].clone(), killed_at });
                     }
                 }
             }
@@ -216,12 +222,17 @@ pub async fn run(target: &Target, args: FailoverArgs) -> Result<()> {
     for r in 1..=args.rounds {
         let leader = wait_whole(target, timeout).await?;
         let pid = running_pid(&files[leader])?;
-        let (took, by) = round(target, leader, pid, &args).await?;
+        let Round {
+            took,
+            by,
+            killed_at,
+        } = round(target, leader, pid, &args).await?;
         record(&mut hist, took);
         rounds_ms.push((took.as_secs_f64() * 100_000.0).round() / 100.0);
         println!(
-            "round {r}: killed the leader {} (pid {pid}); first write after the kill succeeded through {by} after {:.1} ms",
+            "round {r}: killed the leader {} (pid {pid}) at {}; first write after the kill succeeded through {by} after {:.1} ms",
             target.endpoints[leader],
+            killed_at.format("%H:%M:%S%.3f UTC"),
             took.as_secs_f64() * 1000.0
         );
         if let Some(cmd) = &args.restart {
