@@ -75,14 +75,41 @@ echo "== $(date -u '+%F %T') UTC, $(nproc) cores, $(free -g | awk '/Mem:/{print 
 echo "== rkube: $("$RKUBE" --version), etcd: $("$ETCD" --version | head -1)"
 echo "== data in $WORK ($(df -T "$WORK" | awk 'NR==2{print $2}'))"
 
-# The rkube cluster first: `rkube up` also makes the CA and the certificates both systems use.
-"$RKUBE" up --dir "$RK" --base-port "$RK_PORT" --detach >"$WORK/rkube-up.log"
-PKI=$RK/pki
-TLS=(--cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key")
-
 eps() { # eps PORT: the three client URLs
   echo "https://127.0.0.1:$1,https://127.0.0.1:$(($1 + 10)),https://127.0.0.1:$(($1 + 20))"
 }
+
+# ports_free BASE: waits until no socket (but those in TIME-WAIT) holds a port of the cluster at
+# BASE. Ports here lie in Linux's usual ephemeral range, so an outgoing connection can hold one.
+ports_free() {
+  local filter="" p n
+  for p in $(seq "$1" $(($1 + 22))); do filter="$filter${filter:+ or }sport = :$p"; done
+  for n in $(seq 60); do
+    [ -z "$(ss -Htan state all "( $filter )" | grep -v TIME-WAIT)" ] && return 0
+    sleep 0.5
+  done
+  echo "vs-etcd.sh: ports $1-$(($1 + 22)) stay in use:" >&2
+  ss -Htan state all "( $filter )" >&2
+  echo "pick others with RK_PORT / ET_PORT" >&2
+  exit 1
+}
+# wait_members URLS: waits until all three members answer and one of them leads.
+wait_members() {
+  local n
+  for n in $(seq 150); do
+    [ "$("$RKUBE" status --endpoints "$1" "${TLS[@]}" 2>/dev/null | grep -cE ' (leader|follower) ')" = 3 ] && return 0
+    sleep 0.2
+  done
+  echo "vs-etcd.sh: the cluster at $1 did not come up whole within 30 s; see the logs in $WORK" >&2
+  exit 1
+}
+
+# The rkube cluster first: `rkube up` also makes the CA and the certificates both systems use.
+ports_free "$RK_PORT"
+"$RKUBE" up --dir "$RK" --base-port "$RK_PORT" --detach >"$WORK/rkube-up.log"
+PKI=$RK/pki
+TLS=(--cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key")
+wait_members "$(eps "$RK_PORT")"
 
 # etcd members: a start script per member, also used by `bench failover --restart`.
 ET_CLUSTER=""
@@ -168,12 +195,9 @@ suite() {
 suite rkube
 "$RKUBE" down --dir "$RK" >/dev/null
 
+ports_free "$ET_PORT"
 for i in 1 2 3; do sh "$ET/e$i.start"; done
-for n in $(seq 150); do
-  "$RKUBE" status --endpoints "$(eps "$ET_PORT")" "${TLS[@]}" 2>/dev/null | grep -q leader && break
-  [ "$n" = 150 ] && { echo "vs-etcd.sh: etcd elected no leader in 30 s; see $ET/e*.log" >&2; exit 1; }
-  sleep 0.2
-done
+wait_members "$(eps "$ET_PORT")"
 suite etcd
 stop_etcd
 
