@@ -79,13 +79,13 @@ eps() { # eps PORT: the three client URLs
   echo "https://127.0.0.1:$1,https://127.0.0.1:$(($1 + 10)),https://127.0.0.1:$(($1 + 20))"
 }
 
-# ports_free BASE: waits until no socket (but those in TIME-WAIT) holds a port of the cluster at
+# ports_free BASE: waits (up to 90 s) until no socket, not even one in TIME-WAIT, holds a port of the cluster at
 # BASE. Ports here lie in Linux's usual ephemeral range, so an outgoing connection can hold one.
 ports_free() {
   local filter="" p n
   for p in $(seq "$1" $(($1 + 22))); do filter="$filter${filter:+ or }sport = :$p"; done
-  for n in $(seq 60); do
-    [ -z "$(ss -Htan state all "( $filter )" | grep -v TIME-WAIT)" ] && return 0
+  for n in $(seq 180); do
+    [ -z "$(ss -Htan state all "( $filter )")" ] && return 0
     sleep 0.5
   done
   echo "vs-etcd.sh: ports $1-$(($1 + 22)) stay in use:" >&2
@@ -195,8 +195,22 @@ suite() {
 suite rkube
 "$RKUBE" down --dir "$RK" >/dev/null
 
+# start_etcd I: starts member eI; when another socket took one of its ports in the meantime
+# (bind: address already in use), waits for the ports and tries again.
+start_etcd() {
+  local try
+  for try in 1 2 3 4 5; do
+    sh "$ET/e$1.start"
+    sleep 1
+    kill -0 "$(cat "$ET/e$1.pid")" 2>/dev/null && return 0
+    grep -q 'address already in use' "$ET/e$1.log" || break
+    ports_free "$ET_PORT"
+  done
+  echo "vs-etcd.sh: etcd member e$1 does not start; see $ET/e$1.log" >&2
+  exit 1
+}
 ports_free "$ET_PORT"
-for i in 1 2 3; do sh "$ET/e$i.start"; done
+for i in 1 2 3; do start_etcd "$i"; done
 wait_members "$(eps "$ET_PORT")"
 suite etcd
 stop_etcd
