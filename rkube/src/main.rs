@@ -79,14 +79,8 @@ enum Command {
         #[command(flatten)]
         cluster: client::ClusterArgs,
         #[command(subcommand)]
-        command: BenchCommand,
+        command: bench::BenchCommand,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCommand {
-    /// Put throughput and latency.
-    Put(bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -295,9 +289,6 @@ async fn run(cli: Cli) -> Result<()> {
             };
             snapshot::run(ch, cluster.dir.as_deref(), command).await
         }
-        Command::Bench {
-            cluster,
-            command: BenchCommand::Put(args),
-        } => bench::put(&cluster.resolve()?, args).await,
+        Command::Bench { cluster, command } => bench::run(&cluster.resolve()?, command).await,
     }
 }
