@@ -289,6 +289,6 @@ async fn run(cli: Cli) -> Result<()> {
             };
             snapshot::run(ch, cluster.dir.as_deref(), command).await
         }
-        Command::Bench { cluster, command } => bench::run(&cluster.resolve()?, command).await,
+        Command::Bench { cluster, command } => bench::run(&cluster, command).await,
     }
 }

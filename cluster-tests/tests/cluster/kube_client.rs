@@ -47,14 +47,32 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
 
     // Typed CRUD.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let created = cms.create(&PostParams::default(), &configmap("one", "1")).await.expect("create");
+    let created = cms
+        .create(&PostParams::default(), &configmap("one", "1"))
+        .await
+        .expect("create");
     assert!(created.metadata.uid.is_some() && created.metadata.resource_version.is_some());
     let got = cms.get("one").await.expect("get");
-    assert_eq!(got.data.as_ref().and_then(|d| d.get("value")).map(String::as_str), Some("1"));
+    assert_eq!(
+        got.data
+            .as_ref()
+            .and_then(|d| d.get("value"))
+            .map(String::as_str),
+        Some("1")
+    );
     let mut changed = got.clone();
-    changed.data.get_or_insert_default().insert("value".into(), "2".into());
-    let replaced = cms.replace("one", &PostParams::default(), &changed).await.expect("replace");
-    assert_ne!(replaced.metadata.resource_version, got.metadata.resource_version);
+    changed
+        .data
+        .get_or_insert_default()
+        .insert("value".into(), "2".into());
+    let replaced = cms
+        .replace("one", &PostParams::default(), &changed)
+        .await
+        .expect("replace");
+    assert_ne!(
+        replaced.metadata.resource_version,
+        got.metadata.resource_version
+    );
 
     // A stale update is a 409 Conflict.
     let stale = cms.replace("one", &PostParams::default(), &changed).await;
@@ -65,8 +83,13 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
         }
         other => panic!("a stale replace gave {other:?}"),
     }
-    let exists = cms.create(&PostParams::default(), &configmap("one", "x")).await;
-    assert!(matches!(exists, Err(kube::Error::Api(ref e)) if e.code == 409 && e.reason == "AlreadyExists"), "{exists:?}");
+    let exists = cms
+        .create(&PostParams::default(), &configmap("one", "x"))
+        .await;
+    assert!(
+        matches!(exists, Err(kube::Error::Api(ref e)) if e.code == 409 && e.reason == "AlreadyExists"),
+        "{exists:?}"
+    );
 
     // A deployment with the defaults Kubernetes applies.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
@@ -77,14 +100,22 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
                               "spec": {"containers": [{"name": "c", "image": "nginx"}]}}},
     }))
     .expect("a Deployment");
-    let d = deployments.create(&PostParams::default(), &d).await.expect("create deployment");
+    let d = deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .expect("create deployment");
     let spec = d.spec.expect("spec");
     assert_eq!(spec.replicas, Some(1));
     assert_eq!(spec.revision_history_limit, Some(10));
 
     // Paginated list: 25 objects in pages of 7, all from one snapshot.
     for i in 0..24 {
-        cms.create(&PostParams::default(), &configmap(&format!("page-{i:02}"), "p")).await.expect("create");
+        cms.create(
+            &PostParams::default(),
+            &configmap(&format!("page-{i:02}"), "p"),
+        )
+        .await
+        .expect("create");
     }
     let mut names = Vec::new();
     let mut params = ListParams::default().labels("app=kube-test").limit(7);
@@ -103,11 +134,19 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
 
     // A watch from a resourceVersion, dropped, then resumed from the last event it saw:
     // nothing is missed and nothing repeats.
-    let start = cms.list(&ListParams::default().limit(1)).await.expect("list").metadata.resource_version.expect("rv");
+    let start = cms
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
     let wp = WatchParams::default().labels("app=kube-test");
     let mut stream = cms.watch(&wp, &start).await.expect("watch").boxed();
     for i in 0..3 {
-        cms.create(&PostParams::default(), &configmap(&format!("w{i}"), "w")).await.expect("create");
+        cms.create(&PostParams::default(), &configmap(&format!("w{i}"), "w"))
+            .await
+            .expect("create");
     }
     let mut seen = Vec::new();
     let mut last_rv = start.clone();
@@ -123,15 +162,23 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
     }
     drop(stream);
     for i in 3..6 {
-        cms.create(&PostParams::default(), &configmap(&format!("w{i}"), "w")).await.expect("create");
+        cms.create(&PostParams::default(), &configmap(&format!("w{i}"), "w"))
+            .await
+            .expect("create");
     }
-    cms.delete("w0", &DeleteParams::default()).await.expect("delete");
+    cms.delete("w0", &DeleteParams::default())
+        .await
+        .expect("delete");
     let mut stream = cms.watch(&wp, &last_rv).await.expect("resume").boxed();
     let mut resumed = Vec::new();
     while resumed.len() < 4 {
         match tokio::time::timeout(Duration::from_secs(30), stream.try_next()).await {
-            Ok(Ok(Some(WatchEvent::Added(cm)))) => resumed.push(format!("ADDED {}", cm.metadata.name.expect("name"))),
-            Ok(Ok(Some(WatchEvent::Deleted(cm)))) => resumed.push(format!("DELETED {}", cm.metadata.name.expect("name"))),
+            Ok(Ok(Some(WatchEvent::Added(cm)))) => {
+                resumed.push(format!("ADDED {}", cm.metadata.name.expect("name")))
+            }
+            Ok(Ok(Some(WatchEvent::Deleted(cm)))) => {
+                resumed.push(format!("DELETED {}", cm.metadata.name.expect("name")))
+            }
             Ok(Ok(Some(WatchEvent::Bookmark(_)))) => {}
             other => panic!("unexpected watch result {other:?}"),
         }
@@ -141,7 +188,13 @@ async fn kube_client_crud_pagination_watch_and_conflict() {
 
     // A watch from a compacted revision is 410 Gone.
     let mut kv = c.kv(0);
-    let now = cms.list(&ListParams::default().limit(1)).await.expect("list").metadata.resource_version.expect("rv");
+    let now = cms
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
     kv.compact(rkube_store::proto::etcdserverpb::CompactionRequest {
         revision: now.parse().expect("numeric rv"),
         physical: true,

@@ -5,6 +5,7 @@
 //! for scripts (cluster-tests/bench/vs-etcd.sh turns those into tables). Latencies are recorded
 //! in microseconds in an HDR histogram; the percentile and summary code lives here, once.
 
+mod api;
 mod failover;
 mod kv;
 mod watch;
@@ -30,10 +31,22 @@ pub enum BenchCommand {
     WatchLatency(watch::WatchArgs),
     /// Time from SIGKILL of the leader to the first successful write on another member.
     Failover(failover::FailoverArgs),
+    /// The Kubernetes API of a local cluster (--dir): pod create/get/list/delete with
+    /// concurrent clients, a large LIST, and watch event delivery to many watchers.
+    Api(api::ApiBenchArgs),
 }
 
-pub async fn run(target: &Target, cmd: BenchCommand) -> Result<()> {
+pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Result<()> {
+    if let BenchCommand::Api(args) = cmd {
+        let dir = cluster
+            .dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from(crate::up::DEFAULT_DIR));
+        return api::run(&dir, args).await;
+    }
+    let target = &cluster.resolve()?;
     match cmd {
+        BenchCommand::Api(_) => unreachable!("handled above"),
         BenchCommand::Put(args) => kv::put(target, args).await,
         BenchCommand::Range(args) => kv::range(target, args).await,
         BenchCommand::WatchLatency(args) => watch::run(target, args).await,

@@ -16,9 +16,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 #[derive(Debug, Clone, Args)]
 pub struct ApiBenchArgs {
-    /// A local cluster's directory, as made by `rkube up` (API address and admin certificate).
-    #[arg(long, default_value = crate::up::DEFAULT_DIR)]
-    pub dir: std::path::PathBuf,
     /// Concurrent clients.
     #[arg(long, default_value_t = 16)]
     pub clients: usize,
@@ -47,9 +44,15 @@ impl Conn {
     fn new(dir: &std::path::Path) -> Result<Conn> {
         let local = crate::up::LocalCluster::load(dir)?;
         if local.store_only {
-            bail!("{} is a store-only cluster: it serves no Kubernetes API", dir.display());
+            bail!(
+                "{} is a store-only cluster: it serves no Kubernetes API",
+                dir.display()
+            );
         }
-        let member = local.members.first().context("the cluster has no members")?;
+        let member = local
+            .members
+            .first()
+            .context("the cluster has no members")?;
         let pki = dir.join("pki");
         let read = |f: &str| std::fs::read(pki.join(f)).with_context(|| format!("reading pki/{f}"));
         let mut roots = rustls::RootCertStore::empty();
@@ -74,7 +77,11 @@ impl Conn {
     async fn open(&self) -> Result<Sender> {
         let tcp = tokio::net::TcpStream::connect(&self.addr).await?;
         tcp.set_nodelay(true)?;
-        let host = self.addr.rsplit_once(':').map(|(h, _)| h).unwrap_or("127.0.0.1");
+        let host = self
+            .addr
+            .rsplit_once(':')
+            .map(|(h, _)| h)
+            .unwrap_or("127.0.0.1");
         let name = ServerName::try_from(host.to_string())?;
         let stream = tokio_rustls::TlsConnector::from(self.tls.clone())
             .connect(name, tcp)
@@ -87,7 +94,12 @@ impl Conn {
     }
 }
 
-async fn call(s: &mut Sender, method: &str, path: &str, body: Option<String>) -> Result<(u16, Bytes)> {
+async fn call(
+    s: &mut Sender,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> Result<(u16, Bytes)> {
     let req = hyper::Request::builder()
         .method(method)
         .uri(path)
@@ -120,7 +132,13 @@ fn micros_now() -> u128 {
 const NS: &str = "rkube-bench";
 
 /// Runs `total` requests over `clients` connections; `req(i)` gives request i.
-async fn run<F>(conn: &Conn, clients: usize, total: usize, expect: u16, req: F) -> Result<(Histogram<u64>, Duration)>
+async fn load<F>(
+    conn: &Conn,
+    clients: usize,
+    total: usize,
+    expect: u16,
+    req: F,
+) -> Result<(Histogram<u64>, Duration)>
 where
     F: Fn(usize) -> (&'static str, String, Option<String>) + Send + Sync + 'static,
 {
@@ -142,7 +160,10 @@ where
                 let t = Instant::now();
                 let (status, resp) = call(&mut s, method, &path, body).await?;
                 if status != expect {
-                    bail!("{method} {path}: {status} {}", String::from_utf8_lossy(&resp));
+                    bail!(
+                        "{method} {path}: {status} {}",
+                        String::from_utf8_lossy(&resp)
+                    );
                 }
                 h.record(t.elapsed().as_micros() as u64)?;
             }
@@ -171,36 +192,78 @@ fn row(what: &str, h: &Histogram<u64>, elapsed: Duration, slo_ms: f64) {
     );
 }
 
-pub async fn api(args: ApiBenchArgs) -> Result<()> {
-    let conn = Arc::new(Conn::new(&args.dir)?);
+/// Runs every API workload against the local cluster in `dir` (its first server).
+pub async fn run(dir: &std::path::Path, args: ApiBenchArgs) -> Result<()> {
+    let conn = Arc::new(Conn::new(dir)?);
     let mut admin = conn.open().await?;
-    let (status, body) = call(&mut admin, "POST", "/api/v1/namespaces", Some(format!("{{\"metadata\":{{\"name\":\"{NS}\"}}}}"))).await?;
+    let (status, body) = call(
+        &mut admin,
+        "POST",
+        "/api/v1/namespaces",
+        Some(format!("{{\"metadata\":{{\"name\":\"{NS}\"}}}}")),
+    )
+    .await?;
     if status != 201 && status != 409 {
-        bail!("creating namespace {NS}: {status} {}", String::from_utf8_lossy(&body));
+        bail!(
+            "creating namespace {NS}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
     }
-    println!("| operation ({} clients) | requests/s | p50 ms | p99 ms | SLO p99 ms | inside SLO by |", args.clients);
+    println!(
+        "| operation ({} clients) | requests/s | p50 ms | p99 ms | SLO p99 ms | inside SLO by |",
+        args.clients
+    );
     println!("|---|---|---|---|---|---|");
     let base = format!("/api/v1/namespaces/{NS}/pods");
     let b = base.clone();
-    let (h, e) = run(&conn, args.clients, args.pods, 201, move |i| ("POST", b.clone(), Some(pod(&format!("p{i}"), None)))).await?;
+    let (h, e) = load(&conn, args.clients, args.pods, 201, move |i| {
+        ("POST", b.clone(), Some(pod(&format!("p{i}"), None)))
+    })
+    .await?;
     row("pod create", &h, e, 1000.0);
     let b = base.clone();
-    let (h, e) = run(&conn, args.clients, args.pods, 200, move |i| ("GET", format!("{b}/p{i}"), None)).await?;
+    let (h, e) = load(&conn, args.clients, args.pods, 200, move |i| {
+        ("GET", format!("{b}/p{i}"), None)
+    })
+    .await?;
     row("pod get", &h, e, 1000.0);
     let b = base.clone();
-    let (h, e) = run(&conn, args.clients, 200.min(args.pods), 200, move |_| ("GET", format!("{b}?labelSelector=app%3Dbench"), None)).await?;
-    row(&format!("list {} pods (namespace)", args.pods), &h, e, 5000.0);
+    let (h, e) = load(&conn, args.clients, 200.min(args.pods), 200, move |_| {
+        ("GET", format!("{b}?labelSelector=app%3Dbench"), None)
+    })
+    .await?;
+    row(
+        &format!("list {} pods (namespace)", args.pods),
+        &h,
+        e,
+        5000.0,
+    );
     let b = base.clone();
-    let (h, e) = run(&conn, args.clients, args.pods, 200, move |i| ("DELETE", format!("{b}/p{i}"), None)).await?;
+    let (h, e) = load(&conn, args.clients, args.pods, 200, move |i| {
+        ("DELETE", format!("{b}/p{i}"), None)
+    })
+    .await?;
     row("pod delete", &h, e, 1000.0);
 
     // The large LIST: fill, list whole and in kubectl's chunks of 500, empty again.
     if args.list_pods > 0 {
         let b = base.clone();
-        let (_, fill) = run(&conn, args.clients, args.list_pods, 201, move |i| ("POST", b.clone(), Some(pod(&format!("l{i}"), None)))).await?;
+        let (_, fill) = load(&conn, args.clients, args.list_pods, 201, move |i| {
+            ("POST", b.clone(), Some(pod(&format!("l{i}"), None)))
+        })
+        .await?;
         let b = base.clone();
-        let (h, e) = run(&conn, 1, 10, 200, move |_| ("GET", b.clone(), None)).await?;
-        row(&format!("list {} pods, one response (filled at {:.0}/s)", args.list_pods, args.list_pods as f64 / fill.as_secs_f64()), &h, e, 30_000.0);
+        let (h, e) = load(&conn, 1, 10, 200, move |_| ("GET", b.clone(), None)).await?;
+        row(
+            &format!(
+                "list {} pods, one response (filled at {:.0}/s)",
+                args.list_pods,
+                args.list_pods as f64 / fill.as_secs_f64()
+            ),
+            &h,
+            e,
+            30_000.0,
+        );
         let mut s = conn.open().await?;
         let mut h = Histogram::<u64>::new(3)?;
         let started = Instant::now();
@@ -209,7 +272,11 @@ pub async fn api(args: ApiBenchArgs) -> Result<()> {
             let mut cont = String::new();
             let mut n = 0;
             loop {
-                let path = if cont.is_empty() { format!("{base}?limit=500") } else { format!("{base}?limit=500&continue={cont}") };
+                let path = if cont.is_empty() {
+                    format!("{base}?limit=500")
+                } else {
+                    format!("{base}?limit=500&continue={cont}")
+                };
                 let (status, body) = call(&mut s, "GET", &path, None).await?;
                 if status != 200 {
                     bail!("chunked list: {status}");
@@ -226,9 +293,17 @@ pub async fn api(args: ApiBenchArgs) -> Result<()> {
             }
             h.record(t.elapsed().as_micros() as u64)?;
         }
-        row(&format!("list {} pods in chunks of 500", args.list_pods), &h, started.elapsed(), 30_000.0);
+        row(
+            &format!("list {} pods in chunks of 500", args.list_pods),
+            &h,
+            started.elapsed(),
+            30_000.0,
+        );
         let b = base.clone();
-        run(&conn, args.clients, args.list_pods, 200, move |i| ("DELETE", format!("{b}/l{i}"), None)).await?;
+        load(&conn, args.clients, args.list_pods, 200, move |i| {
+            ("DELETE", format!("{b}/l{i}"), None)
+        })
+        .await?;
     }
 
     // Watch delivery: watchers on the namespace, pods created at a steady pace; latency from
@@ -239,27 +314,40 @@ pub async fn api(args: ApiBenchArgs) -> Result<()> {
         if status != 200 {
             bail!("list before watch: {status}");
         }
-        let rv = serde_json::from_slice::<serde_json::Value>(&body)?["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string();
+        let rv = serde_json::from_slice::<serde_json::Value>(&body)?["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("0")
+            .to_string();
         let mut ready = Vec::new();
         for _ in 0..args.watchers {
             let mut s = conn.open().await?;
             let path = format!("{base}?watch=1&resourceVersion={rv}");
             let tx = tx.clone();
-            let req = hyper::Request::builder().method("GET").uri(path).header("host", "rkube").body(Full::new(Bytes::new()))?;
+            let req = hyper::Request::builder()
+                .method("GET")
+                .uri(path)
+                .header("host", "rkube")
+                .body(Full::new(Bytes::new()))?;
             let resp = s.send_request(req).await?;
             ready.push(tokio::spawn(async move {
                 let mut body = resp.into_body();
                 let mut buf = Vec::new();
                 while let Some(frame) = body.frame().await {
                     let Ok(frame) = frame else { break };
-                    let Some(data) = frame.data_ref() else { continue };
+                    let Some(data) = frame.data_ref() else {
+                        continue;
+                    };
                     buf.extend_from_slice(data);
                     while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                         let line: Vec<u8> = buf.drain(..=pos).collect();
                         let now = micros_now();
                         if let Ok(ev) = serde_json::from_slice::<serde_json::Value>(&line) {
                             if ev["type"] == "ADDED" {
-                                if let Some(sent) = ev["object"]["metadata"]["annotations"]["bench/sent-us"].as_str().and_then(|s| s.parse::<u128>().ok()) {
+                                if let Some(sent) = ev["object"]["metadata"]["annotations"]
+                                    ["bench/sent-us"]
+                                    .as_str()
+                                    .and_then(|s| s.parse::<u128>().ok())
+                                {
                                     let _ = tx.send(now.saturating_sub(sent) as u64);
                                 }
                             }
@@ -273,9 +361,18 @@ pub async fn api(args: ApiBenchArgs) -> Result<()> {
         let mut s = conn.open().await?;
         let started = Instant::now();
         for i in 0..args.watched_pods {
-            let (status, body) = call(&mut s, "POST", &base, Some(pod(&format!("w{i}"), Some(micros_now())))).await?;
+            let (status, body) = call(
+                &mut s,
+                "POST",
+                &base,
+                Some(pod(&format!("w{i}"), Some(micros_now()))),
+            )
+            .await?;
             if status != 201 {
-                bail!("create while watched: {status} {}", String::from_utf8_lossy(&body));
+                bail!(
+                    "create while watched: {status} {}",
+                    String::from_utf8_lossy(&body)
+                );
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -289,14 +386,25 @@ pub async fn api(args: ApiBenchArgs) -> Result<()> {
             }
         }
         if (h.len() as usize) < want {
-            bail!("only {} of {want} watch events arrived within 120 s", h.len());
+            bail!(
+                "only {} of {want} watch events arrived within 120 s",
+                h.len()
+            );
         }
-        row(&format!("watch event delivery to {} watchers", args.watchers), &h, started.elapsed(), 5000.0);
+        row(
+            &format!("watch event delivery to {} watchers", args.watchers),
+            &h,
+            started.elapsed(),
+            5000.0,
+        );
         for t in ready {
             t.abort();
         }
         let b = base.clone();
-        run(&conn, args.clients, args.watched_pods, 200, move |i| ("DELETE", format!("{b}/w{i}"), None)).await?;
+        load(&conn, args.clients, args.watched_pods, 200, move |i| {
+            ("DELETE", format!("{b}/w{i}"), None)
+        })
+        .await?;
     }
     Ok(())
 }
