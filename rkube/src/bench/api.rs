@@ -107,6 +107,7 @@ async fn call(
         .header("content-type", "application/json")
         .header("accept", "application/json")
         .body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+    s.ready().await?;
     let resp = s.send_request(req).await?;
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await?.to_bytes();

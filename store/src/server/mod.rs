@@ -241,12 +241,16 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         false
     };
 
+    // openraft starts an election after the leader's lease (election_timeout_max) plus a
+    // random timeout in [min, max) without a heartbeat. These bounds make that 1.0-1.2 times
+    // --election-timeout, which is what the flag means in etcd (its first election starts
+    // after 1-2 times the timeout); min and max of [1x, 2x) would mean 3-4x.
     let election_ms = cfg.election_timeout.as_millis() as u64;
     let raft_config = openraft::Config {
         cluster_name: cfg.cluster_token.clone(),
         heartbeat_interval: cfg.heartbeat.as_millis() as u64,
-        election_timeout_min: election_ms,
-        election_timeout_max: election_ms * 2,
+        election_timeout_min: election_ms * 2 / 5,
+        election_timeout_max: election_ms * 3 / 5,
         install_snapshot_timeout: 10_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
         max_in_snapshot_log_to_keep: cfg.snapshot_catchup_entries,
