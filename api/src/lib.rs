@@ -5,14 +5,17 @@
 //! come from the member's applied state (a quorum read index first, unless the client asked for
 //! resourceVersion=0), writes are store transactions proposed through the Raft leader
 //! ([`storage`]). [`handler`] routes a request to a verb; [`discovery`] answers the discovery
-//! documents kubectl reads first.
+//! documents kubectl reads first; [`openapi`] the OpenAPI documents of the served types, which
+//! [`fieldvalidation`] also checks request bodies against.
 
 pub mod admission;
 pub mod auth;
 mod bootstrap;
 pub mod discovery;
 pub mod error;
+pub mod fieldvalidation;
 pub mod handler;
+pub mod openapi;
 pub mod patch;
 pub mod query;
 pub mod resources;
