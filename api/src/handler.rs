@@ -353,7 +353,7 @@ impl Api {
             }
             ["openapi", rest @ ..] => {
                 get_only(req.method())?;
-                openapi::serve(rest, req.uri().query())
+                openapi::serve(rest, req.uri().query(), &accept)
             }
             ["api", "v1", rest @ ..] => {
                 let t = parse_target("", "v1", rest)?;

@@ -8,6 +8,7 @@
 //! schemas.
 
 pub mod paths;
+pub mod proto;
 pub mod schemas;
 
 use std::collections::BTreeMap;
@@ -41,6 +42,8 @@ impl Doc {
 
 struct Documents {
     v2: Doc,
+    /// The same document as gnostic's protocol buffer, which client-go decodes.
+    v2_proto: Vec<u8>,
     /// By group-version path: `api/v1`, `apis/apps/v1`.
     v3: BTreeMap<String, Doc>,
     index: Doc,
@@ -117,6 +120,7 @@ fn build() -> Documents {
         })
         .collect();
     Documents {
+        v2_proto: proto::document(&v2),
         v2: Doc::new(&v2),
         index: Doc::new(&json!({"paths": index})),
         v3,
@@ -146,11 +150,23 @@ fn respond(status: u16, doc: &Doc, cache: &str) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
-/// Answers `/openapi/<rest>`. Every document is JSON: kubectl's OpenAPI v3 client asks for
-/// JSON, and the v2 document is only read as a fallback when v3 is missing.
-pub fn serve(rest: &[&str], query: Option<&str>) -> Result<Response<Body>, ApiError> {
+/// The media type of the v2 document as a protocol buffer.
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+
+/// Answers `/openapi/<rest>`. The v3 documents are JSON (what kubectl's OpenAPI v3 client asks
+/// for); the v2 document is JSON unless the client asks for protobuf, as client-go does.
+pub fn serve(rest: &[&str], query: Option<&str>, accept: &str) -> Result<Response<Body>, ApiError> {
     let docs = documents();
     match rest {
+        ["v2"] if accept.contains("protobuf") && accept.contains("proto-openapi.spec.v2") => {
+            Response::builder()
+                .status(200)
+                .header("content-type", V2_PROTOBUF)
+                .header("etag", format!("\"{}\"", docs.v2.hash))
+                .header("cache-control", "no-cache, private")
+                .body(Body::from(docs.v2_proto.clone()))
+                .map_err(|e| ApiError::internal(e.to_string()))
+        }
         ["v2"] => Ok(respond(200, &docs.v2, "no-cache, private")),
         ["v3"] => Ok(respond(200, &docs.index, "no-cache, private")),
         ["v3", gv @ ..] => {
@@ -253,8 +269,10 @@ mod tests {
 
     #[test]
     fn a_stale_hash_redirects() {
-        let r = serve(&["v3", "api", "v1"], Some("hash=OLD")).unwrap();
+        let r = serve(&["v3", "api", "v1"], Some("hash=OLD"), "").unwrap();
         assert_eq!(r.status(), 301);
-        assert!(serve(&["v3", "apis", "nope", "v1"], None).is_err());
+        assert!(serve(&["v3", "apis", "nope", "v1"], None, "").is_err());
+        let r = serve(&["v2"], None, V2_PROTOBUF).unwrap();
+        assert_eq!(r.headers()["content-type"], V2_PROTOBUF);
     }
 }
