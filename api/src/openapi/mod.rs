@@ -132,6 +132,11 @@ fn documents() -> &'static Documents {
     DOCS.get_or_init(build)
 }
 
+/// Builds the documents (and the schemas field validation walks) now rather than on first use.
+pub fn warm() {
+    documents();
+}
+
 fn not_found() -> ApiError {
     ApiError::new(
         404,
@@ -150,8 +155,9 @@ fn respond(status: u16, doc: &Doc, cache: &str) -> Response<Body> {
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
-/// The media type of the v2 document as a protocol buffer.
-pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+/// The media type of the v2 document as a protocol buffer, as answered: clients ask with an `@`
+/// before the version, which a content type cannot carry (Go's media type parser rejects it).
+pub const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 
 /// Answers `/openapi/<rest>`. The v3 documents are JSON (what kubectl's OpenAPI v3 client asks
 /// for); the v2 document is JSON unless the client asks for protobuf, as client-go does.
@@ -272,7 +278,8 @@ mod tests {
         let r = serve(&["v3", "api", "v1"], Some("hash=OLD"), "").unwrap();
         assert_eq!(r.status(), 301);
         assert!(serve(&["v3", "apis", "nope", "v1"], None, "").is_err());
-        let r = serve(&["v2"], None, V2_PROTOBUF).unwrap();
+        let asked = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+        let r = serve(&["v2"], None, asked).unwrap();
         assert_eq!(r.headers()["content-type"], V2_PROTOBUF);
     }
 }
