@@ -11,6 +11,9 @@
 //! properties, such as RawExtension and FieldsV1) and `x-kubernetes-preserve-unknown-fields`
 //! take any field.
 
+// ApiError is the crate's error everywhere, large as it is.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashSet;
 use std::fmt;
 

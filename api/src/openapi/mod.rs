@@ -7,6 +7,9 @@
 //! strategic merge patches in `kubectl apply`. [`crate::fieldvalidation`] walks the same
 //! schemas.
 
+// ApiError is the crate's error everywhere, large as it is.
+#![allow(clippy::result_large_err)]
+
 pub mod paths;
 pub mod proto;
 pub mod schemas;
