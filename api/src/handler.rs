@@ -18,6 +18,8 @@ use crate::admission;
 use crate::auth::User;
 use crate::discovery;
 use crate::error::ApiError;
+use crate::fieldvalidation;
+use crate::openapi;
 use crate::patch;
 use crate::query::{FieldSelector, LabelSelector, Query};
 use crate::quota;
@@ -392,6 +394,10 @@ impl Api {
                     .map(|d| json_response(200, &d))
                     .ok_or_else(not_found_path)
             }
+            ["openapi", rest @ ..] => {
+                get_only(req.method())?;
+                openapi::serve(rest, req.uri().query(), &accept)
+            }
             ["api", "v1", rest @ ..] => {
                 let t = parse_target("", "v1", rest)?;
                 self.resource(user, t, req, &accept).await
@@ -437,7 +443,14 @@ impl Api {
             }
         };
         let _ = user;
-        match (method, t.name.is_some(), t.sub.as_deref()) {
+        // Unknown and duplicate fields of a create or update body (patches check their result).
+        let warnings = match method {
+            Method::POST | Method::PUT if decode_body(&body, &content_type).is_ok() => {
+                fieldvalidation::check(t.res, t.sub.as_deref(), &body, &content_type, &q)?
+            }
+            _ => Vec::new(),
+        };
+        let resp = match (method, t.name.is_some(), t.sub.as_deref()) {
             (Method::GET, false, None) => {
                 if q.flag("watch") {
                     verb_allowed("watch")?;
@@ -496,7 +509,8 @@ impl Api {
             _ => Err(ApiError::method_not_allowed(
                 "the server does not allow this method on the requested resource",
             )),
-        }
+        }?;
+        Ok(fieldvalidation::with_warnings(resp, &warnings))
     }
 
     fn render_one(&self, t: &Target, object: Value, accept: &str, q: &Query) -> Resp {
@@ -1198,10 +1212,12 @@ impl Api {
             } else {
                 current.object.clone()
             };
+            let before = view.clone();
             match ct {
                 "application/json-patch+json" => patch::json_patch(&mut view, &patch)?,
                 _ => patch::merge_patch(&mut view, &patch),
             }
+            let warnings = fieldvalidation::check_patch(t.res, sub, body, &before, &view, q)?;
             let pinned = view
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
@@ -1232,7 +1248,10 @@ impl Api {
                 } else {
                     s.object
                 };
-                return Ok(json_response(200, &out));
+                return Ok(fieldvalidation::with_warnings(
+                    json_response(200, &out),
+                    &warnings,
+                ));
             }
         }
         Err(ApiError::conflict(

@@ -5,7 +5,8 @@
 //! come from the member's applied state (a quorum read index first, unless the client asked for
 //! resourceVersion=0), writes are store transactions proposed through the Raft leader
 //! ([`storage`]). [`handler`] routes a request to a verb; [`discovery`] answers the discovery
-//! documents kubectl reads first.
+//! documents kubectl reads first; [`openapi`] the OpenAPI documents of the served types, which
+//! [`fieldvalidation`] also checks request bodies against.
 
 // ApiError carries a Kubernetes Status (message, causes); it is returned by value on the
 // error path of every request, which is not hot.
@@ -16,8 +17,10 @@ pub mod auth;
 mod bootstrap;
 pub mod discovery;
 pub mod error;
+pub mod fieldvalidation;
 pub mod handler;
 pub mod limitrange;
+pub mod openapi;
 pub mod patch;
 pub mod query;
 pub mod quota;

@@ -95,6 +95,8 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
         })?;
     let api = Arc::new(Api::new(node, cfg.service_net, addr.port()));
     api.clone().start_background();
+    // The OpenAPI documents take a moment to build: build them before the first request needs them.
+    tokio::task::spawn_blocking(crate::openapi::warm);
     let (stop, mut stopped) = watch::channel(false);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let task = tokio::spawn(async move {
