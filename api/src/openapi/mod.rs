@@ -7,7 +7,6 @@
 //! strategic merge patches in `kubectl apply`. [`crate::fieldvalidation`] walks the same
 //! schemas.
 
-// ApiError is the crate's error everywhere, large as it is.
 
 pub mod paths;
 pub mod proto;
