@@ -252,15 +252,15 @@ async fn kubectl_changes_objects_every_way_a_user_does() {
     k.run(&["create", "-f", &manifest("pod.yaml")]).await.ok();
 
     assert_eq!(
-        k.run(&["label", "pod", "nginx", "tier=web"])
+        k.run(&["label", "pod", "nginx", "stage=web"])
             .await
             .ok()
             .trim(),
         "pod/nginx labeled"
     );
-    let again = k.run(&["label", "pod", "nginx", "tier=db"]).await.err();
+    let again = k.run(&["label", "pod", "nginx", "stage=db"]).await.err();
     assert!(again.contains("already has a value (web)"), "{again}");
-    k.run(&["label", "pod", "nginx", "tier=db", "--overwrite"])
+    k.run(&["label", "pod", "nginx", "stage=db", "--overwrite"])
         .await
         .ok();
     assert_eq!(
@@ -269,20 +269,20 @@ async fn kubectl_changes_objects_every_way_a_user_does() {
             "pod",
             "nginx",
             "-o",
-            "jsonpath={.metadata.labels.tier}"
+            "jsonpath={.metadata.labels.stage}"
         ])
         .await
         .ok(),
         "db"
     );
-    k.run(&["label", "pod", "nginx", "tier-"]).await.ok();
+    k.run(&["label", "pod", "nginx", "stage-"]).await.ok();
     assert_eq!(
         k.run(&[
             "get",
             "pod",
             "nginx",
             "-o",
-            "jsonpath={.metadata.labels.tier}"
+            "jsonpath={.metadata.labels.stage}"
         ])
         .await
         .ok(),
