@@ -11,7 +11,6 @@
 //! properties, such as RawExtension and FieldsV1) and `x-kubernetes-preserve-unknown-fields`
 //! take any field.
 
-
 use std::collections::HashSet;
 use std::fmt;
 

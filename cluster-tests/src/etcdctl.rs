@@ -107,31 +107,12 @@ impl Etcdctl {
 
     /// Runs one command with `input` on its standard input.
     pub async fn run_with_input(&self, args: &[&str], input: &str) -> EtcdctlOutput {
-        use tokio::io::AsyncWriteExt;
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("etcdctl runs (Debian package etcd-client; .ci/run installs it)");
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let input = input.to_string();
-        let feed = async move {
-            // etcdctl may exit before reading everything (a refused command): not our failure.
-            let _ = stdin.write_all(input.as_bytes()).await;
-        };
-        let (_, out) = tokio::time::timeout(
-            ETCDCTL_TIMEOUT,
-            futures::future::join(feed, child.wait_with_output()),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("etcdctl {args:?} did not finish within {ETCDCTL_TIMEOUT:?}"));
-        let out = out.expect("etcdctl's output is read");
+        let what = format!("etcdctl {args:?} (Debian package etcd-client; .ci/run installs it)");
+        let ran = crate::process::run(self.command(args), input, ETCDCTL_TIMEOUT, &what).await;
         EtcdctlOutput {
-            success: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            success: ran.success,
+            stdout: ran.stdout,
+            stderr: ran.stderr,
         }
     }
 

@@ -96,30 +96,12 @@ impl Kubectl {
     }
 
     pub async fn run_with_input(&self, args: &[&str], input: &str) -> KubectlOutput {
-        use tokio::io::AsyncWriteExt;
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl runs (it is installed on the machine)");
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        let input = input.to_string();
-        let feed = async move {
-            let _ = stdin.write_all(input.as_bytes()).await;
-        };
-        let (_, out) = tokio::time::timeout(
-            KUBECTL_TIMEOUT,
-            futures::future::join(feed, child.wait_with_output()),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("kubectl {args:?} did not finish within {KUBECTL_TIMEOUT:?}"));
-        let out = out.expect("kubectl's output is read");
+        let what = format!("kubectl {args:?}");
+        let ran = crate::process::run(self.command(args), input, KUBECTL_TIMEOUT, &what).await;
         KubectlOutput {
-            success: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            success: ran.success,
+            stdout: ran.stdout,
+            stderr: ran.stderr,
         }
     }
 

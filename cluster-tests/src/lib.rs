@@ -16,6 +16,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 pub mod etcdctl;
 pub mod kubectl;
+mod process;
 
 pub use etcdctl::{Etcdctl, EtcdctlChild, EtcdctlOutput};
 pub use pb::cluster_client::ClusterClient;

@@ -7,7 +7,6 @@
 //! strategic merge patches in `kubectl apply`. [`crate::fieldvalidation`] walks the same
 //! schemas.
 
-
 pub mod paths;
 pub mod proto;
 pub mod schemas;
