@@ -12,6 +12,7 @@
 #             1,000 puts/s for 10 s; latency = receive time - send time stamped in the value
 #   failover  SIGKILL of the leader, time until a write through another member succeeds; 3 rounds
 #
+# rkube runs with --store-only: the comparison is of the stores, without the Kubernetes API.
 # Peak RSS per member is VmHWM from /proc/PID/status, reset (clear_refs) before each workload.
 # It prints the machine and load, then one markdown table per workload, ratios first
 # (rkube ÷ etcd). Raw results stay in WORKDIR/results.jsonl, logs in WORKDIR/{rkube,etcd}.
@@ -106,7 +107,7 @@ wait_members() {
 
 # The rkube cluster first: `rkube up` also makes the CA and the certificates both systems use.
 ports_free "$RK_PORT"
-"$RKUBE" up --dir "$RK" --base-port "$RK_PORT" --detach >"$WORK/rkube-up.log"
+"$RKUBE" up --dir "$RK" --base-port "$RK_PORT" --store-only --detach >"$WORK/rkube-up.log"
 PKI=$RK/pki
 TLS=(--cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key")
 wait_members "$(eps "$RK_PORT")"
