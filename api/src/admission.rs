@@ -206,6 +206,35 @@ pub fn defaults(res: &Resource, object: &mut Value) {
     }
 }
 
+/// DefaultTolerationSeconds: a new pod tolerates its node being not-ready or unreachable for
+/// 300 s before the node lifecycle evicts it, unless it says otherwise.
+pub fn default_tolerations(pod: &mut Value) {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if !spec.get("tolerations").is_some_and(Value::is_array) {
+        spec.insert("tolerations".into(), json!([]));
+    }
+    let Some(list) = spec.get_mut("tolerations").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for key in [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ] {
+        let covered = list.iter().any(|t| {
+            let k = t.get("key").and_then(Value::as_str);
+            let effect = t.get("effect").and_then(Value::as_str);
+            (k == Some(key)
+                || (k.is_none() && t.get("operator").and_then(Value::as_str) == Some("Exists")))
+                && matches!(effect, None | Some("") | Some("NoExecute"))
+        });
+        if !covered {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
+}
+
 /// A pod's quality-of-service class from its containers' requests and limits.
 pub fn qos_class(pod: &Value) -> &'static str {
     let containers = pod

@@ -783,6 +783,7 @@ impl Api {
                 .namespace_objects("limitranges", t.ns.as_deref().unwrap_or(""))
                 .await?;
             crate::limitrange::admit(&mut object, &ranges)?;
+            admission::default_tolerations(&mut object);
             // The QoS class follows the resources LimitRange filled in.
             let qos = admission::qos_class(&object);
             crate::value::set(&mut object, &["status", "qosClass"], json!(qos));
