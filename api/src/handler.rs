@@ -1672,6 +1672,7 @@ fn decode_body(body: &Bytes, content_type: &str) -> Result<Value, ApiError> {
                 "the body of the request could not be decoded as JSON: {e}"
             ))
         })?,
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body)?,
         "application/yaml" => serde_yaml::from_slice(body).map_err(|e| {
             ApiError::bad_request(format!(
                 "the body of the request could not be decoded as YAML: {e}"

@@ -22,6 +22,7 @@ pub mod handler;
 pub mod limitrange;
 pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod query;
 pub mod quota;
 pub mod resources;
