@@ -18,7 +18,6 @@ enum Ty {
     Str,
     Int,
     Bool,
-    Bytes,
     Msg(&'static str),
     /// map<string, string>
     MapStr,
@@ -27,7 +26,6 @@ enum Ty {
     /// map<string, Quantity>
     MapQuantity,
     Time,
-    Quantity,
     IntOrString,
     /// Read and dropped: the status of an object being created or replaced, which the server
     /// sets itself.
@@ -537,12 +535,10 @@ fn message(name: &str, b: &[u8], depth: usize) -> Result<Value, ApiError> {
                 continue
             }
             (Str, Wire::Bytes(b)) => json!(string(b)?),
-            (Bytes, Wire::Bytes(b)) => json!(base64::engine::general_purpose::STANDARD.encode(b)),
             (Int, Wire::Varint(v)) => json!(*v as i64),
             (Bool, Wire::Varint(v)) => json!(*v != 0),
             (Msg(m), Wire::Bytes(b)) => message(m, b, depth + 1)?,
             (Time, Wire::Bytes(b)) => time(b)?,
-            (Quantity, Wire::Bytes(b)) => quantity(b)?,
             (IntOrString, Wire::Bytes(b)) => int_or_string(b)?,
             (MapStr | MapBytes | MapQuantity, Wire::Bytes(b)) => {
                 let (k, v) = entry(b)?;
@@ -600,10 +596,8 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                 }
             }
             2 => raw = Some(bytes_of(&w, "raw")?),
-            3 => {
-                if !bytes_of(&w, "contentEncoding")?.is_empty() {
-                    return Err(unsupported("a content encoding"));
-                }
+            3 if !bytes_of(&w, "contentEncoding")?.is_empty() => {
+                return Err(unsupported("a content encoding"));
             }
             _ => {}
         }
