@@ -1216,6 +1216,15 @@ impl Api {
             let before = view.clone();
             match ct {
                 "application/json-patch+json" => patch::json_patch(&mut view, &patch)?,
+                "application/strategic-merge-patch+json" => {
+                    let (group, version, kind) = if sub == Some("scale") {
+                        ("autoscaling", "v1", "Scale")
+                    } else {
+                        (t.res.group, t.res.version, t.res.kind)
+                    };
+                    let def = crate::openapi::schemas::schemas().kind_def(group, version, kind);
+                    crate::strategic::apply(def, &mut view, &patch)?
+                }
                 _ => patch::merge_patch(&mut view, &patch),
             }
             let warnings = fieldvalidation::check_patch(t.res, sub, body, &before, &view, q)?;

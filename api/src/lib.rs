@@ -29,6 +29,7 @@ pub mod resources;
 pub mod server;
 pub mod services;
 pub mod storage;
+pub mod strategic;
 pub mod table;
 pub mod value;
 

@@ -166,6 +166,7 @@ impl Schemas {
             );
         }
         tag(&mut defs, STATUS, vec![gvk("", "v1", "Status")]);
+        crate::strategic::annotate(&mut defs);
         Schemas { defs }
     }
 
