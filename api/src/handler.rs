@@ -1198,6 +1198,9 @@ impl Api {
     ) -> Result<Resp, ApiError> {
         let dry_run = q.dry_run()?;
         let ct = content_type.split(';').next().unwrap_or("").trim();
+        if ct == "application/apply-patch+yaml" {
+            return self.server_side_apply(t, q, body, sub).await;
+        }
         let patch: Value = match ct {
             "application/json-patch+json"
             | "application/merge-patch+json"
@@ -1262,6 +1265,83 @@ impl Api {
                     json_response(200, &out),
                     &warnings,
                 ));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    /// Server-side apply: creates the object if it is absent, else merges the configuration
+    /// in, with field ownership (see [`crate::apply`]).
+    async fn server_side_apply(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: &Bytes,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let manager = q
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    vec![crate::error::Cause {
+                        reason: "FieldValueRequired",
+                        field: "fieldManager".into(),
+                        message: "Required value: is required for apply patch".into(),
+                    }],
+                )
+            })?;
+        if sub.is_some() {
+            return Err(ApiError::method_not_allowed("server-side apply of a subresource is not supported by this server; apply the object itself"));
+        }
+        let force = q.flag("force");
+        let config: Value = serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+        if !config.is_object() {
+            return Err(ApiError::bad_request(
+                "the applied configuration is not an object",
+            ));
+        }
+        if let Some(n) = config.pointer("/metadata/name").and_then(Value::as_str) {
+            if n != t.name() {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({})",
+                    t.name()
+                )));
+            }
+        }
+        let def =
+            crate::openapi::schemas::schemas().kind_def(t.res.group, t.res.version, t.res.kind);
+        let api_version = t.res.api_version();
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.store.get(&t.key(), Freshness::Latest).await?;
+            let Some(current) = current else {
+                let mut object =
+                    crate::apply::apply(def, None, &config, manager, force, &api_version, &now())?;
+                crate::value::set(&mut object, &["metadata", "name"], json!(t.name()));
+                return self.create(t, q, object).await;
+            };
+            let applied = crate::apply::apply(
+                def,
+                Some(&current.object),
+                &config,
+                manager,
+                force,
+                &api_version,
+                &now(),
+            )?;
+            let new = self.merge_update(t, &current.object, applied, None)?;
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                return Ok(json_response(200, &s.object));
             }
         }
         Err(ApiError::conflict(

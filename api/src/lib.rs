@@ -13,6 +13,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod apply;
 pub mod auth;
 mod bootstrap;
 pub mod discovery;

@@ -198,14 +198,14 @@ fn invalid(message: String) -> ApiError {
     ApiError::bad_request(format!("invalid strategic merge patch: {message}"))
 }
 
-struct Walker<'a> {
-    schemas: &'a Schemas,
+pub(crate) struct Walker<'a> {
+    pub(crate) schemas: &'a Schemas,
 }
 
 impl<'a> Walker<'a> {
     /// The schema of property `key` of an object with schema `schema`, unresolved (it carries
     /// the property's extensions).
-    fn property(&self, schema: Option<&'a Value>, key: &str) -> Option<&'a Value> {
+    pub(crate) fn property(&self, schema: Option<&'a Value>, key: &str) -> Option<&'a Value> {
         let s = self.schemas.resolve(schema?)?;
         if let Some(p) = s.get("properties").and_then(|p| p.get(key)) {
             return Some(p);
@@ -213,7 +213,7 @@ impl<'a> Walker<'a> {
         s.get("additionalProperties").filter(|a| a.is_object())
     }
 
-    fn items(&self, schema: Option<&'a Value>) -> Option<&'a Value> {
+    pub(crate) fn items(&self, schema: Option<&'a Value>) -> Option<&'a Value> {
         self.schemas.resolve(schema?)?.get("items")
     }
 
@@ -308,7 +308,7 @@ impl<'a> Walker<'a> {
 
     /// The merge key of a list property, Some("") for a merged list of scalars, None when the
     /// list is replaced whole.
-    fn merge_key(&self, prop: Option<&Value>) -> Option<String> {
+    pub(crate) fn merge_key(&self, prop: Option<&Value>) -> Option<String> {
         let p = prop?;
         let strategy = p
             .get("x-kubernetes-patch-strategy")

@@ -1,0 +1,382 @@
+//! Server-side apply (`application/apply-patch+yaml`): the applied configuration is merged into
+//! the live object, and `metadata.managedFields` records which fields each field manager set
+//! (FieldsV1: `f:<field>`, `k:<key>` for list elements merged by key, `v:<value>` for sets,
+//! `.` for an element itself). A field another manager set to a different value is a conflict
+//! (409) unless the apply is forced, which takes it over; a field this manager applied before
+//! and no longer sends is removed, unless another manager also set it.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::{ApiError, Cause};
+use crate::openapi::schemas::schemas;
+use crate::strategic::Walker;
+
+/// The parts of a configuration that are not fields anybody manages.
+fn strip_identity(config: &Value) -> Value {
+    let mut c = config.clone();
+    if let Some(o) = c.as_object_mut() {
+        o.remove("apiVersion");
+        o.remove("kind");
+        o.remove("status");
+        if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            for f in [
+                "name",
+                "namespace",
+                "resourceVersion",
+                "managedFields",
+                "uid",
+                "creationTimestamp",
+                "generation",
+            ] {
+                m.remove(f);
+            }
+            if m.is_empty() {
+                o.remove("metadata");
+            }
+        }
+    }
+    c
+}
+
+/// The field set (FieldsV1) of a configuration.
+fn field_set(w: &Walker<'_>, schema: Option<&Value>, v: &Value) -> Value {
+    let mut out = Map::new();
+    let Some(o) = v.as_object() else {
+        return json!({});
+    };
+    for (k, x) in o {
+        let ps = w.property(schema, k);
+        let child = match x {
+            Value::Object(_) => field_set(w, ps, x),
+            Value::Array(items) => match w.merge_key(ps) {
+                Some(key) if !key.is_empty() => {
+                    let item_schema = w.items(ps);
+                    let mut m = Map::new();
+                    for item in items {
+                        if let Some(id) = item.get(&key) {
+                            let mut inner = field_set(w, item_schema, item);
+                            if let Some(io) = inner.as_object_mut() {
+                                io.insert(".".into(), json!({}));
+                            }
+                            m.insert(format!("k:{}", json!({ key.clone(): id })), inner);
+                        }
+                    }
+                    Value::Object(m)
+                }
+                Some(_) => Value::Object(
+                    items
+                        .iter()
+                        .map(|i| (format!("v:{i}"), json!({})))
+                        .collect(),
+                ),
+                None => json!({}),
+            },
+            _ => json!({}),
+        };
+        out.insert(format!("f:{k}"), child);
+    }
+    Value::Object(out)
+}
+
+/// Leaf paths of a field set (each a list of tokens).
+fn leaves(fs: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let Some(o) = fs.as_object() else { return };
+    let children: Vec<(&String, &Value)> = o.iter().filter(|(k, _)| *k != ".").collect();
+    if children.is_empty() {
+        if !prefix.is_empty() {
+            out.push(prefix.clone());
+        }
+        return;
+    }
+    for (k, v) in children {
+        prefix.push(k.clone());
+        leaves(v, prefix, out);
+        prefix.pop();
+    }
+}
+
+fn value_at<'v>(v: &'v Value, path: &[String]) -> Option<&'v Value> {
+    let mut cur = v;
+    let mut i = 0;
+    while i < path.len() {
+        let t = &path[i];
+        if let Some(name) = t.strip_prefix("f:") {
+            cur = cur.get(name)?;
+        } else if let Some(key) = t.strip_prefix("k:") {
+            let want: Map<String, Value> = serde_json::from_str(key).ok()?;
+            cur = cur
+                .as_array()?
+                .iter()
+                .find(|x| want.iter().all(|(k, v)| x.get(k) == Some(v)))?;
+        } else if let Some(val) = t.strip_prefix("v:") {
+            let want: Value = serde_json::from_str(val).ok()?;
+            cur = cur.as_array()?.iter().find(|x| **x == want)?;
+        } else {
+            return None;
+        }
+        i += 1;
+    }
+    Some(cur)
+}
+
+fn remove_at(v: &mut Value, path: &[String]) {
+    let Some((last, head)) = path.split_last() else {
+        return;
+    };
+    let mut cur = v;
+    for t in head {
+        let next = if let Some(name) = t.strip_prefix("f:") {
+            cur.get_mut(name)
+        } else if let Some(key) = t.strip_prefix("k:") {
+            let Ok(want) = serde_json::from_str::<Map<String, Value>>(key) else {
+                return;
+            };
+            cur.as_array_mut().and_then(|a| {
+                a.iter_mut()
+                    .find(|x| want.iter().all(|(k, v)| x.get(k) == Some(v)))
+            })
+        } else {
+            None
+        };
+        match next {
+            Some(n) => cur = n,
+            None => return,
+        }
+    }
+    if let Some(name) = last.strip_prefix("f:") {
+        if let Some(o) = cur.as_object_mut() {
+            o.remove(name);
+        }
+    } else if let Some(key) = last.strip_prefix("k:") {
+        if let (Ok(want), Some(a)) = (
+            serde_json::from_str::<Map<String, Value>>(key),
+            cur.as_array_mut(),
+        ) {
+            a.retain(|x| !want.iter().all(|(k, v)| x.get(k) == Some(v)));
+        }
+    } else if let Some(val) = last.strip_prefix("v:") {
+        if let (Ok(want), Some(a)) = (serde_json::from_str::<Value>(val), cur.as_array_mut()) {
+            a.retain(|x| *x != want);
+        }
+    }
+}
+
+/// `.spec.containers[name="c"].image`, as Kubernetes prints a managed field.
+fn display(path: &[String]) -> String {
+    let mut s = String::new();
+    for t in path {
+        if let Some(n) = t.strip_prefix("f:") {
+            s.push('.');
+            s.push_str(n);
+        } else if let Some(k) = t.strip_prefix("k:") {
+            let m: Map<String, Value> = serde_json::from_str(k).unwrap_or_default();
+            let inner: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            s.push_str(&format!("[{}]", inner.join(",")));
+        } else if let Some(v) = t.strip_prefix("v:") {
+            s.push_str(&format!("[{v}]"));
+        }
+    }
+    s
+}
+
+fn set_of(entry: &Value) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    leaves(
+        entry.get("fieldsV1").unwrap_or(&json!({})),
+        &mut Vec::new(),
+        &mut out,
+    );
+    out
+}
+
+/// A field set holding exactly these leaves.
+fn from_leaves(paths: &[Vec<String>]) -> Value {
+    let mut root = json!({});
+    for p in paths {
+        let mut cur = &mut root;
+        for t in p {
+            let Some(o) = cur.as_object_mut() else { break };
+            cur = o.entry(t.clone()).or_insert_with(|| json!({}));
+        }
+    }
+    root
+}
+
+/// The live object after applying `config` as `manager` (None: the object is new).
+pub fn apply(
+    def: Option<&str>,
+    live: Option<&Value>,
+    config: &Value,
+    manager: &str,
+    force: bool,
+    api_version: &str,
+    now: &str,
+) -> Result<Value, ApiError> {
+    let s = schemas();
+    let w = Walker { schemas: s };
+    let root = def.map(|d| json!({"$ref": format!("#/definitions/{d}")}));
+    let applied = strip_identity(config);
+    let ours = field_set(&w, root.as_ref(), &applied);
+    let mut our_leaves = Vec::new();
+    leaves(&ours, &mut Vec::new(), &mut our_leaves);
+    let entry = |fields: Value| {
+        json!({"manager": manager, "operation": "Apply", "apiVersion": api_version, "time": now,
+               "fieldsType": "FieldsV1", "fieldsV1": fields})
+    };
+    let Some(live) = live else {
+        let mut object = config.clone();
+        crate::value::set(
+            &mut object,
+            &["metadata", "managedFields"],
+            json!([entry(ours)]),
+        );
+        return Ok(object);
+    };
+    let mut managed: Vec<Value> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let is_ours = |e: &Value| e["manager"] == manager && e["operation"] == "Apply";
+    let previous: Vec<Vec<String>> = managed
+        .iter()
+        .filter(|e| is_ours(e))
+        .flat_map(set_of)
+        .collect();
+    // Conflicts: a field another manager set that this apply gives another value.
+    let mut causes = Vec::new();
+    for e in managed.iter_mut().filter(|e| !is_ours(e)) {
+        let theirs = set_of(e);
+        let contested: Vec<&Vec<String>> = theirs
+            .iter()
+            .filter(|p| our_leaves.contains(p) && value_at(&applied, p) != value_at(live, p))
+            .collect();
+        if contested.is_empty() {
+            continue;
+        }
+        if force {
+            let kept: Vec<Vec<String>> = theirs
+                .iter()
+                .filter(|p| !contested.contains(p))
+                .cloned()
+                .collect();
+            e["fieldsV1"] = from_leaves(&kept);
+        } else {
+            let who = e["manager"].as_str().unwrap_or("").to_string();
+            let av = e["apiVersion"].as_str().unwrap_or("").to_string();
+            for p in contested {
+                causes.push(Cause {
+                    reason: "FieldManagerConflict",
+                    field: display(p),
+                    message: format!("conflict with \"{who}\" using {av}"),
+                });
+            }
+        }
+    }
+    if !causes.is_empty() {
+        let list: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.message, c.field))
+            .collect();
+        let n = causes.len();
+        let mut e = ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Apply failed with {n} conflict{}: {}",
+                if n == 1 { "" } else { "s" },
+                list.join(", ")
+            ),
+        );
+        e.causes = causes;
+        return Err(e);
+    }
+    // Fields this manager applied before and dropped now go, unless someone else holds them.
+    let others: Vec<Vec<String>> = managed
+        .iter()
+        .filter(|e| !is_ours(e))
+        .flat_map(set_of)
+        .collect();
+    let mut object = live.clone();
+    for p in previous
+        .iter()
+        .filter(|p| !our_leaves.contains(p) && !others.contains(p))
+    {
+        remove_at(&mut object, p);
+    }
+    crate::strategic::apply(def, &mut object, &applied)?;
+    managed.retain(|e| !is_ours(e));
+    managed.retain(|e| {
+        e.get("fieldsV1")
+            .and_then(Value::as_object)
+            .is_some_and(|o| !o.is_empty())
+    });
+    managed.push(entry(ours));
+    crate::value::set(
+        &mut object,
+        &["metadata", "managedFields"],
+        Value::Array(managed),
+    );
+    Ok(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CM: &str = "io.k8s.api.core.v1.ConfigMap";
+
+    #[test]
+    fn conflicts_force_and_removal() {
+        let first = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"owner": "first", "a": "1"}});
+        let live = apply(Some(CM), None, &first, "one", false, "v1", "t").unwrap();
+        assert_eq!(
+            live["metadata"]["managedFields"][0]["fieldsV1"],
+            json!({"f:data": {"f:owner": {}, "f:a": {}}})
+        );
+        let second = json!({"metadata": {"name": "c"}, "data": {"owner": "second"}});
+        let e = apply(Some(CM), Some(&live), &second, "two", false, "v1", "t").unwrap_err();
+        assert_eq!(e.code, 409);
+        assert_eq!(
+            e.message,
+            "Apply failed with 1 conflict: conflict with \"one\" using v1: .data.owner"
+        );
+        let forced = apply(Some(CM), Some(&live), &second, "two", true, "v1", "t").unwrap();
+        assert_eq!(forced["data"]["owner"], "second");
+        assert_eq!(forced["data"]["a"], "1");
+        // "one" drops `a` from its config: it goes; it no longer owns `owner`.
+        let again = apply(
+            Some(CM),
+            Some(&forced),
+            &json!({"data": {}}),
+            "one",
+            false,
+            "v1",
+            "t",
+        )
+        .unwrap();
+        assert!(again["data"].get("a").is_none(), "{again}");
+        assert_eq!(again["data"]["owner"], "second");
+        // The same value is no conflict.
+        let same = json!({"data": {"owner": "second"}});
+        apply(Some(CM), Some(&again), &same, "three", false, "v1", "t").unwrap();
+    }
+
+    #[test]
+    fn containers_are_keyed() {
+        let d =
+            json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}});
+        let w = Walker { schemas: schemas() };
+        let fs = field_set(
+            &w,
+            Some(&json!({"$ref": "#/definitions/io.k8s.api.apps.v1.Deployment"})),
+            &d,
+        );
+        assert!(
+            fs["f:spec"]["f:template"]["f:spec"]["f:containers"]
+                .get("k:{\"name\":\"c\"}")
+                .is_some(),
+            "{fs}"
+        );
+    }
+}
