@@ -2024,6 +2024,30 @@ mod robustness {
             let mut doc = target.clone();
             let _ = patch::json_patch(&mut doc, &patch);
             patch::merge_patch(&mut doc, &patch);
+            let _ = decode_body(&bytes, "application/vnd.kubernetes.protobuf");
+            let mut proto = b"k8s\0".to_vec();
+            proto.extend_from_slice(&bytes);
+            let _ = crate::protobuf::decode(&proto);
+            for def in [
+                Some("io.k8s.api.apps.v1.Deployment"),
+                Some("io.k8s.api.core.v1.Service"),
+                None,
+            ] {
+                let mut doc = target.clone();
+                let _ = crate::strategic::apply(def, &mut doc, &patch);
+                let live = crate::apply::apply(def, None, &target, "a", false, "v1", "t");
+                if let Ok(live) = live {
+                    let _ = crate::apply::apply(
+                        def,
+                        Some(&live),
+                        &patch,
+                        "b",
+                        round % 2 == 0,
+                        "v1",
+                        "t",
+                    );
+                }
+            }
             for res in resources::RESOURCES {
                 let mut o = random_value(&mut rng, 0);
                 admission::defaults(res, &mut o);
