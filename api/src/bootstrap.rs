@@ -1,6 +1,7 @@
 //! What the API server keeps true on its own while its member leads: the namespaces that exist
-//! from the start, a `default` ServiceAccount in every namespace, and the end of a namespace's
-//! deletion (its contents go, then the namespace).
+//! from the start, a `default` ServiceAccount in every namespace, the end of a namespace's
+//! deletion (its contents go, then the namespace), the default RBAC policy, and the rules of
+//! aggregated ClusterRoles.
 //!
 //! # Correctness
 //! Runs only on the Raft leader, and every write is a conditional store transaction, so two
@@ -25,6 +26,7 @@ impl Api {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut ticks: u64 = 0;
+            let mut policy_done = false;
             loop {
                 tick.tick().await;
                 if !self.node.is_leader() {
@@ -35,6 +37,18 @@ impl Api {
                 }
                 if let Err(e) = self.ensure_kubernetes_service().await {
                     tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
+                }
+                // Every tick until it has worked once, then now and then.
+                if !policy_done || ticks.is_multiple_of(20) {
+                    match self.ensure_default_policy().await {
+                        Ok(()) => policy_done = true,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "creating the default RBAC policy failed; retrying")
+                        }
+                    }
+                }
+                if let Err(e) = self.aggregate_cluster_roles().await {
+                    tracing::debug!(error = %e, "ClusterRole aggregation failed; retrying");
                 }
                 ticks += 1;
                 if ticks.is_multiple_of(20) {
@@ -175,6 +189,64 @@ impl Api {
             }),
         )
         .await
+    }
+
+    /// The default ClusterRoles and ClusterRoleBindings (cluster-admin for system:masters,
+    /// admin/edit/view, discovery for every authenticated user...), created when missing. An
+    /// operator's edits to them stay.
+    async fn ensure_default_policy(&self) -> Result<(), crate::error::ApiError> {
+        let roles = resources::find("rbac.authorization.k8s.io", "v1", "clusterroles")
+            .expect("clusterroles are served");
+        let bindings = resources::find("rbac.authorization.k8s.io", "v1", "clusterrolebindings")
+            .expect("clusterrolebindings are served");
+        let wanted = crate::rbac::policy::cluster_roles()
+            .into_iter()
+            .map(|o| (roles, o))
+            .chain(
+                crate::rbac::policy::cluster_role_bindings()
+                    .into_iter()
+                    .map(|o| (bindings, o)),
+            );
+        for (res, object) in wanted {
+            let name = object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if self
+                .store
+                .get(&res.key(None, name), Freshness::Any)
+                .await?
+                .is_none()
+            {
+                self.create_if_missing(Target::new(res, None, None), object)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kubernetes' ClusterRole aggregation: a ClusterRole with an aggregationRule holds the
+    /// rules of every ClusterRole its selectors match. The write compares the role's revision,
+    /// so a concurrent edit is never overwritten; the next tick recomputes.
+    async fn aggregate_cluster_roles(&self) -> Result<(), crate::error::ApiError> {
+        let roles = resources::find("rbac.authorization.k8s.io", "v1", "clusterroles")
+            .expect("clusterroles are served");
+        for (name, rules) in self.authz.aggregations() {
+            let key = roles.key(None, &name);
+            let Some(current) = self.store.get(&key, Freshness::Latest).await? else {
+                continue;
+            };
+            let mut updated = current.object.clone();
+            crate::value::set(
+                &mut updated,
+                &["rules"],
+                Value::Array(rules.iter().map(crate::rbac::Rule::to_json).collect()),
+            );
+            if updated != current.object {
+                self.store.put_if(&key, &updated, current.revision).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Recomputes every quota's usage from the objects, at one revision, and stores it if it

@@ -20,6 +20,7 @@ fn subresource(
         "scale" => ("Scale", "autoscaling", "v1", GPU),
         "binding" => ("Binding", "", "v1", &["create"]),
         "eviction" => ("Eviction", "policy", "v1", &["create"]),
+        "token" => ("TokenRequest", "authentication.k8s.io", "v1", &["create"]),
         "finalize" => (r.kind, r.group, r.version, &["update"]),
         _ => (r.kind, r.group, r.version, GPU),
     }

@@ -23,6 +23,7 @@ use crate::openapi;
 use crate::patch;
 use crate::query::{FieldSelector, LabelSelector, Query};
 use crate::quota;
+use crate::rbac::Attributes;
 use crate::resources::{self, Resource};
 use crate::services::{self, ServiceNet};
 use crate::storage::{decode, set_resource_version, Change, Freshness, ObjectStore, Stored, Write};
@@ -46,6 +47,8 @@ pub struct Api {
     /// --max-mutating-requests-inflight (200 writes); watches are long-running and not counted.
     reads: tokio::sync::Semaphore,
     writes: tokio::sync::Semaphore,
+    pub(crate) authz: Arc<crate::rbac::Authorizer>,
+    pub(crate) tokens: crate::token::SigningKey,
 }
 
 pub const MAX_READS_INFLIGHT: usize = 400;
@@ -82,7 +85,7 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn new_uid() -> String {
+pub(crate) fn new_uid() -> String {
     let b: [u8; 16] = rand::thread_rng().gen();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!(
@@ -127,7 +130,7 @@ fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
 
 /// What a URL names: a resource, maybe a namespace, an object and a subresource.
 pub struct Target {
-    res: &'static Resource,
+    pub(crate) res: &'static Resource,
     ns: Option<String>,
     name: Option<String>,
     sub: Option<String>,
@@ -149,6 +152,52 @@ impl Target {
     }
     fn name(&self) -> &str {
         self.name.as_deref().unwrap_or("")
+    }
+    pub(crate) fn object_name(&self) -> &str {
+        self.name()
+    }
+    pub(crate) fn namespace(&self) -> Option<&str> {
+        self.ns.as_deref()
+    }
+
+    /// What the request asks to do, for authorization (Kubernetes' RequestInfo): the verb
+    /// follows the method, and a list or watch of one name by field selector names it.
+    fn attributes(&self, method: &Method, q: &Query) -> Attributes {
+        let verb = match *method {
+            Method::GET | Method::HEAD if self.name.is_some() => "get",
+            Method::GET | Method::HEAD if q.flag("watch") => "watch",
+            Method::GET | Method::HEAD => "list",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE if self.name.is_some() => "delete",
+            Method::DELETE => "deletecollection",
+            _ => "unknown",
+        };
+        let name = match &self.name {
+            Some(n) => n.clone(),
+            None => q
+                .get("fieldSelector")
+                .and_then(|f| {
+                    f.split(',').find_map(|term| {
+                        let (k, v) = term.split_once('=')?;
+                        (k == "metadata.name").then(|| v.trim_start_matches('=').to_string())
+                    })
+                })
+                .unwrap_or_default(),
+        };
+        Attributes::resource(
+            verb,
+            self.res.group,
+            self.res.plural,
+            self.sub.as_deref().unwrap_or(""),
+            if self.res.namespaced {
+                self.ns.as_deref().unwrap_or("")
+            } else {
+                ""
+            },
+            &name,
+        )
     }
 }
 
@@ -281,8 +330,15 @@ impl DeleteOptions {
 }
 
 impl Api {
-    pub fn new(node: Arc<Node>, net: ServiceNet, port: u16) -> Self {
+    pub fn new(
+        node: Arc<Node>,
+        net: ServiceNet,
+        port: u16,
+        tokens: crate::token::SigningKey,
+    ) -> Self {
         Api {
+            authz: Arc::new(crate::rbac::Authorizer::new()),
+            tokens,
             store: ObjectStore::new(node.clone()),
             node,
             net,
@@ -349,8 +405,18 @@ impl Api {
             ["version"] => return Ok(json_response(200, &version())),
             _ => {}
         }
+        let user = self.authenticate(user, req.headers()).await?;
         if user.is_anonymous() {
             return Err(ApiError::new(401, "Unauthorized", "Unauthorized"));
+        }
+        let user = &self.impersonate(user, req.headers())?;
+        let q = Query::parse(req.uri().query());
+        match segs.as_slice() {
+            ["api", "v1", rest @ ..] | ["apis", _, _, rest @ ..] if !rest.is_empty() => {}
+            _ => {
+                let verb = req.method().as_str().to_ascii_lowercase();
+                self.check(user, &Attributes::path(&verb, &path))?;
+            }
         }
         let get_only = |m: &Method| {
             if *m == Method::GET {
@@ -400,13 +466,24 @@ impl Api {
             }
             ["api", "v1", rest @ ..] => {
                 let t = parse_target("", "v1", rest)?;
+                self.check(user, &t.attributes(req.method(), &q))?;
                 self.resource(user, t, req, &accept).await
             }
             ["apis", g, v, rest @ ..] => {
                 let t = parse_target(g, v, rest)?;
+                self.check(user, &t.attributes(req.method(), &q))?;
                 self.resource(user, t, req, &accept).await
             }
             _ => Err(not_found_path()),
+        }
+    }
+
+    /// Authorization: a 403 in Kubernetes' words unless RBAC allows the request.
+    fn check(&self, user: &User, a: &Attributes) -> Result<(), ApiError> {
+        if self.authz.authorize(user, a).allowed {
+            Ok(())
+        } else {
+            Err(a.forbidden(user))
         }
     }
 
@@ -431,6 +508,18 @@ impl Api {
             .unwrap_or("")
             .to_string();
         let body = read_body(req).await?;
+        // events.k8s.io/v1 Events are core Events in the store, converted at this boundary.
+        let events_view = t.res.group == "events.k8s.io" && t.res.kind == "Event";
+        let (t, body, content_type, q) = if events_view {
+            let core = resources::find("", "v1", "events")
+                .ok_or_else(|| ApiError::internal("core events are served"))?;
+            let (body, content_type) = crate::events::body_to_core(&body, &content_type)?;
+            let q = crate::events::query_to_core(&q);
+            (Target { res: core, ..t }, body, content_type, q)
+        } else {
+            (t, body, content_type, q)
+        };
+        let watching = q.flag("watch");
         let verb_allowed = |verb: &str| {
             if t.res.serves(verb) {
                 Ok(())
@@ -442,7 +531,6 @@ impl Api {
                 )))
             }
         };
-        let _ = user;
         // Unknown and duplicate fields of a create or update body (patches check their result).
         let warnings = match method {
             Method::POST | Method::PUT if decode_body(&body, &content_type).is_ok() => {
@@ -467,6 +555,16 @@ impl Api {
                     Some("scale") => Ok(json_response(200, &scale_of(t.res, &stored.object))),
                     _ => Ok(self.render_one(&t, stored.object, accept, &q)),
                 }
+            }
+            (Method::POST, false, None) if t.res.is_virtual() => {
+                let object = decode_body(&body, &content_type)?;
+                let answer = self.review(user, &t, object).await?;
+                Ok(json_response(201, &answer))
+            }
+            (Method::POST, true, Some("token")) => {
+                let object = decode_body(&body, &content_type)?;
+                let answer = self.token_request(&t, object).await?;
+                Ok(json_response(201, &answer))
             }
             (Method::POST, false, None) => {
                 verb_allowed("create")?;
@@ -510,7 +608,12 @@ impl Api {
                 "the server does not allow this method on the requested resource",
             )),
         }?;
-        Ok(fieldvalidation::with_warnings(resp, &warnings))
+        let resp = fieldvalidation::with_warnings(resp, &warnings);
+        Ok(if events_view {
+            crate::events::response_from_core(resp, watching).await
+        } else {
+            resp
+        })
     }
 
     fn render_one(&self, t: &Target, object: Value, accept: &str, q: &Query) -> Resp {
@@ -647,7 +750,6 @@ impl Api {
         let res = t.res;
         let api_version = res.api_version();
         if let Some(av) = object.get("apiVersion").and_then(Value::as_str) {
-            // events.k8s.io and core events share a store; everything else must match.
             if av != api_version {
                 return Err(ApiError::bad_request(format!(
                     "the API version in the data ({av}) does not match the expected API version ({api_version})"
@@ -766,14 +868,10 @@ impl Api {
     async fn create(&self, t: &Target, q: &Query, mut object: Value) -> Result<Resp, ApiError> {
         let dry_run = q.dry_run()?;
         if t.res.is_virtual() {
-            return Err(ApiError::new(
-                501,
-                "NotImplemented",
-                format!(
-                    "{} are not served yet: authorization reviews come with RBAC",
-                    t.res.qualified()
-                ),
-            ));
+            return Err(ApiError::method_not_allowed(format!(
+                "{} are answered, not stored",
+                t.res.qualified()
+            )));
         }
         self.prepare_create(t, &mut object)?;
         admission::defaults(t.res, &mut object);

@@ -1,5 +1,6 @@
 //! Kubernetes' protobuf request bodies (`application/vnd.kubernetes.protobuf`), which kubectl's
-//! typed commands send (`create namespace|configmap|secret|deployment|service`, `auth can-i`),
+//! typed commands send (`create namespace|configmap|secret|deployment|service|role|rolebinding|
+//! clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`),
 //! decoded into the JSON the rest of the server works on.
 //!
 //! The envelope is the magic `k8s\0` followed by a `runtime.Unknown` (typeMeta = 1 {apiVersion
@@ -297,11 +298,112 @@ static MESSAGES: &[(&str, &[F])] = &[
         &[f(1, "limits", MapQuantity), f(2, "requests", MapQuantity)],
     ),
     (
+        "Role",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            r(2, "rules", Msg("PolicyRule")),
+        ],
+    ),
+    (
+        "ClusterRole",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            r(2, "rules", Msg("PolicyRule")),
+            f(3, "aggregationRule", Msg("AggregationRule")),
+        ],
+    ),
+    (
+        "PolicyRule",
+        &[
+            r(1, "verbs", Str),
+            r(2, "apiGroups", Str),
+            r(3, "resources", Str),
+            r(4, "resourceNames", Str),
+            r(5, "nonResourceURLs", Str),
+        ],
+    ),
+    (
+        "AggregationRule",
+        &[r(1, "clusterRoleSelectors", Msg("LabelSelector"))],
+    ),
+    (
+        "RoleBinding",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            r(2, "subjects", Msg("Subject")),
+            f(3, "roleRef", Msg("RoleRef")),
+        ],
+    ),
+    (
+        "ClusterRoleBinding",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            r(2, "subjects", Msg("Subject")),
+            f(3, "roleRef", Msg("RoleRef")),
+        ],
+    ),
+    (
+        "Subject",
+        &[
+            f(1, "kind", Str),
+            f(2, "apiGroup", Str),
+            f(3, "name", Str),
+            f(4, "namespace", Str),
+        ],
+    ),
+    (
+        "RoleRef",
+        &[f(1, "apiGroup", Str), f(2, "kind", Str), f(3, "name", Str)],
+    ),
+    (
         "SelfSubjectAccessReview",
         &[
             f(1, "metadata", Msg("ObjectMeta")),
             f(2, "spec", Msg("SelfSubjectAccessReviewSpec")),
+            f(3, "status", Ignored),
         ],
+    ),
+    (
+        "SubjectAccessReview",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("SubjectAccessReviewSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "LocalSubjectAccessReview",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("SubjectAccessReviewSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "SubjectAccessReviewSpec",
+        &[
+            f(1, "resourceAttributes", Msg("ResourceAttributes")),
+            f(2, "nonResourceAttributes", Msg("NonResourceAttributes")),
+            f(3, "user", Str),
+            r(4, "groups", Str),
+            f(6, "uid", Str),
+        ],
+    ),
+    (
+        "SelfSubjectReview",
+        &[f(1, "metadata", Msg("ObjectMeta")), f(2, "status", Ignored)],
+    ),
+    (
+        "TokenReview",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("TokenReviewSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "TokenReviewSpec",
+        &[f(1, "token", Str), r(2, "audiences", Str)],
     ),
     (
         "SelfSubjectAccessReviewSpec",
@@ -331,6 +433,7 @@ static MESSAGES: &[(&str, &[F])] = &[
         &[
             f(1, "metadata", Msg("ObjectMeta")),
             f(2, "spec", Msg("SelfSubjectRulesReviewSpec")),
+            f(3, "status", Ignored),
         ],
     ),
     ("SelfSubjectRulesReviewSpec", &[f(1, "namespace", Str)]),
@@ -339,6 +442,7 @@ static MESSAGES: &[(&str, &[F])] = &[
         &[
             f(1, "metadata", Msg("ObjectMeta")),
             f(2, "spec", Msg("TokenRequestSpec")),
+            f(3, "status", Ignored),
         ],
     ),
     (
@@ -723,6 +827,51 @@ mod tests {
         assert_eq!(c["name"], "nginx");
         assert_eq!(c["ports"][0]["containerPort"], 80);
         assert_eq!(c["resources"]["limits"]["cpu"], "500m");
+    }
+
+    #[test]
+    fn access_reviews_decode_with_their_empty_status() {
+        // kubectl auth can-i: metadata, spec.resourceAttributes, and an empty status.
+        let attrs = [
+            field_bytes(1, b"dev"),
+            field_bytes(2, b"create"),
+            field_bytes(5, b"pods"),
+        ]
+        .concat();
+        let spec = field_bytes(1, &attrs);
+        let raw = [
+            field_bytes(1, b""),
+            field_bytes(2, &spec),
+            field_bytes(3, b""),
+        ]
+        .concat();
+        let v = decode(&envelope(
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview",
+            &raw,
+        ))
+        .unwrap();
+        assert_eq!(
+            v["spec"]["resourceAttributes"],
+            json!({"namespace": "dev", "verb": "create", "resource": "pods"})
+        );
+        assert!(v.get("status").is_none());
+        // SubjectAccessReview names its subject.
+        let spec = [
+            field_bytes(1, &attrs),
+            field_bytes(3, b"jane"),
+            field_bytes(4, b"devs"),
+        ]
+        .concat();
+        let raw = [field_bytes(2, &spec), field_bytes(3, b"")].concat();
+        let v = decode(&envelope(
+            "authorization.k8s.io/v1",
+            "SubjectAccessReview",
+            &raw,
+        ))
+        .unwrap();
+        assert_eq!(v["spec"]["user"], "jane");
+        assert_eq!(v["spec"]["groups"], json!(["devs"]));
     }
 
     #[test]

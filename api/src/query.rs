@@ -34,6 +34,17 @@ impl Query {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The same query with `key`'s values passed through `f`.
+    pub fn map_value(&self, key: &str, f: impl Fn(&str) -> String) -> Query {
+        Query {
+            pairs: self
+                .pairs
+                .iter()
+                .map(|(k, v)| (k.clone(), if k == key { f(v) } else { v.clone() }))
+                .collect(),
+        }
+    }
+
     pub fn flag(&self, key: &str) -> bool {
         matches!(self.get(key), Some("true" | "1" | "True"))
     }

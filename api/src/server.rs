@@ -17,12 +17,14 @@ use tokio::sync::watch;
 use crate::auth::{self, User};
 use crate::handler::Api;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ApiConfig {
     pub listen: SocketAddr,
     pub tls: TlsMaterial,
     /// Where ClusterIPs come from (`--service-cluster-ip-range`, default 10.96.0.0/12).
     pub service_net: crate::services::ServiceNet,
+    /// Signs and checks service account tokens.
+    pub service_account_key: crate::token::SigningKey,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +95,13 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
             addr: cfg.listen,
             source,
         })?;
-    let api = Arc::new(Api::new(node, cfg.service_net, addr.port()));
+    let api = Arc::new(Api::new(
+        node.clone(),
+        cfg.service_net,
+        addr.port(),
+        cfg.service_account_key,
+    ));
+    api.authz.start(node);
     api.clone().start_background();
     // The OpenAPI documents take a moment to build: build them before the first request needs them.
     tokio::task::spawn_blocking(crate::openapi::warm);

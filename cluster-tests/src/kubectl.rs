@@ -157,3 +157,22 @@ pub async fn wait_line(
         }
     }
 }
+
+/// A three-server cluster with the Kubernetes API, once its leader has bootstrapped the system
+/// namespaces, and kubectl configured for it as `source DIR/env` would.
+pub async fn api_cluster() -> (crate::Cluster, Kubectl) {
+    let c = crate::Cluster::start(crate::Options {
+        kubernetes_api: true,
+        ..crate::Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    crate::wait_for("the default namespace", Duration::from_secs(30), || async {
+        let out = k.run(&["get", "ns", "default", "-o", "name"]).await;
+        (out.success && out.stdout.trim() == "namespace/default").then_some(())
+    })
+    .await;
+    (c, k)
+}

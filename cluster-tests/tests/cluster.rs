@@ -16,6 +16,8 @@ mod kube_client;
 mod kubectl;
 #[path = "cluster/maintenance.rs"]
 mod maintenance;
+#[path = "cluster/rbac.rs"]
+mod rbac;
 #[path = "cluster/recovery.rs"]
 mod recovery;
 

@@ -106,6 +106,10 @@ struct ServerArgs {
     /// `kubernetes` Service's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: rkube_api::services::ServiceNet,
+    /// The ECDSA key that signs and verifies service account tokens; every control-plane
+    /// member needs the same one (default: sa.key in the --pki directory).
+    #[arg(long)]
+    service_account_key_file: Option<PathBuf>,
     /// Client URLs to publish (default: derived from --listen-client).
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
@@ -204,18 +208,31 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
 async fn run_server(args: ServerArgs) -> Result<()> {
     let listen_api = args.listen_api;
     let service_net = args.service_cluster_ip_range;
+    let sa_key_file = args
+        .service_account_key_file
+        .clone()
+        .unwrap_or_else(|| args.pki.join(rkube_store::pki::SA_KEY_FILE));
     let cfg = server_config(args)?;
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
     let server = rkube_store::server::start(cfg).await?;
     let api = match listen_api {
         Some(listen) => {
             let tls = tls_files.load()?;
+            let (sa_private, sa_public) = rkube_store::pki::load_service_account_key(&sa_key_file)
+                .with_context(|| {
+                    "the API server signs service account tokens with it; `rkube up` creates it, \
+                     and every control-plane member needs a copy of the same file"
+                })?;
             let api = rkube_api::start(
                 server.node.clone(),
                 rkube_api::ApiConfig {
                     listen,
                     tls,
                     service_net,
+                    service_account_key: rkube_api::token::SigningKey::from_pem(
+                        &sa_private,
+                        &sa_public,
+                    )?,
                 },
             )
             .await?;

@@ -258,6 +258,7 @@ fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     use rkube_store::pki;
     let pki_dir = dir.join("pki");
     pki::init_ca(&pki_dir)?;
+    pki::init_service_account_key(&pki_dir)?;
     let sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
     for m in &cluster.members {
         let mut sans = sans.clone();

@@ -344,6 +344,17 @@ pub fn resource_paths(r: &Resource, s: &Schemas) -> Vec<PathItem> {
                     ("policy".into(), "v1".into(), "Eviction".into()),
                     &["post"],
                 ),
+                "token" => (
+                    s.kind_def("authentication.k8s.io", "v1", "TokenRequest")
+                        .unwrap_or_default()
+                        .to_string(),
+                    (
+                        "authentication.k8s.io".into(),
+                        "v1".into(),
+                        "TokenRequest".into(),
+                    ),
+                    &["post"],
+                ),
                 "finalize" => (def.clone(), gvk.clone(), &["put"]),
                 _ => (def.clone(), gvk.clone(), &["get", "put", "patch"]),
             };

@@ -7,10 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::{
-    apps::v1 as apps, authorization::v1 as authorization, autoscaling::v1 as autoscaling,
-    certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core,
-    discovery::v1 as discovery, events::v1 as events, policy::v1 as policy, rbac::v1 as rbac,
-    scheduling::v1 as scheduling,
+    apps::v1 as apps, authentication::v1 as authentication, authorization::v1 as authorization,
+    autoscaling::v1 as autoscaling, certificates::v1 as certificates,
+    coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
+    events::v1 as events, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::generate::{SchemaGenerator, SchemaSettings};
@@ -79,6 +79,17 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("authorization.k8s.io", "SubjectAccessReview") => {
             named::<authorization::SubjectAccessReview>(gen)
         }
+        ("authorization.k8s.io", "LocalSubjectAccessReview") => {
+            named::<authorization::LocalSubjectAccessReview>(gen)
+        }
+        ("authorization.k8s.io", "SelfSubjectRulesReview") => {
+            named::<authorization::SelfSubjectRulesReview>(gen)
+        }
+        ("authentication.k8s.io", "TokenReview") => named::<authentication::TokenReview>(gen),
+        ("authentication.k8s.io", "SelfSubjectReview") => {
+            named::<authentication::SelfSubjectReview>(gen)
+        }
+        ("authentication.k8s.io", "TokenRequest") => named::<authentication::TokenRequest>(gen),
         ("scheduling.k8s.io", "PriorityClass") => named::<scheduling::PriorityClass>(gen),
         _ => None,
     }
@@ -89,6 +100,7 @@ const SUBRESOURCE_KINDS: &[(&str, &str, &str)] = &[
     ("autoscaling", "v1", "Scale"),
     ("", "v1", "Binding"),
     ("policy", "v1", "Eviction"),
+    ("authentication.k8s.io", "v1", "TokenRequest"),
 ];
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {

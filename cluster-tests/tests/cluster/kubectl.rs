@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cluster_tests::kubectl::{wait_line, Kubectl};
-use cluster_tests::{wait_for, Cluster, Options};
+use cluster_tests::{wait_for, Cluster};
 
 fn manifests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests")
@@ -18,21 +18,7 @@ fn manifest(name: &str) -> String {
 }
 
 async fn cluster() -> (Cluster, Kubectl) {
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    // The API answers once the leader has bootstrapped the system namespaces.
-    wait_for("the default namespace", Duration::from_secs(30), || async {
-        let out = k.run(&["get", "ns", "default", "-o", "name"]).await;
-        (out.success && out.stdout.trim() == "namespace/default").then_some(())
-    })
-    .await;
-    (c, k)
+    cluster_tests::kubectl::api_cluster().await
 }
 
 /// Lines of a table without the header, split into columns.
