@@ -2110,6 +2110,14 @@ mod robustness {
             .unwrap_or(3000);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let net = ServiceNet::default();
+        let authz = crate::rbac::Authorizer::new();
+        let tokens = crate::token::tests::test_key();
+        let folders = [
+            "/registry/clusterroles/",
+            "/registry/roles/",
+            "/registry/clusterrolebindings/",
+            "/registry/rolebindings/",
+        ];
         for round in 0..rounds {
             let seed = SEEDS[round % SEEDS.len()];
             let bytes = Bytes::from(mutate(&mut rng, seed));
@@ -2168,6 +2176,36 @@ mod robustness {
             let segs: Vec<&str> = text.split('/').collect();
             let _ = parse_target("", "v1", &segs);
             let _ = crate::quota::parse_quantity(&text);
+            // Authentication and authorization: random tokens, RBAC objects and requests.
+            let _ = tokens.verify(&text);
+            let folder = folders[round % folders.len()];
+            authz.load_at(folder, &text, &random_value(&mut rng, 0));
+            authz.load_at(folder, "ns/x", &patch);
+            let user = crate::auth::User {
+                name: text.clone(),
+                groups: vec![text.clone()],
+                ..Default::default()
+            };
+            let _ = authz.authorize(
+                &user,
+                &Attributes::resource("get", &text, &text, "", "ns", ""),
+            );
+            let _ = authz.authorize(&user, &Attributes::path(&text, &text));
+            let _ = authz.rules_for(&user, "ns");
+            let _ = authz.aggregations();
+            // events.k8s.io conversion of bodies, patches and selectors.
+            for ct in [
+                "application/json",
+                "application/yaml",
+                "application/json-patch+json",
+                "application/merge-patch+json",
+                "application/apply-patch+yaml",
+                "text/plain",
+            ] {
+                let _ = crate::events::body_to_core(&bytes, ct);
+            }
+            let _ =
+                crate::events::query_to_core(&Query::parse(Some(&format!("fieldSelector={text}"))));
         }
     }
 }

@@ -599,6 +599,15 @@ impl Authorizer {
         Ok(())
     }
 
+    /// Records an object as the watch of `folder` (a /registry/... prefix) would.
+    #[cfg(test)]
+    pub(crate) fn load_at(&self, folder: &str, rest: &str, object: &Value) {
+        if let Some((kind, _)) = FOLLOWED.iter().find(|(_, p)| *p == folder) {
+            let mut p = self.policy.write().unwrap();
+            p.set(*kind, rest, Some(object));
+        }
+    }
+
     #[cfg(test)]
     fn load(&self, objects: &[(Kind, &str, Value)]) {
         let mut p = self.policy.write().unwrap();
