@@ -431,7 +431,7 @@ fn validate_pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
     }
 }
 
-pub(crate) fn selector_matches_labels(selector: &Value, labels: Option<&Value>) -> bool {
+pub fn selector_matches_labels(selector: &Value, labels: Option<&Value>) -> bool {
     let labels = labels.and_then(Value::as_object);
     let ml = selector.get("matchLabels").and_then(Value::as_object);
     let ok_labels = ml.is_none_or(|ml| {

@@ -6,7 +6,6 @@ use std::time::Duration;
 use axum::body::Body;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use rand::Rng;
 use rkube_store::mvcc::types::{EventKind, KeyRange};
@@ -348,7 +347,7 @@ impl Api {
         }
     }
 
-    pub async fn handle(&self, user: &User, req: Request<Incoming>) -> Resp {
+    pub async fn handle(&self, user: &User, req: Request<Body>) -> Resp {
         let started = std::time::Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
@@ -381,7 +380,7 @@ impl Api {
         resp
     }
 
-    async fn route(&self, user: &User, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    async fn route(&self, user: &User, req: Request<Body>) -> Result<Resp, ApiError> {
         let path = req.uri().path().to_string();
         let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
         let accept = req
@@ -496,7 +495,7 @@ impl Api {
         &self,
         user: &User,
         t: Target,
-        req: Request<Incoming>,
+        req: Request<Body>,
         accept: &str,
     ) -> Result<Resp, ApiError> {
         let q = Query::parse(req.uri().query());
@@ -1831,7 +1830,7 @@ pub fn version() -> Value {
     })
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<Bytes, ApiError> {
+async fn read_body(req: Request<Body>) -> Result<Bytes, ApiError> {
     let limited = http_body_util::Limited::new(req.into_body(), MAX_BODY);
     match limited.collect().await {
         Ok(c) => Ok(c.to_bytes()),

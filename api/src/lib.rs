@@ -16,6 +16,7 @@ pub mod admission;
 pub mod apply;
 pub mod auth;
 mod bootstrap;
+pub mod client;
 pub mod discovery;
 pub mod error;
 pub mod events;

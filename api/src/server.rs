@@ -40,11 +40,17 @@ pub enum ApiServerError {
 
 pub struct ApiServer {
     pub addr: SocketAddr,
+    api: Arc<Api>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl ApiServer {
+    /// An in-process client acting as `user` (the controllers', the scheduler's).
+    pub fn client(&self, user: User) -> crate::client::LocalClient {
+        crate::client::LocalClient::new(self.api.clone(), user)
+    }
+
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
@@ -102,6 +108,7 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
         cfg.service_account_key,
     ));
     api.authz.start(node);
+    let api_handle = api.clone();
     api.clone().start_background();
     // The OpenAPI documents take a moment to build: build them before the first request needs them.
     tokio::task::spawn_blocking(crate::openapi::warm);
@@ -142,7 +149,10 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
                 let service = service_fn(move |req| {
                     let api = api.clone();
                     let user = user.clone();
-                    async move { Ok::<_, std::convert::Infallible>(api.handle(&user, req).await) }
+                    async move {
+                        let req = req.map(axum::body::Body::new);
+                        Ok::<_, std::convert::Infallible>(api.handle(&user, req).await)
+                    }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), service);
@@ -155,5 +165,10 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
             });
         }
     });
-    Ok(ApiServer { addr, stop, task })
+    Ok(ApiServer {
+        addr,
+        api: api_handle,
+        stop,
+        task,
+    })
 }

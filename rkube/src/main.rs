@@ -237,7 +237,17 @@ async fn run_server(args: ServerArgs) -> Result<()> {
             )
             .await?;
             tracing::info!(addr = %api.addr, "serving the Kubernetes API");
-            Some(api)
+            // The controllers run while this member leads, writing through the API as a
+            // trusted in-process client.
+            let controllers = rkube_controllers::start(
+                server.node.clone(),
+                api.client(rkube_api::auth::User {
+                    name: "system:kube-controller-manager".into(),
+                    groups: vec!["system:masters".into(), "system:authenticated".into()],
+                    ..Default::default()
+                }),
+            );
+            Some((api, controllers))
         }
         None => None,
     };
@@ -248,7 +258,8 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         _ = sigterm.recv() => {}
     }
     tracing::info!("shutting down");
-    if let Some(api) = api {
+    if let Some((api, controllers)) = api {
+        controllers.shutdown().await;
         api.shutdown().await;
     }
     server.shutdown().await;

@@ -1,0 +1,174 @@
+//! Shared informers: a cache of one resource's objects, filled from the member's own store (a
+//! list at one revision, then a watch from the next), and handlers called with every change.
+//! Controllers read the cache and enqueue keys from the handlers; they never read the store on
+//! their own.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use rkube_api::storage::{decode, Freshness, ObjectStore};
+use rkube_store::mvcc::types::{prefix_end, EventKind, KeyRange};
+use rkube_store::mvcc::watch::{self as store_watch, WatchMessage, WatchSpec};
+use rkube_store::server::node::Node;
+use serde_json::Value;
+use tokio::sync::watch;
+
+/// Called with (old, new): an add has no old, a delete no new.
+pub type Handler = Box<dyn Fn(Option<&Value>, Option<&Value>) + Send + Sync>;
+
+pub struct Informer {
+    /// The store folder, e.g. `/registry/pods/`.
+    prefix: String,
+    /// `namespace/name` (or `name`) -> object, with its resourceVersion.
+    cache: RwLock<BTreeMap<String, Arc<Value>>>,
+    handlers: RwLock<Vec<Handler>>,
+    synced: watch::Sender<bool>,
+}
+
+impl Informer {
+    pub fn new(prefix: &str) -> Arc<Informer> {
+        Arc::new(Informer {
+            prefix: prefix.to_string(),
+            cache: RwLock::new(BTreeMap::new()),
+            handlers: RwLock::new(Vec::new()),
+            synced: watch::channel(false).0,
+        })
+    }
+
+    pub fn on_change(&self, h: Handler) {
+        self.handlers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(h);
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<Value>> {
+        self.cache
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Every cached object whose key starts with `prefix` (`ns/` for one namespace, `` for all).
+    pub fn list(&self, prefix: &str) -> Vec<Arc<Value>> {
+        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+        cache
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Waits until the first list is in the cache.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    fn notify(&self, old: Option<&Value>, new: Option<&Value>) {
+        for h in self
+            .handlers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            h(old, new);
+        }
+    }
+
+    /// Lists and watches until `stop` turns true. A compacted watch lists again; the handlers
+    /// then see what changed in between as adds, updates and deletes.
+    pub async fn run(self: Arc<Self>, node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+        let store = ObjectStore::new(node.clone());
+        let end = prefix_end(self.prefix.as_bytes());
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let listed = store.range(&self.prefix, &end, 0, Freshness::Any).await;
+            let (kvs, rev, _) = match listed {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, prefix = %self.prefix, "informer list failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let mut fresh = BTreeMap::new();
+            for kv in &kvs {
+                let key = String::from_utf8_lossy(&kv.key).to_string();
+                if let (Some(rest), Ok(s)) = (key.strip_prefix(&self.prefix), decode(kv)) {
+                    fresh.insert(rest.to_string(), Arc::new(s.object));
+                }
+            }
+            let old = std::mem::replace(
+                &mut *self.cache.write().unwrap_or_else(|e| e.into_inner()),
+                fresh.clone(),
+            );
+            for (k, v) in &fresh {
+                match old.get(k) {
+                    Some(o) if o == v => {}
+                    o => self.notify(o.map(|o| o.as_ref()), Some(v)),
+                }
+            }
+            for (k, o) in &old {
+                if !fresh.contains_key(k) {
+                    self.notify(Some(o), None);
+                }
+            }
+            self.synced.send_replace(true);
+            let spec = WatchSpec {
+                range: KeyRange::prefix(self.prefix.as_bytes().to_vec()),
+                start_revision: rev + 1,
+                ..Default::default()
+            };
+            let mut events = store_watch::start(node.mvcc.clone(), spec, 4096);
+            loop {
+                let msg = tokio::select! {
+                    m = events.recv() => m,
+                    _ = stop.changed() => return,
+                };
+                match msg {
+                    Some(WatchMessage::Events { events, .. }) => {
+                        for ev in events {
+                            let key = String::from_utf8_lossy(&ev.kv.key).to_string();
+                            let Some(rest) = key.strip_prefix(&self.prefix) else {
+                                continue;
+                            };
+                            let new = match ev.kind {
+                                EventKind::Put => decode(&ev.kv).ok().map(|s| Arc::new(s.object)),
+                                EventKind::Delete => None,
+                            };
+                            let old = {
+                                let mut cache =
+                                    self.cache.write().unwrap_or_else(|e| e.into_inner());
+                                match &new {
+                                    Some(n) => cache.insert(rest.to_string(), n.clone()),
+                                    None => cache.remove(rest),
+                                }
+                            };
+                            if old.is_some() || new.is_some() {
+                                self.notify(old.as_deref(), new.as_deref());
+                            }
+                        }
+                    }
+                    Some(WatchMessage::Progress { .. }) => {}
+                    Some(WatchMessage::Compacted { .. }) | None => break,
+                }
+            }
+        }
+    }
+}
+
+/// The cache key of an object: `namespace/name`, or `name` when cluster-scoped.
+pub fn key_of(o: &Value) -> String {
+    let name = o
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    match o.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
+}

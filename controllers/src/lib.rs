@@ -1,0 +1,14 @@
+//! The controllers of an rkube control plane. They run in the server process of the Raft leader
+//! ([`manager`]), read shared [`informer`] caches of the member's own store, take keys from
+//! rate-limited work queues ([`queue`]), write through the API's in-process client (the same
+//! validation and admission as any client) and record [`events`] as Kubernetes does.
+//!
+//! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers).
+
+pub mod events;
+pub mod informer;
+pub mod manager;
+pub mod queue;
+pub mod replicaset;
+
+pub use manager::{start, ControllerManager};

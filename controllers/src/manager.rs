@@ -1,0 +1,93 @@
+//! The controller manager: runs the controllers while this member is the Raft leader, and stops
+//! them when it is not. A new term first waits until the member has applied everything
+//! committed (a read-index barrier), so the informers start from the newest state.
+//!
+//! # Correctness
+//! No lease is needed: every write a controller makes is a Raft proposal, which a deposed leader
+//! cannot commit, and every informer reads the member's own applied state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rkube_api::client::LocalClient;
+use rkube_store::server::node::Node;
+use tokio::sync::watch;
+
+use crate::informer::Informer;
+use crate::replicaset::{self, REPLICATION_CONTROLLER, REPLICA_SET};
+
+/// How often leadership is checked.
+const LEADERSHIP_POLL: Duration = Duration::from_millis(100);
+
+pub struct ControllerManager {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ControllerManager {
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+pub fn start(node: Arc<Node>, client: LocalClient) -> ControllerManager {
+    let (stop, mut stopped) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut term: Option<watch::Sender<bool>> = None;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(LEADERSHIP_POLL) => {}
+                _ = stopped.changed() => break,
+            }
+            match (node.is_leader(), term.is_some()) {
+                (true, false) => {
+                    if let Err(e) = node.linearizable_barrier().await {
+                        tracing::debug!(error = %e, "leader not settled yet; controllers wait");
+                        continue;
+                    }
+                    tracing::info!("leading: starting the controllers");
+                    term = Some(start_term(&node, &client));
+                }
+                (false, true) => {
+                    tracing::info!("no longer leading: stopping the controllers");
+                    if let Some(t) = term.take() {
+                        let _ = t.send(true);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(t) = term.take() {
+            let _ = t.send(true);
+        }
+    });
+    ControllerManager { stop, task }
+}
+
+/// Starts every controller with fresh informers; they all stop when the returned sender sends
+/// true.
+fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
+    let (tx, rx) = watch::channel(false);
+    let pods = Informer::new("/registry/pods/");
+    let replicasets = Informer::new("/registry/replicasets/");
+    let rcs = Informer::new("/registry/controllers/");
+    let rs_controller = replicaset::Controller::new(
+        REPLICA_SET,
+        replicasets.clone(),
+        pods.clone(),
+        client.clone(),
+    );
+    let rc_controller = replicaset::Controller::new(
+        REPLICATION_CONTROLLER,
+        rcs.clone(),
+        pods.clone(),
+        client.clone(),
+    );
+    for informer in [pods, replicasets, rcs] {
+        tokio::spawn(informer.run(node.clone(), rx.clone()));
+    }
+    rs_controller.run(rx.clone());
+    rc_controller.run(rx);
+    tx
+}
