@@ -105,6 +105,7 @@ fn default_template(spec: &mut Map<String, Value>) {
 
 /// Applies the kind's defaults to a new or updated object.
 pub fn defaults(res: &Resource, object: &mut Value) {
+    strip_nulls(object);
     let qos = qos_class(object);
     let Some(o) = obj(object) else { return };
     match (res.group, res.kind) {
@@ -431,6 +432,19 @@ fn validate_pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
     }
 }
 
+/// Kubernetes decodes bodies into typed objects, where a JSON null is an absent field
+/// (`creationTimestamp: null` in the templates kubectl sends); stored objects never keep one.
+fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
 pub fn selector_matches_labels(selector: &Value, labels: Option<&Value>) -> bool {
     let labels = labels.and_then(Value::as_object);
     let ml = selector.get("matchLabels").and_then(Value::as_object);
@@ -649,6 +663,19 @@ mod tests {
         assert_eq!(pod["spec"]["containers"][0]["ports"][0]["protocol"], "TCP");
         assert_eq!(pod["status"]["phase"], "Pending");
         assert_eq!(pod["status"]["qosClass"], "BestEffort");
+    }
+
+    #[test]
+    fn nulls_are_absent_fields() {
+        let res = find("apps", "v1", "deployments").unwrap();
+        let mut d = json!({"metadata": {"name": "d", "labels": null}, "spec": {"replicas": null,
+            "template": {"metadata": {"creationTimestamp": null, "labels": {"app": "a"}}}}});
+        defaults(res, &mut d);
+        assert!(d["metadata"].get("labels").is_none());
+        assert_eq!(d["spec"]["replicas"], 1);
+        assert!(d["spec"]["template"]["metadata"]
+            .get("creationTimestamp")
+            .is_none());
     }
 
     #[test]

@@ -1478,12 +1478,24 @@ impl Api {
                     )));
                 }
             }
-            let finalizers: Vec<Value> = current
+            let mut finalizers: Vec<Value> = current
                 .object
                 .pointer("/metadata/finalizers")
                 .and_then(Value::as_array)
                 .cloned()
                 .unwrap_or_default();
+            // Orphan and Foreground propagation are finalizers the garbage collector finishes:
+            // it releases or deletes the dependents, then removes them.
+            let propagation_finalizer = match opts.propagation.as_deref() {
+                Some("Orphan") => Some("orphan"),
+                Some("Foreground") => Some("foregroundDeletion"),
+                _ => None,
+            };
+            if let Some(f) = propagation_finalizer {
+                if t.res.kind != "Namespace" && !finalizers.iter().any(|x| x == f) {
+                    finalizers.push(json!(f));
+                }
+            }
             let is_namespace = t.res.kind == "Namespace";
             if !finalizers.is_empty() || is_namespace {
                 // Marked, not removed: whoever owns the finalizers finishes the deletion.
@@ -1496,6 +1508,9 @@ impl Api {
                 }
                 let mut new = current.object.clone();
                 let m = meta_mut(&mut new)?;
+                if !finalizers.is_empty() {
+                    m.insert("finalizers".into(), json!(finalizers));
+                }
                 m.insert("deletionTimestamp".into(), json!(now()));
                 m.insert(
                     "deletionGracePeriodSeconds".into(),
@@ -1512,7 +1527,6 @@ impl Api {
                     Write::Lost(_) => continue,
                 }
             }
-            let _ = &opts.propagation;
             if dry_run {
                 return Ok(current.object);
             }

@@ -11,11 +11,14 @@ use serde_json::{json, Value};
 pub const NORMAL: &str = "Normal";
 pub const WARNING: &str = "Warning";
 
+/// (object uid, type, reason, message): what makes two events the same.
+type EventKey = (String, String, String, String);
+
 pub struct Recorder {
     client: LocalClient,
     component: &'static str,
     /// (object uid, type, reason, message) -> (namespace, event name, count)
-    seen: Mutex<HashMap<(String, String, String, String), (String, String, i64)>>,
+    seen: Mutex<HashMap<EventKey, (String, String, i64)>>,
 }
 
 fn now() -> String {
@@ -103,7 +106,7 @@ impl Recorder {
         }
     }
 
-    fn remember(&self, key: (String, String, String, String), ns: String, name: String, n: i64) {
+    fn remember(&self, key: EventKey, ns: String, name: String, n: i64) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         // A bounded memory: forget everything when it grows large (events then start anew).
         if seen.len() > 4096 {

@@ -35,6 +35,10 @@ impl Informer {
         })
     }
 
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn on_change(&self, h: Handler) {
         self.handlers
             .write()

@@ -3,9 +3,16 @@
 //! rate-limited work queues ([`queue`]), write through the API's in-process client (the same
 //! validation and admission as any client) and record [`events`] as Kubernetes does.
 //!
-//! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers).
+//! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
+//! [`garbagecollector`] (owner references: Background, Foreground and Orphan deletion).
 
+// ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
+// hot.
+#![allow(clippy::result_large_err)]
+
+pub mod deployment;
 pub mod events;
+pub mod garbagecollector;
 pub mod informer;
 pub mod manager;
 pub mod queue;

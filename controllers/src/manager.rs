@@ -72,6 +72,7 @@ fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
     let pods = Informer::new("/registry/pods/");
     let replicasets = Informer::new("/registry/replicasets/");
     let rcs = Informer::new("/registry/controllers/");
+    let deployments = Informer::new("/registry/deployments/");
     let rs_controller = replicaset::Controller::new(
         REPLICA_SET,
         replicasets.clone(),
@@ -84,10 +85,28 @@ fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
         pods.clone(),
         client.clone(),
     );
-    for informer in [pods, replicasets, rcs] {
+    let deployment_controller = crate::deployment::Controller::new(
+        deployments.clone(),
+        replicasets.clone(),
+        pods.clone(),
+        client.clone(),
+    );
+    // The garbage collector follows these and a few more kinds.
+    let mut followed = Vec::new();
+    for (folder, _, _) in crate::garbagecollector::FOLLOWED {
+        let existing = [&pods, &replicasets, &rcs, &deployments]
+            .into_iter()
+            .find(|i| i.prefix() == *folder)
+            .cloned();
+        followed.push(existing.unwrap_or_else(|| Informer::new(folder)));
+    }
+    let collector = crate::garbagecollector::Collector::new(followed.clone(), client.clone());
+    for informer in followed {
         tokio::spawn(informer.run(node.clone(), rx.clone()));
     }
+    collector.run(rx.clone());
     rs_controller.run(rx.clone());
-    rc_controller.run(rx);
+    rc_controller.run(rx.clone());
+    deployment_controller.run(rx);
     tx
 }

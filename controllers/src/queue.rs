@@ -124,6 +124,52 @@ impl WorkQueue {
     }
 }
 
+/// What one sync returns: when to look at the key again (None: when something changes), or
+/// an error, after which the key comes back with backoff.
+pub type Outcome = Result<Option<Duration>, rkube_api::error::ApiError>;
+
+/// Runs `workers` loops that take keys from `queue` into `sync` once every informer in `caches`
+/// holds its first list (acting on a partial cache would create what exists), until `stop`.
+pub fn run_workers<F, Fut>(
+    name: &'static str,
+    queue: std::sync::Arc<WorkQueue>,
+    workers: usize,
+    caches: Vec<std::sync::Arc<crate::informer::Informer>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    sync: F,
+) where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Outcome> + Send,
+{
+    for _ in 0..workers {
+        let (queue, caches, sync) = (queue.clone(), caches.clone(), sync.clone());
+        tokio::spawn(async move {
+            for c in &caches {
+                c.wait_synced().await;
+            }
+            while let Some(key) = queue.next().await {
+                match sync(key.clone()).await {
+                    Ok(again) => {
+                        queue.forget(&key);
+                        if let Some(after) = again {
+                            queue.add_after(&key, after);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(key, error = %e, controller = name, "sync failed; retrying");
+                        queue.retry(&key);
+                    }
+                }
+                queue.done(&key);
+            }
+        });
+    }
+    tokio::spawn(async move {
+        let _ = stop.wait_for(|s| *s).await;
+        queue.shut_down();
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

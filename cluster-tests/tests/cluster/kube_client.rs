@@ -14,8 +14,17 @@ use kube::{Api, Client, Config};
 use cluster_tests::{wait_for, Cluster, Options};
 
 async fn client(c: &Cluster) -> Client {
+    client_of(c, 0).await
+}
+
+/// The admin's client of server `i` (its context in DIR/admin.kubeconfig).
+pub(crate) async fn client_of(c: &Cluster, i: usize) -> Client {
     let kubeconfig = Kubeconfig::read_from(c.path().join("admin.kubeconfig")).expect("kubeconfig");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let options = KubeConfigOptions {
+        context: Some(format!("rkube-n{}", i + 1)),
+        ..KubeConfigOptions::default()
+    };
+    let config = Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .expect("config");
     Client::try_from(config).expect("client")

@@ -235,36 +235,20 @@ impl Controller {
         }
     }
 
-    /// Runs the workers until the queue shuts down.
-    pub fn run(self: &Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        for _ in 0..WORKERS {
-            let c = self.clone();
-            tokio::spawn(async move {
-                // Acting before both caches hold the first list would miss pods and create
-                // them again.
-                c.sets.wait_synced().await;
-                c.pods.wait_synced().await;
-                while let Some(key) = c.queue.next().await {
-                    match c.sync(&key).await {
-                        Ok(Some(after)) => {
-                            c.queue.forget(&key);
-                            c.queue.add_after(&key, after);
-                        }
-                        Ok(None) => c.queue.forget(&key),
-                        Err(e) => {
-                            tracing::debug!(key, error = %e, kind = c.kind.kind, "sync failed; retrying");
-                            c.queue.retry(&key);
-                        }
-                    }
-                    c.queue.done(&key);
-                }
-            });
-        }
-        let queue = self.queue.clone();
-        tokio::spawn(async move {
-            let _ = stop.wait_for(|s| *s).await;
-            queue.shut_down();
-        });
+    /// Runs the workers until `stop`.
+    pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        let c = self.clone();
+        crate::queue::run_workers(
+            self.kind.component,
+            self.queue.clone(),
+            WORKERS,
+            vec![self.sets.clone(), self.pods.clone()],
+            stop,
+            move |key| {
+                let c = c.clone();
+                async move { c.sync(&key).await }
+            },
+        );
     }
 
     fn path(&self, ns: &str, name: &str) -> String {

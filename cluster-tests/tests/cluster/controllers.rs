@@ -1,0 +1,344 @@
+//! The controllers on the Raft leader, driven by kubectl as a user drives them: the article's
+//! Deployment gives one ReplicaSet and three pods; `set image` rolls within maxSurge and
+//! maxUnavailable; `rollout undo` returns to the first template; scaling; `delete` removes the
+//! ReplicaSets and pods (garbage collection), `--cascade=orphan` keeps them; and a leader killed
+//! while a ReplicaSet scales leaves the new leader to finish without duplicates.
+//!
+//! No node agent runs yet, so a stand-in marks pods Running and Ready as an agent would.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::wait_for;
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn manifest(name: &str) -> String {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("manifests")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Marks every pod of the namespace that is not yet Running as Running and Ready, as the node
+/// agent will; returns how many it marked.
+async fn mark_ready(client: &Client) -> usize {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let Ok(list) = pods.list(&ListParams::default()).await else {
+        return 0;
+    };
+    let mut marked = 0;
+    for p in list.items {
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if running || p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = p.metadata.name.unwrap_or_default();
+        let status = json!({"status": {"phase": "Running", "conditions": [{
+            "type": "Ready", "status": "True",
+            "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        }]}});
+        if pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .is_ok()
+        {
+            marked += 1;
+        }
+    }
+    marked
+}
+
+/// The ReplicaSets of the namespace: name -> (spec replicas, ready replicas).
+async fn replica_sets(k: &Kubectl) -> Vec<(String, i64, i64)> {
+    let out = k
+        .run(&[
+            "get",
+            "rs",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.replicas} {.status.readyReplicas}{\"\\n\"}{end}",
+        ])
+        .await
+        .ok();
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (
+                f[0].to_string(),
+                f.get(1).and_then(|x| x.parse().ok()).unwrap_or(0),
+                f.get(2).and_then(|x| x.parse().ok()).unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+async fn pod_names(k: &Kubectl, selector: &str) -> BTreeSet<String> {
+    k.run(&["get", "pods", "-l", selector, "-o", "name"])
+        .await
+        .ok()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+async fn rolled_out(k: &Kubectl) {
+    let status = k
+        .run(&[
+            "rollout",
+            "status",
+            "deployment/myapp-deployment",
+            "--timeout=30s",
+        ])
+        .await
+        .ok();
+    assert!(status.contains("successfully rolled out"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_roll_out_roll_back_scale_and_are_collected() {
+    let (c, k) = cluster_tests::kubectl::api_cluster().await;
+    let client = super::kube_client::client_of(&c, 0).await;
+
+    k.run(&["apply", "-f", &manifest("deployment.yaml")])
+        .await
+        .ok();
+    wait_for("one ReplicaSet with three pods", BOUND, || async {
+        let sets = replica_sets(&k).await;
+        let pods = pod_names(&k, "app=myapp").await;
+        (sets.len() == 1 && sets[0].1 == 3 && pods.len() == 3).then_some(())
+    })
+    .await;
+    let first = replica_sets(&k).await[0].0.clone();
+    assert!(first.starts_with("myapp-deployment-"), "{first}");
+    let owner = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=myapp",
+            "-o",
+            "jsonpath={.items[0].metadata.ownerReferences[0].name} {.items[0].metadata.labels.pod-template-hash}",
+        ])
+        .await
+        .ok();
+    assert_eq!(
+        owner,
+        format!("{first} {}", first.trim_start_matches("myapp-deployment-"))
+    );
+    wait_for("the pods ready", BOUND, || async {
+        mark_ready(&client).await;
+        let out = k
+            .run(&[
+                "get",
+                "deploy",
+                "myapp-deployment",
+                "-o",
+                "jsonpath={.status.availableReplicas}",
+            ])
+            .await;
+        (out.stdout == "3").then_some(())
+    })
+    .await;
+    rolled_out(&k).await;
+
+    // A new template rolls out within maxSurge 1 and maxUnavailable 0 (25% of 3).
+    k.run(&[
+        "set",
+        "image",
+        "deployment/myapp-deployment",
+        "nginx-container=nginx:1.27",
+    ])
+    .await
+    .ok();
+    wait_for("the rollout to finish", BOUND, || async {
+        let sets = replica_sets(&k).await;
+        let total: i64 = sets.iter().map(|s| s.1).sum();
+        let ready: i64 = sets.iter().map(|s| s.2).sum();
+        assert!(total <= 4, "more than replicas + maxSurge: {sets:?}");
+        assert!(
+            ready >= 3 || sets.iter().all(|s| s.2 == 0),
+            "below minimum availability: {sets:?}"
+        );
+        mark_ready(&client).await;
+        let done = sets.len() == 2
+            && sets.iter().any(|s| s.0 != first && s.1 == 3 && s.2 == 3)
+            && sets.iter().any(|s| s.0 == first && s.1 == 0);
+        done.then_some(())
+    })
+    .await;
+    rolled_out(&k).await;
+    let history = k
+        .run(&["rollout", "history", "deployment/myapp-deployment"])
+        .await
+        .ok();
+    assert!(
+        history.contains("\n1 ") && history.contains("\n2 "),
+        "{history}"
+    );
+
+    // Undo puts the first template back: its ReplicaSet becomes the new one again.
+    k.run(&["rollout", "undo", "deployment/myapp-deployment"])
+        .await
+        .ok();
+    wait_for("the first ReplicaSet back at 3", BOUND, || async {
+        mark_ready(&client).await;
+        let sets = replica_sets(&k).await;
+        (sets.len() == 2 && sets.iter().any(|s| s.0 == first && s.1 == 3 && s.2 == 3)).then_some(())
+    })
+    .await;
+    let image = k
+        .run(&[
+            "get",
+            "deploy",
+            "myapp-deployment",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+        .await
+        .ok();
+    assert_eq!(image, "nginx");
+    let revision = k
+        .run(&[
+            "get",
+            "rs",
+            &first,
+            "-o",
+            "jsonpath={.metadata.annotations.deployment\\.kubernetes\\.io/revision}",
+        ])
+        .await
+        .ok();
+    assert_eq!(revision, "3");
+
+    // Scaling.
+    for n in [6, 2] {
+        k.run(&[
+            "scale",
+            "deployment/myapp-deployment",
+            &format!("--replicas={n}"),
+        ])
+        .await
+        .ok();
+        wait_for(&format!("{n} pods"), BOUND, || async {
+            mark_ready(&client).await;
+            (pod_names(&k, "app=myapp").await.len() == n).then_some(())
+        })
+        .await;
+    }
+    let described = k
+        .run(&["describe", "deployment", "myapp-deployment"])
+        .await
+        .ok();
+    assert!(described.contains("ScalingReplicaSet"), "{described}");
+    assert!(
+        described.contains(&format!("Scaled down replica set {first} from 6 to 2")),
+        "{described}"
+    );
+
+    // Deleting the Deployment deletes its ReplicaSets and their pods.
+    k.run(&["delete", "deployment", "myapp-deployment"])
+        .await
+        .ok();
+    wait_for("the ReplicaSets and pods collected", BOUND, || async {
+        (replica_sets(&k).await.is_empty() && pod_names(&k, "app=myapp").await.is_empty())
+            .then_some(())
+    })
+    .await;
+
+    // --cascade=orphan keeps them, released from their owner.
+    k.run(&["apply", "-f", &manifest("deployment.yaml")])
+        .await
+        .ok();
+    wait_for("three pods again", BOUND, || async {
+        (pod_names(&k, "app=myapp").await.len() == 3).then_some(())
+    })
+    .await;
+    k.run(&[
+        "delete",
+        "deployment",
+        "myapp-deployment",
+        "--cascade=orphan",
+    ])
+    .await
+    .ok();
+    wait_for("the Deployment gone", BOUND, || async {
+        let out = k.run(&["get", "deploy", "-o", "name"]).await;
+        (out.success && out.stdout.trim().is_empty()).then_some(())
+    })
+    .await;
+    wait_for("the ReplicaSet released", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "rs",
+                "-o",
+                "jsonpath={.items[*].metadata.ownerReferences}",
+            ])
+            .await;
+        (out.success && out.stdout.trim().is_empty() && replica_sets(&k).await.len() == 1)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(pod_names(&k, "app=myapp").await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_finishes_a_scale_up_without_duplicates() {
+    let (c, k) = cluster_tests::kubectl::api_cluster().await;
+    let leader = c.wait_leader().await;
+    // kubectl talks to a member that survives.
+    let other = (leader + 1) % 3;
+    let ctx = format!("--context=rkube-n{}", other + 1);
+    let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: web\nspec:\n  replicas: 2\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n      - name: c\n        image: busybox\n";
+    k.run_with_input(&["apply", &ctx, "-f", "-"], rs).await.ok();
+    wait_for("two pods", BOUND, || async {
+        let n = k
+            .run(&["get", "pods", &ctx, "-l", "app=web", "-o", "name"])
+            .await
+            .stdout
+            .lines()
+            .count();
+        (n == 2).then_some(())
+    })
+    .await;
+    k.run(&["scale", &ctx, "rs/web", "--replicas=30"])
+        .await
+        .ok();
+    c.kill(leader).await;
+    c.wait_new_leader(leader).await;
+    wait_for("30 pods", BOUND, || async {
+        let out = k
+            .run(&["get", "pods", &ctx, "-l", "app=web", "-o", "name"])
+            .await;
+        (out.success && out.stdout.lines().count() == 30).then_some(())
+    })
+    .await;
+    // And it stays there: nothing created twice by the old leader's half-done sync.
+    wait_for("the ReplicaSet status to settle at 30", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "rs",
+                "web",
+                &ctx,
+                "-o",
+                "jsonpath={.status.replicas}",
+            ])
+            .await;
+        (out.stdout == "30").then_some(())
+    })
+    .await;
+    let n = k
+        .run(&["get", "pods", &ctx, "-l", "app=web", "-o", "name"])
+        .await
+        .ok()
+        .lines()
+        .count();
+    assert_eq!(n, 30);
+}

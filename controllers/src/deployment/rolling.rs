@@ -1,0 +1,100 @@
+//! The arithmetic of a rolling update, as Kubernetes' deployment controller does it: how far the
+//! new ReplicaSet may grow (maxSurge) and how far the old ones may shrink (maxUnavailable).
+
+/// An int-or-percent value resolved against `total`; percentages round up for maxSurge and down
+/// for maxUnavailable.
+pub fn resolve(value: &serde_json::Value, total: i64, round_up: bool) -> i64 {
+    match value {
+        serde_json::Value::Number(n) => n.as_i64().unwrap_or(0).max(0),
+        serde_json::Value::String(s) => match s.strip_suffix('%') {
+            Some(p) => {
+                let p: i64 = p.trim().parse().unwrap_or(0);
+                let scaled = total * p;
+                if round_up {
+                    (scaled + 99) / 100
+                } else {
+                    scaled / 100
+                }
+            }
+            None => s.trim().parse().unwrap_or(0),
+        },
+        _ => 0,
+    }
+}
+
+/// (maxSurge, maxUnavailable) for `replicas`; both zero would stall a rollout, so
+/// maxUnavailable becomes 1 then (as in Kubernetes).
+pub fn surge_and_unavailable(
+    surge: &serde_json::Value,
+    unavailable: &serde_json::Value,
+    replicas: i64,
+) -> (i64, i64) {
+    let s = resolve(surge, replicas, true);
+    let u = resolve(unavailable, replicas, false);
+    if s == 0 && u == 0 {
+        (0, 1)
+    } else {
+        (s, u)
+    }
+}
+
+/// The new ReplicaSet's next size: grow towards `replicas` while all ReplicaSets together stay
+/// within replicas + maxSurge.
+pub fn new_rs_replicas(replicas: i64, max_surge: i64, all_pods: i64, new_rs: i64) -> i64 {
+    let max_total = replicas + max_surge;
+    if all_pods >= max_total {
+        return new_rs;
+    }
+    let up = (max_total - all_pods).min(replicas - new_rs).max(0);
+    new_rs + up
+}
+
+/// How many old pods may go now: all pods minus the minimum available, minus the new
+/// ReplicaSet's pods that are not available yet (they may never become so).
+pub fn old_scale_down_budget(
+    replicas: i64,
+    max_unavailable: i64,
+    all_pods: i64,
+    new_rs_replicas: i64,
+    new_rs_available: i64,
+) -> i64 {
+    let min_available = replicas - max_unavailable;
+    let new_unavailable = new_rs_replicas - new_rs_available;
+    all_pods - min_available - new_unavailable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn percentages_round_as_kubernetes_rounds_them() {
+        assert_eq!(
+            surge_and_unavailable(&json!("25%"), &json!("25%"), 3),
+            (1, 0)
+        );
+        assert_eq!(
+            surge_and_unavailable(&json!("25%"), &json!("25%"), 4),
+            (1, 1)
+        );
+        assert_eq!(
+            surge_and_unavailable(&json!("25%"), &json!("25%"), 10),
+            (3, 2)
+        );
+        assert_eq!(surge_and_unavailable(&json!(0), &json!(0), 10), (0, 1));
+        assert_eq!(surge_and_unavailable(&json!(2), &json!("50%"), 5), (2, 2));
+    }
+
+    #[test]
+    fn a_rollout_stays_inside_surge_and_unavailability() {
+        // 3 replicas, surge 1, unavailable 0: the new set grows by one at a time.
+        assert_eq!(new_rs_replicas(3, 1, 3, 0), 1);
+        assert_eq!(new_rs_replicas(3, 1, 4, 1), 1);
+        // Old pods may go only as new ones become available.
+        assert_eq!(old_scale_down_budget(3, 0, 4, 1, 0), 0);
+        assert_eq!(old_scale_down_budget(3, 0, 4, 1, 1), 1);
+        // Scaling an idle deployment up is immediate.
+        assert_eq!(new_rs_replicas(6, 2, 2, 2), 6);
+    }
+}
