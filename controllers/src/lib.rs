@@ -4,13 +4,15 @@
 //! validation and admission as any client) and record [`events`] as Kubernetes does.
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
-//! [`garbagecollector`] (owner references: Background, Foreground and Orphan deletion).
+//! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
+//! references: Background, Foreground and Orphan deletion).
 
 // ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
 // hot.
 #![allow(clippy::result_large_err)]
 
 pub mod deployment;
+pub mod endpoints;
 pub mod events;
 pub mod garbagecollector;
 pub mod informer;

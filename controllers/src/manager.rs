@@ -65,14 +65,30 @@ pub fn start(node: Arc<Node>, client: LocalClient) -> ControllerManager {
     ControllerManager { stop, task }
 }
 
+/// The shared informers of one term, one per store folder, made on first use.
+#[derive(Default)]
+struct Informers {
+    all: Vec<Arc<Informer>>,
+}
+
+impl Informers {
+    fn of(&mut self, folder: &str) -> Arc<Informer> {
+        if let Some(i) = self.all.iter().find(|i| i.prefix() == folder) {
+            return i.clone();
+        }
+        let i = Informer::new(folder);
+        self.all.push(i.clone());
+        i
+    }
+}
+
 /// Starts every controller with fresh informers; they all stop when the returned sender sends
 /// true.
 fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
     let (tx, rx) = watch::channel(false);
-    let pods = Informer::new("/registry/pods/");
-    let replicasets = Informer::new("/registry/replicasets/");
-    let rcs = Informer::new("/registry/controllers/");
-    let deployments = Informer::new("/registry/deployments/");
+    let mut inf = Informers::default();
+    let pods = inf.of("/registry/pods/");
+    let replicasets = inf.of("/registry/replicasets/");
     let rs_controller = replicaset::Controller::new(
         REPLICA_SET,
         replicasets.clone(),
@@ -81,32 +97,35 @@ fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
     );
     let rc_controller = replicaset::Controller::new(
         REPLICATION_CONTROLLER,
-        rcs.clone(),
+        inf.of("/registry/controllers/"),
         pods.clone(),
         client.clone(),
     );
     let deployment_controller = crate::deployment::Controller::new(
-        deployments.clone(),
-        replicasets.clone(),
+        inf.of("/registry/deployments/"),
+        replicasets,
         pods.clone(),
         client.clone(),
     );
-    // The garbage collector follows these and a few more kinds.
-    let mut followed = Vec::new();
-    for (folder, _, _) in crate::garbagecollector::FOLLOWED {
-        let existing = [&pods, &replicasets, &rcs, &deployments]
-            .into_iter()
-            .find(|i| i.prefix() == *folder)
-            .cloned();
-        followed.push(existing.unwrap_or_else(|| Informer::new(folder)));
-    }
-    let collector = crate::garbagecollector::Collector::new(followed.clone(), client.clone());
-    for informer in followed {
+    let endpoints_controller = crate::endpoints::Controller::new(
+        inf.of("/registry/services/specs/"),
+        pods,
+        inf.of("/registry/services/endpoints/"),
+        inf.of("/registry/endpointslices/"),
+        client.clone(),
+    );
+    let followed: Vec<Arc<Informer>> = crate::garbagecollector::FOLLOWED
+        .iter()
+        .map(|(folder, _, _)| inf.of(folder))
+        .collect();
+    let collector = crate::garbagecollector::Collector::new(followed, client.clone());
+    for informer in inf.all {
         tokio::spawn(informer.run(node.clone(), rx.clone()));
     }
     collector.run(rx.clone());
     rs_controller.run(rx.clone());
     rc_controller.run(rx.clone());
-    deployment_controller.run(rx);
+    deployment_controller.run(rx.clone());
+    endpoints_controller.run(rx);
     tx
 }

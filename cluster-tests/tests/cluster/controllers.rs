@@ -27,8 +27,11 @@ fn manifest(name: &str) -> String {
         .to_string()
 }
 
-/// Marks every pod of the namespace that is not yet Running as Running and Ready, as the node
-/// agent will; returns how many it marked.
+/// Pod addresses the stand-in hands out.
+static NEXT_IP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Marks every pod of the namespace that is not yet Running as Running and Ready with an
+/// address, as the node agent will; returns how many it marked.
 async fn mark_ready(client: &Client) -> usize {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let Ok(list) = pods.list(&ListParams::default()).await else {
@@ -41,7 +44,9 @@ async fn mark_ready(client: &Client) -> usize {
             continue;
         }
         let name = p.metadata.name.unwrap_or_default();
-        let status = json!({"status": {"phase": "Running", "conditions": [{
+        let n = NEXT_IP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ip = format!("10.244.{}.{}", n / 250, n % 250 + 1);
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "conditions": [{
             "type": "Ready", "status": "True",
             "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         }]}});
@@ -240,6 +245,45 @@ async fn deployments_roll_out_roll_back_scale_and_are_collected() {
         described.contains(&format!("Scaled down replica set {first} from 6 to 2")),
         "{described}"
     );
+
+    // A Service over the Deployment lists the ready pods' addresses.
+    k.run(&["expose", "deployment", "myapp-deployment", "--port=80"])
+        .await
+        .ok();
+    wait_for("two endpoints", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "endpoints",
+                "myapp-deployment",
+                "-o",
+                "jsonpath={.subsets[*].addresses[*].ip}",
+            ])
+            .await;
+        (out.success && out.stdout.split_whitespace().count() == 2).then_some(())
+    })
+    .await;
+    let slices = k
+        .run(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=myapp-deployment",
+            "-o",
+            "jsonpath={.items[0].endpoints[*].conditions.ready}",
+        ])
+        .await
+        .ok();
+    assert_eq!(slices, "true true");
+    let described = k
+        .run(&["describe", "service", "myapp-deployment"])
+        .await
+        .ok();
+    assert!(
+        described.contains("Endpoints:") && described.contains("10.244."),
+        "{described}"
+    );
+    k.run(&["delete", "service", "myapp-deployment"]).await.ok();
 
     // Deleting the Deployment deletes its ReplicaSets and their pods.
     k.run(&["delete", "deployment", "myapp-deployment"])

@@ -256,13 +256,17 @@ async fn etcdctl_alarm_defrag_and_move_leader() {
     assert_eq!(etcdctl.ok(&["alarm", "list"]).await, "");
 
     // `--cluster` reaches the client URLs members publish once they have joined.
-    wait_for("every member's client URL", Duration::from_secs(30), || async {
-        let list = etcdctl.ok(&["member", "list"]).await;
-        c.members
-            .iter()
-            .all(|m| list.contains(&format!("https://{}", m.client)))
-            .then_some(())
-    })
+    wait_for(
+        "every member's client URL",
+        Duration::from_secs(30),
+        || async {
+            let list = etcdctl.ok(&["member", "list"]).await;
+            c.members
+                .iter()
+                .all(|m| list.contains(&format!("https://{}", m.client)))
+                .then_some(())
+        },
+    )
     .await;
     let defrag = etcdctl.ok(&["defrag", "--cluster"]).await;
     for m in &c.members {
