@@ -5,7 +5,8 @@
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
-//! references: Background, Foreground and Orphan deletion).
+//! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
+//! NotReady/Unknown, taints and evictions).
 
 // ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
 // hot.
@@ -17,7 +18,8 @@ pub mod events;
 pub mod garbagecollector;
 pub mod informer;
 pub mod manager;
+pub mod nodelifecycle;
 pub mod queue;
 pub mod replicaset;
 
-pub use manager::{start, ControllerManager};
+pub use manager::{start, ControllerManager, Settings};

@@ -31,7 +31,13 @@ impl ControllerManager {
     }
 }
 
-pub fn start(node: Arc<Node>, client: LocalClient) -> ControllerManager {
+/// What the controllers are tuned with (kube-controller-manager's flags).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Settings {
+    pub node_lifecycle: crate::nodelifecycle::Settings,
+}
+
+pub fn start(node: Arc<Node>, client: LocalClient, settings: Settings) -> ControllerManager {
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut term: Option<watch::Sender<bool>> = None;
@@ -47,7 +53,7 @@ pub fn start(node: Arc<Node>, client: LocalClient) -> ControllerManager {
                         continue;
                     }
                     tracing::info!("leading: starting the controllers");
-                    term = Some(start_term(&node, &client));
+                    term = Some(start_term(&node, &client, settings));
                 }
                 (false, true) => {
                     tracing::info!("no longer leading: stopping the controllers");
@@ -84,7 +90,7 @@ impl Informers {
 
 /// Starts every controller with fresh informers; they all stop when the returned sender sends
 /// true.
-fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
+fn start_term(node: &Arc<Node>, client: &LocalClient, settings: Settings) -> watch::Sender<bool> {
     let (tx, rx) = watch::channel(false);
     let mut inf = Informers::default();
     let pods = inf.of("/registry/pods/");
@@ -114,6 +120,13 @@ fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
         inf.of("/registry/endpointslices/"),
         client.clone(),
     );
+    let node_controller = crate::nodelifecycle::Controller::new(
+        inf.of("/registry/minions/"),
+        inf.of("/registry/leases/"),
+        inf.of("/registry/pods/"),
+        client.clone(),
+        settings.node_lifecycle,
+    );
     let followed: Vec<Arc<Informer>> = crate::garbagecollector::FOLLOWED
         .iter()
         .map(|(folder, _, _)| inf.of(folder))
@@ -126,6 +139,7 @@ fn start_term(node: &Arc<Node>, client: &LocalClient) -> watch::Sender<bool> {
     rs_controller.run(rx.clone());
     rc_controller.run(rx.clone());
     deployment_controller.run(rx.clone());
-    endpoints_controller.run(rx);
+    endpoints_controller.run(rx.clone());
+    node_controller.run(rx);
     tx
 }

@@ -106,6 +106,15 @@ struct ServerArgs {
     /// `kubernetes` Service's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cluster_ip_range: rkube_api::services::ServiceNet,
+    /// How often the node controller checks nodes' heartbeats.
+    #[arg(long, default_value = "5s", value_parser = flags::parse_duration)]
+    node_monitor_period: Duration,
+    /// How long a node may go without a heartbeat before it is marked Unknown and tainted.
+    #[arg(long, default_value = "40s", value_parser = flags::parse_duration)]
+    node_monitor_grace_period: Duration,
+    /// NoExecute taints (and so evictions) started per second.
+    #[arg(long, default_value_t = 0.1)]
+    node_eviction_rate: f64,
     /// The ECDSA key that signs and verifies service account tokens; every control-plane
     /// member needs the same one (default: sa.key in the --pki directory).
     #[arg(long)]
@@ -212,6 +221,13 @@ async fn run_server(args: ServerArgs) -> Result<()> {
         .service_account_key_file
         .clone()
         .unwrap_or_else(|| args.pki.join(rkube_store::pki::SA_KEY_FILE));
+    let controller_settings = rkube_controllers::Settings {
+        node_lifecycle: rkube_controllers::nodelifecycle::Settings {
+            monitor_period: args.node_monitor_period.max(Duration::from_millis(100)),
+            grace_period: args.node_monitor_grace_period,
+            eviction_rate: args.node_eviction_rate.max(0.0),
+        },
+    };
     let cfg = server_config(args)?;
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
     let server = rkube_store::server::start(cfg).await?;
@@ -246,6 +262,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
                     groups: vec!["system:masters".into(), "system:authenticated".into()],
                     ..Default::default()
                 }),
+                controller_settings,
             );
             Some((api, controllers))
         }

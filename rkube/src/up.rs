@@ -70,6 +70,15 @@ pub struct UpArgs {
     /// Scheduled snapshots go to SNAPSHOT_DIR/<name>/ (default: DIR/<name>/snapshots/).
     #[arg(long)]
     pub snapshot_dir: Option<PathBuf>,
+    /// How often the node controller checks nodes (default 5s). Recorded for the DIR.
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub node_monitor_period: Option<Duration>,
+    /// How long a node may go without a heartbeat before it is Unknown (default 40s).
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub node_monitor_grace_period: Option<Duration>,
+    /// NoExecute taints (evictions) started per second (default 0.1).
+    #[arg(long)]
+    pub node_eviction_rate: Option<f64>,
 }
 
 /// etcd's default space quota.
@@ -100,6 +109,10 @@ pub struct LocalCluster {
     /// Members serve only the store, no Kubernetes API.
     #[serde(default)]
     pub store_only: bool,
+    /// Controller settings given to `up` (`--node-monitor-grace-period 3s`...), passed to
+    /// every server.
+    #[serde(default)]
+    pub controller_flags: Vec<String>,
 }
 
 fn default_retain() -> usize {
@@ -162,8 +175,30 @@ impl LocalCluster {
         }
     }
 
-    /// Applies the snapshot flags given to `up`; true when the layout changed.
+    /// Applies the snapshot and controller flags given to `up`; true when the layout changed.
     fn apply_snapshot_flags(&mut self, args: &UpArgs) -> Result<bool> {
+        let flags_before = self.controller_flags.clone();
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        for (flag, value) in [
+            ("--node-monitor-period", args.node_monitor_period.map(ms)),
+            (
+                "--node-monitor-grace-period",
+                args.node_monitor_grace_period.map(ms),
+            ),
+            (
+                "--node-eviction-rate",
+                args.node_eviction_rate.map(|r| r.to_string()),
+            ),
+        ] {
+            let Some(value) = value else { continue };
+            if let Some(i) = self.controller_flags.iter().position(|f| f == flag) {
+                self.controller_flags
+                    .drain(i..(i + 2).min(self.controller_flags.len()));
+            }
+            self.controller_flags.push(flag.to_string());
+            self.controller_flags.push(value);
+        }
+        let flags_changed = flags_before != self.controller_flags;
         let before = (
             self.snapshot_interval_ms,
             self.snapshot_retain,
@@ -181,12 +216,13 @@ impl LocalCluster {
                     .with_context(|| format!("cannot resolve --snapshot-dir {}", dir.display()))?,
             );
         }
-        Ok(before
-            != (
-                self.snapshot_interval_ms,
-                self.snapshot_retain,
-                self.snapshot_dir.clone(),
-            ))
+        Ok(flags_changed
+            || before
+                != (
+                    self.snapshot_interval_ms,
+                    self.snapshot_retain,
+                    self.snapshot_dir.clone(),
+                ))
     }
 
     fn initial_cluster(&self) -> String {
@@ -251,6 +287,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         snapshot_retain: DEFAULT_RETAIN,
         snapshot_dir: None,
         store_only: args.store_only,
+        controller_flags: Vec::new(),
     })
 }
 
@@ -371,6 +408,7 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
         ]);
     if !cluster.store_only {
         command.args(["--listen-api", &m.api_addr()]);
+        command.args(&cluster.controller_flags);
     }
     command
         .args(["--initial-cluster", &cluster.initial_cluster()])

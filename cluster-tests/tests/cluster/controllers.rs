@@ -386,3 +386,146 @@ async fn a_new_leader_finishes_a_scale_up_without_duplicates() {
         .count();
     assert_eq!(n, 30);
 }
+
+/// Renews node `name`'s Lease in kube-node-lease, as its agent does.
+async fn heartbeat(client: &Client, name: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                 "renewTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)},
+    });
+    let _ = leases
+        .patch(
+            name,
+            &PatchParams::apply("test-agent").force(),
+            &Patch::Apply(&lease),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
+    let c = cluster_tests::Cluster::start(cluster_tests::Options {
+        kubernetes_api: true,
+        up_args: [
+            "--node-monitor-period",
+            "200ms",
+            "--node-monitor-grace-period",
+            "3s",
+            "--node-eviction-rate",
+            "100",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..Default::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    let client = super::kube_client::client_of(&c, 0).await;
+    let objects = "apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: brief}\nspec:\n  nodeName: node-b\n  containers: [{name: c, image: busybox}]\n  tolerations:\n  - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: patient}\nspec:\n  nodeName: node-b\n  containers: [{name: c, image: busybox}]\n";
+    wait_for("the objects created", BOUND, || async {
+        k.run_with_input(&["apply", "-f", "-"], objects)
+            .await
+            .success
+            .then_some(())
+    })
+    .await;
+    let ready = |name: &'static str| {
+        let k = k.clone();
+        async move {
+            let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "lastHeartbeatTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}]}});
+            k.run(&[
+                "patch",
+                "node",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status.to_string(),
+            ])
+            .await
+            .ok();
+        }
+    };
+    ready("node-a").await;
+    ready("node-b").await;
+    // node-a's agent keeps renewing its Lease; node-b's falls silent.
+    let beating = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                heartbeat(&client, "node-a").await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    heartbeat(&client, "node-b").await;
+    wait_for("node-b Unknown and tainted unreachable", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "node",
+                "node-b",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.spec.taints[*].key}",
+            ])
+            .await;
+        (out.stdout.starts_with("Unknown") && out.stdout.contains("node.kubernetes.io/unreachable"))
+            .then_some(())
+    })
+    .await;
+    let nodes = k.run(&["get", "nodes"]).await.ok();
+    let status_of = |n: &str| {
+        nodes
+            .lines()
+            .find(|l| l.starts_with(n))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("")
+            .to_string()
+    };
+    assert_eq!(status_of("node-a"), "Ready", "{nodes}");
+    assert_eq!(status_of("node-b"), "NotReady", "{nodes}");
+    // The pod that tolerates unreachability for 1 s is evicted; the one with the default
+    // 300 s toleration stays.
+    wait_for("the brief pod evicted", BOUND, || async {
+        let out = k.run(&["get", "pods", "-o", "name"]).await;
+        (out.success && out.stdout.trim() == "pod/patient").then_some(())
+    })
+    .await;
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=brief",
+        ])
+        .await
+        .ok();
+    assert!(events.contains("TaintManagerEviction"), "{events}");
+    // The agent comes back and reports Ready again: the taints go.
+    ready("node-b").await;
+    let back = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                heartbeat(&client, "node-b").await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    wait_for("node-b untainted", BOUND, || async {
+        let out = k
+            .run(&["get", "node", "node-b", "-o", "jsonpath={.spec.taints}"])
+            .await;
+        (out.success && out.stdout.trim().is_empty()).then_some(())
+    })
+    .await;
+    beating.abort();
+    back.abort();
+}
