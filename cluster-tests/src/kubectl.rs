@@ -105,6 +105,30 @@ impl Kubectl {
         }
     }
 
+    /// Posts a node's status as its agent would: Ready with a fresh heartbeat, and, when
+    /// given, `cpu` cores (4Gi of memory, 110 pods) of capacity.
+    pub async fn report_node_ready(&self, name: &str, cpu: Option<&str>) {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut status = serde_json::json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True", "lastHeartbeatTime": now}]}});
+        if let Some(cpu) = cpu {
+            let resources = serde_json::json!({"cpu": cpu, "memory": "4Gi", "pods": "110"});
+            status["status"]["capacity"] = resources.clone();
+            status["status"]["allocatable"] = resources;
+        }
+        let patch = status.to_string();
+        let args = [
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ];
+        self.run(&args).await.ok();
+    }
+
     /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
     pub fn spawn_lines(
         &self,

@@ -22,6 +22,8 @@ mod maintenance;
 mod rbac;
 #[path = "cluster/recovery.rs"]
 mod recovery;
+#[path = "cluster/scheduler.rs"]
+mod scheduler;
 
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.

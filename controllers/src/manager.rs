@@ -37,7 +37,12 @@ pub struct Settings {
     pub node_lifecycle: crate::nodelifecycle::Settings,
 }
 
-pub fn start(node: Arc<Node>, client: LocalClient, settings: Settings) -> ControllerManager {
+pub fn start(
+    node: Arc<Node>,
+    client: LocalClient,
+    settings: Settings,
+    hooks: Vec<TermHook>,
+) -> ControllerManager {
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
         let mut term: Option<watch::Sender<bool>> = None;
@@ -53,7 +58,7 @@ pub fn start(node: Arc<Node>, client: LocalClient, settings: Settings) -> Contro
                         continue;
                     }
                     tracing::info!("leading: starting the controllers");
-                    term = Some(start_term(&node, &client, settings));
+                    term = Some(start_term(&node, &client, settings, &hooks));
                 }
                 (false, true) => {
                     tracing::info!("no longer leading: stopping the controllers");
@@ -73,12 +78,16 @@ pub fn start(node: Arc<Node>, client: LocalClient, settings: Settings) -> Contro
 
 /// The shared informers of one term, one per store folder, made on first use.
 #[derive(Default)]
-struct Informers {
+pub struct Informers {
     all: Vec<Arc<Informer>>,
 }
 
+/// More to run during each term, beside the controllers (the scheduler): it takes the term's
+/// informers (registering its handlers before they start), a client, and the term's stop.
+pub type TermHook = Arc<dyn Fn(&mut Informers, &LocalClient, watch::Receiver<bool>) + Send + Sync>;
+
 impl Informers {
-    fn of(&mut self, folder: &str) -> Arc<Informer> {
+    pub fn of(&mut self, folder: &str) -> Arc<Informer> {
         if let Some(i) = self.all.iter().find(|i| i.prefix() == folder) {
             return i.clone();
         }
@@ -90,7 +99,12 @@ impl Informers {
 
 /// Starts every controller with fresh informers; they all stop when the returned sender sends
 /// true.
-fn start_term(node: &Arc<Node>, client: &LocalClient, settings: Settings) -> watch::Sender<bool> {
+fn start_term(
+    node: &Arc<Node>,
+    client: &LocalClient,
+    settings: Settings,
+    hooks: &[TermHook],
+) -> watch::Sender<bool> {
     let (tx, rx) = watch::channel(false);
     let mut inf = Informers::default();
     let pods = inf.of("/registry/pods/");
@@ -132,6 +146,9 @@ fn start_term(node: &Arc<Node>, client: &LocalClient, settings: Settings) -> wat
         .map(|(folder, _, _)| inf.of(folder))
         .collect();
     let collector = crate::garbagecollector::Collector::new(followed, client.clone());
+    for hook in hooks {
+        hook(&mut inf, client, rx.clone());
+    }
     for informer in inf.all {
         tokio::spawn(informer.run(node.clone(), rx.clone()));
     }

@@ -53,18 +53,20 @@ fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
+/// The node's Ready status; empty when its agent never reported one (a node just registered
+/// is given the grace period, then marked Unknown).
 fn ready_status(node: &Value) -> String {
     node.pointer("/status/conditions")
         .and_then(Value::as_array)
         .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "Ready"))
         .map(|c| s(c, "/status").to_string())
-        .unwrap_or_else(|| "Unknown".to_string())
+        .unwrap_or_default()
 }
 
 /// The taints a node should carry for its Ready condition: (key, effect).
 fn wanted_taints(ready: &str) -> Vec<(&'static str, &'static str)> {
     match ready {
-        "True" => vec![],
+        "True" | "" => vec![],
         "False" => vec![(NOT_READY, "NoExecute"), (NOT_READY, "NoSchedule")],
         _ => vec![(UNREACHABLE, "NoExecute"), (UNREACHABLE, "NoSchedule")],
     }
@@ -240,13 +242,19 @@ impl Controller {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        if !conditions.iter().any(|c| s(c, "/type") == "Ready") {
+        let (reason, message) = if conditions.iter().any(|c| s(c, "/type") == "Ready") {
+            ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+        } else {
             conditions.push(json!({"type": "Ready"}));
-        }
+            (
+                "NodeStatusNeverUpdated",
+                "Kubelet never posted node status.",
+            )
+        };
         for c in conditions.iter_mut() {
             c["status"] = json!("Unknown");
-            c["reason"] = json!("NodeStatusUnknown");
-            c["message"] = json!("Kubelet stopped posting node status.");
+            c["reason"] = json!(reason);
+            c["message"] = json!(message);
             c["lastTransitionTime"] = json!(stamp);
         }
         rkube_api::value::set(&mut updated, &["status", "conditions"], json!(conditions));
@@ -421,6 +429,10 @@ mod tests {
     #[test]
     fn taints_follow_the_ready_condition() {
         assert!(wanted_taints("True").is_empty());
+        assert!(
+            wanted_taints("").is_empty(),
+            "never reported: the grace period first"
+        );
         assert!(wanted_taints("False").contains(&(NOT_READY, "NoExecute")));
         assert!(wanted_taints("Unknown").contains(&(UNREACHABLE, "NoExecute")));
     }

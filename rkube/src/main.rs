@@ -253,8 +253,8 @@ async fn run_server(args: ServerArgs) -> Result<()> {
             )
             .await?;
             tracing::info!(addr = %api.addr, "serving the Kubernetes API");
-            // The controllers run while this member leads, writing through the API as a
-            // trusted in-process client.
+            // The controllers and the scheduler run while this member leads, writing through
+            // the API as a trusted in-process client.
             let controllers = rkube_controllers::start(
                 server.node.clone(),
                 api.client(rkube_api::auth::User {
@@ -263,6 +263,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
                     ..Default::default()
                 }),
                 controller_settings,
+                vec![std::sync::Arc::new(rkube_scheduler::runner::start)],
             );
             Some((api, controllers))
         }

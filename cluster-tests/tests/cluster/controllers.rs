@@ -435,26 +435,8 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
             .then_some(())
     })
     .await;
-    let ready = |name: &'static str| {
-        let k = k.clone();
-        async move {
-            let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-                "lastHeartbeatTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)}]}});
-            k.run(&[
-                "patch",
-                "node",
-                name,
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &status.to_string(),
-            ])
-            .await
-            .ok();
-        }
-    };
-    ready("node-a").await;
-    ready("node-b").await;
+    k.report_node_ready("node-a", None).await;
+    k.report_node_ready("node-b", None).await;
     // node-a's agent keeps renewing its Lease; node-b's falls silent.
     let beating = {
         let client = client.clone();
@@ -509,7 +491,7 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
         .ok();
     assert!(events.contains("TaintManagerEviction"), "{events}");
     // The agent comes back and reports Ready again: the taints go.
-    ready("node-b").await;
+    k.report_node_ready("node-b", None).await;
     let back = {
         let client = client.clone();
         tokio::spawn(async move {

@@ -1,0 +1,149 @@
+//! The scheduler on the Raft leader, with Node objects the test registers (the node agent comes
+//! later): pods of the article's Deployment are bound to nodes that fit; a pod asking for more
+//! CPU than any node has stays Pending with Kubernetes' FailedScheduling message, and is placed
+//! once a big enough node joins; nodeSelector, required node affinity and taints place pods
+//! where Kubernetes would.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{wait_for, Cluster, Options};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Registers a Ready node with `cpu` cores and the given labels.
+async fn add_node(k: &Kubectl, name: &str, cpu: &str, labels: &[(&str, &str)]) {
+    let mut l = serde_json::Map::new();
+    l.insert("kubernetes.io/hostname".into(), json!(name));
+    for (key, v) in labels {
+        l.insert(key.to_string(), json!(v));
+    }
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": l}});
+    k.run_with_input(&["apply", "-f", "-"], &node.to_string())
+        .await
+        .ok();
+    k.report_node_ready(name, Some(cpu)).await;
+}
+
+async fn node_of(k: &Kubectl, pod: &str) -> String {
+    k.run(&["get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"])
+        .await
+        .stdout
+}
+
+async fn wait_bound(k: &Kubectl, pod: &str) -> String {
+    wait_for(&format!("{pod} bound"), BOUND, || async {
+        let n = node_of(k, pod).await;
+        (!n.is_empty()).then_some(n)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_placed_where_kubernetes_would_place_them() {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        // The test's nodes send one heartbeat: keep them Ready for the whole test.
+        up_args: ["--node-monitor-grace-period", "10m"]
+            .map(String::from)
+            .to_vec(),
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    wait_for("the default namespace", BOUND, || async {
+        k.run(&["get", "ns", "default"]).await.success.then_some(())
+    })
+    .await;
+    add_node(&k, "node-1", "2", &[("disk", "ssd")]).await;
+    add_node(&k, "node-2", "2", &[("disk", "hdd")]).await;
+    add_node(&k, "node-3", "2", &[("disk", "hdd")]).await;
+    k.run(&["taint", "node", "node-3", "dedicated=gpu:NoSchedule"])
+        .await
+        .ok();
+
+    // The article's Deployment: three pods, each bound to an untainted node.
+    let manifest =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests/deployment.yaml");
+    k.run(&["apply", "-f", &manifest.display().to_string()])
+        .await
+        .ok();
+    let placed = wait_for("three pods bound", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "pods",
+                "-l",
+                "app=myapp",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}={.spec.nodeName}{\"\\n\"}{end}",
+            ])
+            .await
+            .stdout;
+        let rows: Vec<String> = out.lines().map(str::to_string).collect();
+        (rows.len() == 3 && rows.iter().all(|r| !r.ends_with('='))).then_some(rows)
+    })
+    .await;
+    for row in &placed {
+        assert!(!row.ends_with("=node-3"), "a tainted node took {row}");
+    }
+    let pod = placed[0].split('=').next().unwrap_or("").to_string();
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={pod},reason=Scheduled"),
+        ])
+        .await
+        .ok();
+    assert!(
+        events.contains("Successfully assigned default/"),
+        "{events}"
+    );
+
+    // More CPU than any node has: Pending, with the reasons counted per node.
+    k.run(&["run", "big", "--image=nginx", "--overrides", r#"{"spec":{"containers":[{"name":"big","image":"nginx","resources":{"requests":{"cpu":"3"}}}]}}"#])
+        .await
+        .ok();
+    wait_for("big's FailedScheduling event", BOUND, || async {
+        let out = k.run(&["describe", "pod", "big"]).await.stdout;
+        out.contains("0/3 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}, 2 Insufficient cpu.")
+            .then_some(())
+    })
+    .await;
+    let scheduled = k
+        .run(&[
+            "get",
+            "pod",
+            "big",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+        ])
+        .await
+        .ok();
+    assert_eq!(scheduled, "Unschedulable");
+    assert_eq!(node_of(&k, "big").await, "");
+
+    // nodeSelector, required node affinity with a toleration, and a tolerated taint.
+    k.run(&["run", "fast", "--image=nginx", "--overrides", r#"{"spec":{"nodeSelector":{"disk":"ssd"},"containers":[{"name":"fast","image":"nginx"}]}}"#])
+        .await
+        .ok();
+    assert_eq!(wait_bound(&k, "fast").await, "node-1");
+    let gpu = r#"{"spec":{"tolerations":[{"key":"dedicated","operator":"Equal","value":"gpu","effect":"NoSchedule"}],
+        "affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
+          {"matchExpressions":[{"key":"kubernetes.io/hostname","operator":"NotIn","values":["node-1","node-2"]}]}]}}},
+        "containers":[{"name":"gpu","image":"nginx"}]}}"#;
+    k.run(&["run", "gpu", "--image=nginx", "--overrides", gpu])
+        .await
+        .ok();
+    assert_eq!(wait_bound(&k, "gpu").await, "node-3");
+
+    // A node big enough joins: the waiting pod goes there.
+    add_node(&k, "node-4", "8", &[]).await;
+    assert_eq!(wait_bound(&k, "big").await, "node-4");
+}

@@ -1,0 +1,199 @@
+//! The scheduling framework, after kube-scheduler's: Filter plugins say whether a pod fits a
+//! node (a [`Status`] with a code and the reasons, not a bare error), Score plugins rank the
+//! nodes that fit (each normalized to 0..=100, then weighted), and [`schedule`] picks the best,
+//! breaking ties at random. When no node fits, [`FitError`] counts the reasons across nodes and
+//! words them as Kubernetes does.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+use serde_json::Value;
+
+use crate::snapshot::NodeInfo;
+
+pub const MAX_SCORE: i64 = 100;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Success,
+    /// The pod does not fit now; another node or a change to this one may help.
+    Unschedulable,
+    /// The pod can never fit this node (a node name or required affinity mismatch).
+    UnschedulableAndUnresolvable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    pub reasons: Vec<String>,
+}
+
+impl Status {
+    pub fn success() -> Status {
+        Status {
+            code: Code::Success,
+            reasons: Vec::new(),
+        }
+    }
+
+    pub fn unschedulable(reason: impl Into<String>) -> Status {
+        Status {
+            code: Code::Unschedulable,
+            reasons: vec![reason.into()],
+        }
+    }
+
+    pub fn unresolvable(reason: impl Into<String>) -> Status {
+        Status {
+            code: Code::UnschedulableAndUnresolvable,
+            reasons: vec![reason.into()],
+        }
+    }
+
+    pub fn is_success(&self) -> bool {
+        self.code == Code::Success
+    }
+}
+
+pub trait FilterPlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status;
+}
+
+pub trait ScorePlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// A raw score for one feasible node; `nodes` are all the feasible ones.
+    fn score(&self, pod: &Value, node: &NodeInfo, nodes: &[&NodeInfo]) -> i64;
+    /// Scales raw scores to 0..=MAX_SCORE; by default they already are.
+    fn normalize(&self, _scores: &mut [i64]) {}
+}
+
+/// Scales scores so the highest becomes MAX_SCORE (Kubernetes' default normalization);
+/// `reverse` makes the lowest raw score the best.
+pub fn normalize_to_max(scores: &mut [i64], reverse: bool) {
+    let max = scores.iter().copied().max().unwrap_or(0);
+    for s in scores.iter_mut() {
+        let scaled = if max == 0 { 0 } else { *s * MAX_SCORE / max };
+        *s = if reverse {
+            if max == 0 {
+                MAX_SCORE
+            } else {
+                MAX_SCORE - scaled
+            }
+        } else {
+            scaled
+        };
+    }
+}
+
+/// The enabled plugins with their score weights.
+pub struct Profile {
+    pub filters: Vec<Box<dyn FilterPlugin>>,
+    pub scores: Vec<(Box<dyn ScorePlugin>, i64)>,
+}
+
+/// No node fits: how many nodes there were and, per reason, on how many nodes it applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FitError {
+    pub nodes: usize,
+    pub reasons: BTreeMap<String, usize>,
+}
+
+impl std::fmt::Display for FitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = self
+            .reasons
+            .iter()
+            .map(|(reason, n)| format!("{n} {reason}"))
+            .collect();
+        parts.sort();
+        if parts.is_empty() {
+            write!(f, "0/{} nodes are available.", self.nodes)
+        } else {
+            write!(
+                f,
+                "0/{} nodes are available: {}.",
+                self.nodes,
+                parts.join(", ")
+            )
+        }
+    }
+}
+
+/// The node a pod should go to.
+pub fn schedule(
+    profile: &Profile,
+    pod: &Value,
+    nodes: &[NodeInfo],
+    rng: &mut impl Rng,
+) -> Result<String, FitError> {
+    let mut feasible: Vec<&NodeInfo> = Vec::new();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for node in nodes {
+        let mut fits = true;
+        for plugin in &profile.filters {
+            let status = plugin.filter(pod, node);
+            if !status.is_success() {
+                for r in status.reasons {
+                    *reasons.entry(r).or_default() += 1;
+                }
+                fits = false;
+                break;
+            }
+        }
+        if fits {
+            feasible.push(node);
+        }
+    }
+    if feasible.is_empty() {
+        return Err(FitError {
+            nodes: nodes.len(),
+            reasons,
+        });
+    }
+    let mut totals = vec![0i64; feasible.len()];
+    for (plugin, weight) in &profile.scores {
+        let mut scores: Vec<i64> = feasible
+            .iter()
+            .map(|n| plugin.score(pod, n, &feasible))
+            .collect();
+        plugin.normalize(&mut scores);
+        for (t, s) in totals.iter_mut().zip(scores) {
+            *t += s.clamp(0, MAX_SCORE) * weight;
+        }
+    }
+    let best = totals.iter().copied().max().unwrap_or(0);
+    let top: Vec<usize> = (0..feasible.len()).filter(|i| totals[*i] == best).collect();
+    let pick = top[rng.gen_range(0..top.len())];
+    Ok(feasible[pick].name.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_errors_are_worded_as_kubernetes_words_them() {
+        let mut reasons = BTreeMap::new();
+        reasons.insert("Insufficient cpu".to_string(), 2);
+        reasons.insert(
+            "node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }".to_string(),
+            1,
+        );
+        let e = FitError { nodes: 3, reasons };
+        assert_eq!(
+            e.to_string(),
+            "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, 2 Insufficient cpu."
+        );
+    }
+
+    #[test]
+    fn normalization_scales_to_the_best() {
+        let mut s = vec![10, 5, 0];
+        normalize_to_max(&mut s, false);
+        assert_eq!(s, vec![100, 50, 0]);
+        let mut s = vec![10, 5, 0];
+        normalize_to_max(&mut s, true);
+        assert_eq!(s, vec![0, 50, 100]);
+    }
+}

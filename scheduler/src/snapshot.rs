@@ -1,0 +1,174 @@
+//! What the scheduler sees of the cluster for one decision: every node with the pods bound to
+//! it, their summed requests, the host ports in use, against the node's allocatable resources.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+/// CPU in millicores, memory in bytes, and a pod count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub milli_cpu: i64,
+    pub memory: i64,
+    pub pods: i64,
+}
+
+fn quantity(v: Option<&Value>) -> i128 {
+    match v {
+        Some(Value::String(s)) => rkube_api::quota::parse_quantity(s).unwrap_or(0),
+        Some(Value::Number(n)) => i128::from(n.as_i64().unwrap_or(0)) * 1_000_000_000,
+        _ => 0,
+    }
+}
+
+fn from_list(list: Option<&Value>) -> Resources {
+    Resources {
+        milli_cpu: (quantity(list.and_then(|l| l.get("cpu"))) / 1_000_000) as i64,
+        memory: (quantity(list.and_then(|l| l.get("memory"))) / 1_000_000_000) as i64,
+        pods: (quantity(list.and_then(|l| l.get("pods"))) / 1_000_000_000) as i64,
+    }
+}
+
+/// A pod's requests as Kubernetes counts them: the sum over its containers, or the largest
+/// init container's if that is more, plus one pod.
+pub fn pod_requests(pod: &Value) -> Resources {
+    let sum = |field: &str| {
+        pod.pointer(&format!("/spec/{field}"))
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| from_list(c.pointer("/resources/requests")))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let containers = sum("containers");
+    let inits = sum("initContainers");
+    let mut r = Resources {
+        milli_cpu: containers.iter().map(|c| c.milli_cpu).sum(),
+        memory: containers.iter().map(|c| c.memory).sum(),
+        pods: 1,
+    };
+    for i in inits {
+        r.milli_cpu = r.milli_cpu.max(i.milli_cpu);
+        r.memory = r.memory.max(i.memory);
+    }
+    r
+}
+
+/// One node and what is placed on it.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub name: String,
+    pub node: Arc<Value>,
+    pub pods: Vec<Arc<Value>>,
+    pub allocatable: Resources,
+    pub requested: Resources,
+    /// (protocol, hostIP, hostPort) in use.
+    pub host_ports: HashSet<(String, String, i64)>,
+}
+
+/// The host ports a pod asks for: (protocol, hostIP, hostPort).
+pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
+    pod.pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|c| {
+            c.get("ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+        })
+        .filter_map(|p| {
+            let port = p
+                .get("hostPort")
+                .and_then(Value::as_i64)
+                .filter(|p| *p > 0)?;
+            let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
+            let ip = p.get("hostIP").and_then(Value::as_str).unwrap_or("0.0.0.0");
+            Some((proto.to_string(), ip.to_string(), port))
+        })
+        .collect()
+}
+
+impl NodeInfo {
+    pub fn new(node: Arc<Value>) -> NodeInfo {
+        let allocatable = node
+            .pointer("/status/allocatable")
+            .or(node.pointer("/status/capacity"));
+        let mut alloc = from_list(allocatable);
+        if allocatable.and_then(|a| a.get("pods")).is_none() {
+            alloc.pods = 110;
+        }
+        NodeInfo {
+            name: node
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            node,
+            pods: Vec::new(),
+            allocatable: alloc,
+            requested: Resources::default(),
+            host_ports: HashSet::new(),
+        }
+    }
+
+    pub fn add_pod(&mut self, pod: Arc<Value>) {
+        let r = pod_requests(&pod);
+        self.requested.milli_cpu += r.milli_cpu;
+        self.requested.memory += r.memory;
+        self.requested.pods += 1;
+        self.host_ports.extend(host_ports(&pod));
+        self.pods.push(pod);
+    }
+
+    pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {
+        self.node
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+    }
+}
+
+/// Nodes with the pods bound to them (finished pods hold nothing).
+pub fn build(nodes: &[Arc<Value>], pods: &[Arc<Value>]) -> Vec<NodeInfo> {
+    let mut infos: Vec<NodeInfo> = nodes.iter().cloned().map(NodeInfo::new).collect();
+    for pod in pods {
+        let node = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let done = matches!(
+            pod.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        );
+        if node.is_empty() || done {
+            continue;
+        }
+        if let Some(info) = infos.iter_mut().find(|i| i.name == node) {
+            info.add_pod(pod.clone());
+        }
+    }
+    infos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn requests_add_containers_and_take_the_largest_init_container() {
+        let pod = json!({"spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},
+                {"resources": {"requests": {"cpu": "0.5", "memory": "1Gi"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]}});
+        let r = pod_requests(&pod);
+        assert_eq!(r.milli_cpu, 2000);
+        assert_eq!(r.memory, 64 * 1024 * 1024 + 1024 * 1024 * 1024);
+        assert_eq!(r.pods, 1);
+    }
+}
