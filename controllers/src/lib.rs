@@ -6,12 +6,13 @@
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
 //! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
-//! NotReady/Unknown, taints and evictions).
+//! NotReady/Unknown, taints and evictions), and the leader's [`compaction`] of the store's history.
 
 // ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
 // hot.
 #![allow(clippy::result_large_err)]
 
+pub mod compaction;
 pub mod deployment;
 pub mod endpoints;
 pub mod events;

@@ -32,9 +32,12 @@ impl ControllerManager {
 }
 
 /// What the controllers are tuned with (kube-controller-manager's flags).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Settings {
     pub node_lifecycle: crate::nodelifecycle::Settings,
+    /// How often the leader compacts the store's history (kube-apiserver's
+    /// --etcd-compaction-interval, 5 minutes; zero: never).
+    pub compaction_interval: Duration,
 }
 
 pub fn start(
@@ -80,6 +83,15 @@ pub fn start(
 #[derive(Default)]
 pub struct Informers {
     all: Vec<Arc<Informer>>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            node_lifecycle: Default::default(),
+            compaction_interval: Duration::from_secs(300),
+        }
+    }
 }
 
 /// More to run during each term, beside the controllers (the scheduler): it takes the term's
@@ -149,6 +161,7 @@ fn start_term(
     for hook in hooks {
         hook(&mut inf, client, rx.clone());
     }
+    crate::compaction::run(node.clone(), settings.compaction_interval, rx.clone());
     for informer in inf.all {
         tokio::spawn(informer.run(node.clone(), rx.clone()));
     }

@@ -115,6 +115,10 @@ struct ServerArgs {
     /// NoExecute taints (and so evictions) started per second.
     #[arg(long, default_value_t = 0.1)]
     node_eviction_rate: f64,
+    /// With the Kubernetes API: how often the leader compacts the store's history, keeping one
+    /// interval of it for watch resumes (0: never).
+    #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
+    compaction_interval: Duration,
     /// The ECDSA key that signs and verifies service account tokens; every control-plane
     /// member needs the same one (default: sa.key in the --pki directory).
     #[arg(long)]
@@ -227,6 +231,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
             grace_period: args.node_monitor_grace_period,
             eviction_rate: args.node_eviction_rate.max(0.0),
         },
+        compaction_interval: args.compaction_interval,
     };
     let cfg = server_config(args)?;
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);

@@ -79,6 +79,9 @@ pub struct UpArgs {
     /// NoExecute taints (evictions) started per second (default 0.1).
     #[arg(long)]
     pub node_eviction_rate: Option<f64>,
+    /// How often the leader compacts the store's history (default 5m; 0: never).
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub compaction_interval: Option<Duration>,
 }
 
 /// etcd's default space quota.
@@ -189,6 +192,7 @@ impl LocalCluster {
                 "--node-eviction-rate",
                 args.node_eviction_rate.map(|r| r.to_string()),
             ),
+            ("--compaction-interval", args.compaction_interval.map(ms)),
         ] {
             let Some(value) = value else { continue };
             if let Some(i) = self.controller_flags.iter().position(|f| f == flag) {

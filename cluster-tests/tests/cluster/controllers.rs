@@ -511,3 +511,42 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
     beating.abort();
     back.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_compacts_history_but_keeps_an_interval_of_it() {
+    let c = cluster_tests::Cluster::start(cluster_tests::Options {
+        kubernetes_api: true,
+        up_args: ["--compaction-interval", "1s"].map(String::from).to_vec(),
+        ..Default::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let etcdctl = c.etcdctl();
+    etcdctl.ok(&["put", "/housekeeping/a", "1"]).await;
+    let err = wait_for("revision 1 compacted", BOUND, || async {
+        let out = etcdctl.run(&["get", "/housekeeping/a", "--rev=1"]).await;
+        (!out.success).then_some(out.stderr)
+    })
+    .await;
+    assert!(
+        err.contains("required revision has been compacted"),
+        "{err}"
+    );
+    // What was just written stays readable at its revision for at least an interval.
+    let put = etcdctl
+        .ok(&["put", "/housekeeping/b", "2", "-w", "json"])
+        .await;
+    let rev = serde_json::from_str::<serde_json::Value>(&put).expect("json")["header"]["revision"]
+        .as_i64()
+        .expect("revision");
+    let read = etcdctl
+        .ok(&[
+            "get",
+            "/housekeeping/b",
+            &format!("--rev={rev}"),
+            "--print-value-only",
+        ])
+        .await;
+    assert_eq!(read.trim(), "2");
+}
