@@ -4,7 +4,8 @@
 //! breaking ties at random. When no node fits, [`FitError`] counts the reasons across nodes and
 //! words them as Kubernetes does.
 
-use std::collections::BTreeMap;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
 
 use rand::Rng;
 use serde_json::Value;
@@ -55,15 +56,38 @@ impl Status {
     }
 }
 
+/// State a plugin computes once per scheduling cycle (in PreFilter) and reads per node, kept by
+/// its type.
+#[derive(Default)]
+pub struct CycleState {
+    values: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+}
+
+impl CycleState {
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        self.values.insert(TypeId::of::<T>(), Box::new(value));
+    }
+
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.values.get(&TypeId::of::<T>())?.downcast_ref()
+    }
+}
+
+/// Runs once per pod before the filters, over every node.
+pub trait PreFilterPlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState);
+}
+
 pub trait FilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status;
+    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status;
 }
 
 pub trait ScorePlugin: Send + Sync {
     fn name(&self) -> &'static str;
     /// A raw score for one feasible node; `nodes` are all the feasible ones.
-    fn score(&self, pod: &Value, node: &NodeInfo, nodes: &[&NodeInfo]) -> i64;
+    fn score(&self, pod: &Value, node: &NodeInfo, nodes: &[&NodeInfo], state: &CycleState) -> i64;
     /// Scales raw scores to 0..=MAX_SCORE; by default they already are.
     fn normalize(&self, _scores: &mut [i64]) {}
 }
@@ -88,6 +112,7 @@ pub fn normalize_to_max(scores: &mut [i64], reverse: bool) {
 
 /// The enabled plugins with their score weights.
 pub struct Profile {
+    pub pre_filters: Vec<Box<dyn PreFilterPlugin>>,
     pub filters: Vec<Box<dyn FilterPlugin>>,
     pub scores: Vec<(Box<dyn ScorePlugin>, i64)>,
 }
@@ -127,12 +152,16 @@ pub fn schedule(
     nodes: &[NodeInfo],
     rng: &mut impl Rng,
 ) -> Result<String, FitError> {
+    let mut state = CycleState::default();
+    for plugin in &profile.pre_filters {
+        plugin.pre_filter(pod, nodes, &mut state);
+    }
     let mut feasible: Vec<&NodeInfo> = Vec::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     for node in nodes {
         let mut fits = true;
         for plugin in &profile.filters {
-            let status = plugin.filter(pod, node);
+            let status = plugin.filter(pod, node, &state);
             if !status.is_success() {
                 for r in status.reasons {
                     *reasons.entry(r).or_default() += 1;
@@ -155,7 +184,7 @@ pub fn schedule(
     for (plugin, weight) in &profile.scores {
         let mut scores: Vec<i64> = feasible
             .iter()
-            .map(|n| plugin.score(pod, n, &feasible))
+            .map(|n| plugin.score(pod, n, &feasible, &state))
             .collect();
         plugin.normalize(&mut scores);
         for (t, s) in totals.iter_mut().zip(scores) {

@@ -146,4 +146,56 @@ async fn pods_are_placed_where_kubernetes_would_place_them() {
     // A node big enough joins: the waiting pod goes there.
     add_node(&k, "node-4", "8", &[]).await;
     assert_eq!(wait_bound(&k, "big").await, "node-4");
+
+    // Required pod anti-affinity by hostname: one replica per node, the rest Pending.
+    let spread = r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {name: spread}
+spec:
+  replicas: 5
+  selector: {matchLabels: {app: spread}}
+  template:
+    metadata: {labels: {app: spread}}
+    spec:
+      tolerations: [{key: dedicated, operator: Exists}]
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector: {matchLabels: {app: spread}}
+            topologyKey: kubernetes.io/hostname
+      containers: [{name: c, image: nginx}]
+"#;
+    k.run_with_input(&["apply", "-f", "-"], spread).await.ok();
+    let nodes = wait_for("four spread pods bound", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "pods",
+                "-l",
+                "app=spread",
+                "-o",
+                "jsonpath={.items[*].spec.nodeName}",
+            ])
+            .await
+            .stdout;
+        let bound: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        (bound.len() == 4).then_some(bound)
+    })
+    .await;
+    let distinct: std::collections::BTreeSet<&String> = nodes.iter().collect();
+    assert_eq!(distinct.len(), 4, "one per node: {nodes:?}");
+    wait_for("the fifth refused by anti-affinity", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "events",
+                "--field-selector",
+                "reason=FailedScheduling",
+            ])
+            .await
+            .stdout;
+        out.contains("4 node(s) didn't match pod anti-affinity rules")
+            .then_some(())
+    })
+    .await;
 }

@@ -1,18 +1,25 @@
 //! The plugins of the default profile, one module each, and the profile with kube-scheduler's
 //! default weights.
 
+pub mod inter_pod_affinity;
 pub mod node_affinity;
 pub mod node_basics;
 pub mod node_ports;
 pub mod node_resources;
+pub mod pod_topology_spread;
 pub mod taint_toleration;
 
 use crate::framework::Profile;
 
 /// kube-scheduler's default profile, for the plugins implemented here (TaintToleration 3,
-/// NodeAffinity 2, NodeResourcesFit 1, NodeResourcesBalancedAllocation 1).
+/// NodeAffinity 2, PodTopologySpread 2, InterPodAffinity 2, NodeResourcesFit 1,
+/// NodeResourcesBalancedAllocation 1).
 pub fn default_profile() -> Profile {
     Profile {
+        pre_filters: vec![
+            Box::new(inter_pod_affinity::InterPodAffinity),
+            Box::new(pod_topology_spread::PodTopologySpread),
+        ],
         filters: vec![
             Box::new(node_basics::NodeUnschedulable),
             Box::new(node_basics::NodeName),
@@ -20,10 +27,14 @@ pub fn default_profile() -> Profile {
             Box::new(node_affinity::NodeAffinity),
             Box::new(node_ports::NodePorts),
             Box::new(node_resources::Fit),
+            Box::new(pod_topology_spread::PodTopologySpread),
+            Box::new(inter_pod_affinity::InterPodAffinity),
         ],
         scores: vec![
             (Box::new(taint_toleration::TaintToleration), 3),
             (Box::new(node_affinity::NodeAffinity), 2),
+            (Box::new(pod_topology_spread::PodTopologySpread), 2),
+            (Box::new(inter_pod_affinity::InterPodAffinity), 2),
             (Box::new(node_resources::Fit), 1),
             (Box::new(node_resources::BalancedAllocation), 1),
         ],

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::framework::{normalize_to_max, FilterPlugin, ScorePlugin, Status};
+use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::snapshot::NodeInfo;
 
 fn strs(v: Option<&Value>) -> Vec<&str> {
@@ -62,7 +62,7 @@ impl FilterPlugin for NodeAffinity {
         "NodeAffinity"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let labels = node.labels();
         let selector_ok = pod
             .pointer("/spec/nodeSelector")
@@ -90,7 +90,7 @@ impl ScorePlugin for NodeAffinity {
         "NodeAffinity"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo]) -> i64 {
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
         pod.pointer("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution")
             .and_then(Value::as_array)
             .into_iter()
@@ -119,8 +119,10 @@ mod tests {
             .build();
         let hdd = NodeBuilder::new("b").label("disk", "hdd").build();
         let sel = PodBuilder::new("p").node_selector("disk", "ssd").build();
-        assert!(NodeAffinity.filter(&sel, &ssd).is_success());
-        let s = NodeAffinity.filter(&sel, &hdd);
+        assert!(NodeAffinity
+            .filter(&sel, &ssd, &CycleState::default())
+            .is_success());
+        let s = NodeAffinity.filter(&sel, &hdd, &CycleState::default());
         assert_eq!(
             s.reasons,
             vec!["node(s) didn't match Pod's node affinity/selector".to_string()]
@@ -161,12 +163,16 @@ mod tests {
         ] {
             let pod = required(expr.clone());
             assert_eq!(
-                NodeAffinity.filter(&pod, &ssd).is_success(),
+                NodeAffinity
+                    .filter(&pod, &ssd, &CycleState::default())
+                    .is_success(),
                 on_ssd,
                 "{expr}"
             );
             assert_eq!(
-                NodeAffinity.filter(&pod, &hdd).is_success(),
+                NodeAffinity
+                    .filter(&pod, &hdd, &CycleState::default())
+                    .is_success(),
                 on_hdd,
                 "{expr}"
             );
@@ -176,8 +182,12 @@ mod tests {
                 {"nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}))
             .build();
-        assert!(!NodeAffinity.filter(&by_name, &ssd).is_success());
-        assert!(NodeAffinity.filter(&by_name, &hdd).is_success());
+        assert!(!NodeAffinity
+            .filter(&by_name, &ssd, &CycleState::default())
+            .is_success());
+        assert!(NodeAffinity
+            .filter(&by_name, &hdd, &CycleState::default())
+            .is_success());
     }
 
     #[test]
@@ -189,7 +199,13 @@ mod tests {
                 {"weight": 80, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}},
                 {"weight": 20, "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}}]}))
             .build();
-        assert_eq!(ScorePlugin::score(&NodeAffinity, &pod, &ssd, &[]), 100);
-        assert_eq!(ScorePlugin::score(&NodeAffinity, &pod, &hdd, &[]), 20);
+        assert_eq!(
+            ScorePlugin::score(&NodeAffinity, &pod, &ssd, &[], &CycleState::default()),
+            100
+        );
+        assert_eq!(
+            ScorePlugin::score(&NodeAffinity, &pod, &hdd, &[], &CycleState::default()),
+            20
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::framework::{FilterPlugin, Status};
+use crate::framework::{CycleState, FilterPlugin, Status};
 use crate::snapshot::NodeInfo;
 
 pub struct NodeUnschedulable;
@@ -12,7 +12,7 @@ impl FilterPlugin for NodeUnschedulable {
         "NodeUnschedulable"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let cordoned = node
             .node
             .pointer("/spec/unschedulable")
@@ -41,7 +41,7 @@ impl FilterPlugin for NodeName {
         "NodeName"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         match pod.pointer("/spec/nodeName").and_then(Value::as_str) {
             Some(n) if !n.is_empty() && n != node.name => {
                 Status::unresolvable("node(s) didn't match the requested node name")
@@ -63,10 +63,18 @@ mod tests {
         let tolerant = PodBuilder::new("p")
             .toleration(json!({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}))
             .build();
-        assert!(!NodeUnschedulable.filter(&plain, &node).is_success());
-        assert!(NodeUnschedulable.filter(&tolerant, &node).is_success());
+        assert!(!NodeUnschedulable
+            .filter(&plain, &node, &CycleState::default())
+            .is_success());
         assert!(NodeUnschedulable
-            .filter(&plain, &NodeBuilder::new("m").build())
+            .filter(&tolerant, &node, &CycleState::default())
+            .is_success());
+        assert!(NodeUnschedulable
+            .filter(
+                &plain,
+                &NodeBuilder::new("m").build(),
+                &CycleState::default()
+            )
             .is_success());
     }
 }

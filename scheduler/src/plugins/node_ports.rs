@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::framework::{FilterPlugin, Status};
+use crate::framework::{CycleState, FilterPlugin, Status};
 use crate::snapshot::{host_ports, NodeInfo};
 
 pub struct NodePorts;
@@ -13,7 +13,7 @@ impl FilterPlugin for NodePorts {
         "NodePorts"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let conflict = host_ports(pod).iter().any(|(proto, ip, port)| {
             node.host_ports.iter().any(|(p2, ip2, port2)| {
                 proto == p2 && port == port2 && (ip == ip2 || ip == "0.0.0.0" || ip2 == "0.0.0.0")
@@ -38,10 +38,18 @@ mod tests {
         let mut node = NodeBuilder::new("n").build();
         node.add_pod(Arc::new(PodBuilder::new("a").host_port(8080).build()));
         assert!(!NodePorts
-            .filter(&PodBuilder::new("b").host_port(8080).build(), &node)
+            .filter(
+                &PodBuilder::new("b").host_port(8080).build(),
+                &node,
+                &CycleState::default()
+            )
             .is_success());
         assert!(NodePorts
-            .filter(&PodBuilder::new("c").host_port(9090).build(), &node)
+            .filter(
+                &PodBuilder::new("c").host_port(9090).build(),
+                &node,
+                &CycleState::default()
+            )
             .is_success());
     }
 }

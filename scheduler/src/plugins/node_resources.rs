@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::framework::{FilterPlugin, ScorePlugin, Status, MAX_SCORE};
+use crate::framework::{CycleState, FilterPlugin, ScorePlugin, Status, MAX_SCORE};
 use crate::snapshot::{pod_requests, NodeInfo, Resources};
 
 /// What scoring assumes for a container without requests (kube-scheduler's non-zero
@@ -45,7 +45,7 @@ impl FilterPlugin for Fit {
         "NodeResourcesFit"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let want = pod_requests(pod);
         let (have, used) = (node.allocatable, node.requested);
         let mut reasons = Vec::new();
@@ -83,7 +83,7 @@ impl ScorePlugin for Fit {
     }
 
     /// LeastAllocated: the mean share of CPU and memory left after placing the pod.
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo]) -> i64 {
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
         let (p, n) = (non_zero(pod), node_non_zero(node));
         let cpu = free_share(node.allocatable.milli_cpu, n.milli_cpu + p.milli_cpu);
         let mem = free_share(node.allocatable.memory, n.memory + p.memory);
@@ -98,7 +98,7 @@ impl ScorePlugin for BalancedAllocation {
         "NodeResourcesBalancedAllocation"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo]) -> i64 {
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
         let (p, n) = (non_zero(pod), node_non_zero(node));
         let frac = |req: i64, alloc: i64| {
             if alloc <= 0 {
@@ -127,7 +127,11 @@ mod tests {
         node.add_pod(Arc::new(PodBuilder::new("a").cpu("600m").build()));
         let cases = [("300m", true), ("400m", true), ("500m", false)];
         for (cpu, fits) in cases {
-            let s = Fit.filter(&PodBuilder::new("p").cpu(cpu).build(), &node);
+            let s = Fit.filter(
+                &PodBuilder::new("p").cpu(cpu).build(),
+                &node,
+                &CycleState::default(),
+            );
             assert_eq!(s.is_success(), fits, "{cpu}");
             if !fits {
                 assert_eq!(s.reasons, vec!["Insufficient cpu".to_string()]);
@@ -135,7 +139,7 @@ mod tests {
         }
         // A pod without requests always fits the resources.
         assert!(Fit
-            .filter(&PodBuilder::new("p").build(), &node)
+            .filter(&PodBuilder::new("p").build(), &node, &CycleState::default())
             .is_success());
     }
 
@@ -145,6 +149,9 @@ mod tests {
         let mut busy = NodeBuilder::new("b").build();
         busy.add_pod(Arc::new(PodBuilder::new("x").cpu("2").build()));
         let pod = PodBuilder::new("p").build();
-        assert!(Fit.score(&pod, &empty, &[]) > Fit.score(&pod, &busy, &[]));
+        assert!(
+            Fit.score(&pod, &empty, &[], &CycleState::default())
+                > Fit.score(&pod, &busy, &[], &CycleState::default())
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::framework::{normalize_to_max, FilterPlugin, ScorePlugin, Status};
+use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::snapshot::NodeInfo;
 
 fn taints(node: &NodeInfo) -> Vec<Value> {
@@ -30,7 +30,7 @@ impl FilterPlugin for TaintToleration {
         "TaintToleration"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo) -> Status {
+    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let s = |t: &Value, f: &str| t.get(f).and_then(Value::as_str).unwrap_or("").to_string();
         for taint in taints(node) {
             let effect = s(&taint, "effect");
@@ -52,7 +52,7 @@ impl ScorePlugin for TaintToleration {
     }
 
     /// The number of PreferNoSchedule taints the pod does not tolerate (fewer is better).
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo]) -> i64 {
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
         taints(node)
             .iter()
             .filter(|t| t.get("effect").and_then(Value::as_str) == Some("PreferNoSchedule"))
@@ -77,7 +77,7 @@ mod tests {
             .taint("node-role.kubernetes.io/control-plane", "", "NoSchedule")
             .build();
         let plain = PodBuilder::new("p").build();
-        let s = TaintToleration.filter(&plain, &node);
+        let s = TaintToleration.filter(&plain, &node, &CycleState::default());
         assert_eq!(
             s.reasons,
             vec![
@@ -88,11 +88,18 @@ mod tests {
         let tolerant = PodBuilder::new("p")
             .toleration(json!({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}))
             .build();
-        assert!(TaintToleration.filter(&tolerant, &node).is_success());
+        assert!(TaintToleration
+            .filter(&tolerant, &node, &CycleState::default())
+            .is_success());
         let soft = NodeBuilder::new("s")
             .taint("dedicated", "gpu", "PreferNoSchedule")
             .build();
-        assert!(TaintToleration.filter(&plain, &soft).is_success());
-        assert_eq!(ScorePlugin::score(&TaintToleration, &plain, &soft, &[]), 1);
+        assert!(TaintToleration
+            .filter(&plain, &soft, &CycleState::default())
+            .is_success());
+        assert_eq!(
+            ScorePlugin::score(&TaintToleration, &plain, &soft, &[], &CycleState::default()),
+            1
+        );
     }
 }

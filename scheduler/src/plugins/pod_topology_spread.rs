@@ -1,0 +1,223 @@
+//! PodTopologySpread: pods matching a constraint's selector are kept within maxSkew of each
+//! other across the constraint's topology domains (DoNotSchedule filters, ScheduleAnyway
+//! scores). A pod with an owner and no constraints of its own gets Kubernetes' default soft
+//! spreading across nodes (maxSkew 3 by hostname) and zones (maxSkew 5).
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use crate::framework::{
+    normalize_to_max, CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status,
+};
+use crate::plugins::node_affinity::NodeAffinity;
+use crate::snapshot::NodeInfo;
+
+fn s<'a>(v: &'a Value, f: &str) -> &'a str {
+    v.get(f).and_then(Value::as_str).unwrap_or("")
+}
+
+/// The pod's constraints, or the system defaults for an owned pod.
+fn constraints(pod: &Value) -> Vec<Value> {
+    if let Some(cs) = pod
+        .pointer("/spec/topologySpreadConstraints")
+        .and_then(Value::as_array)
+    {
+        if !cs.is_empty() {
+            return cs.clone();
+        }
+    }
+    let owned = pod
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|r| !r.is_empty());
+    let labels = pod
+        .pointer("/metadata/labels")
+        .cloned()
+        .unwrap_or(json!({}));
+    if !owned || labels.as_object().is_none_or(|l| l.is_empty()) {
+        return Vec::new();
+    }
+    let selector = json!({"matchLabels": labels});
+    vec![
+        json!({"maxSkew": 3, "topologyKey": "kubernetes.io/hostname",
+               "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}),
+        json!({"maxSkew": 5, "topologyKey": "topology.kubernetes.io/zone",
+               "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}),
+    ]
+}
+
+fn selects(c: &Value, pod: &Value) -> bool {
+    c.get("labelSelector").is_some_and(|sel| {
+        !sel.is_null()
+            && rkube_api::admission::selector_matches_labels(sel, pod.pointer("/metadata/labels"))
+    })
+}
+
+/// Per constraint: matching pods per domain value, over the nodes the pod could go to.
+struct State {
+    constraints: Vec<(Value, HashMap<String, i64>)>,
+}
+
+pub struct PodTopologySpread;
+
+impl PreFilterPlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
+        let ns = pod
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let empty = CycleState::default();
+        let mut out = Vec::new();
+        for c in constraints(pod) {
+            let key = s(&c, "topologyKey");
+            let mut counts: HashMap<String, i64> = HashMap::new();
+            for node in nodes {
+                // Domains of nodes the pod's node affinity rules out do not count (Honor).
+                if !NodeAffinity.filter(pod, node, &empty).is_success() {
+                    continue;
+                }
+                let Some(v) = node
+                    .labels()
+                    .and_then(|l| l.get(key))
+                    .and_then(Value::as_str)
+                else {
+                    continue;
+                };
+                let n = node
+                    .pods
+                    .iter()
+                    .filter(|p| {
+                        p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+                            && p.pointer("/metadata/deletionTimestamp").is_none()
+                            && selects(&c, p)
+                    })
+                    .count() as i64;
+                *counts.entry(v.to_string()).or_default() += n;
+            }
+            out.push((c, counts));
+        }
+        state.insert(State { constraints: out });
+    }
+}
+
+impl FilterPlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+        let Some(st) = state.get::<State>() else {
+            return Status::success();
+        };
+        for (c, counts) in &st.constraints {
+            if s(c, "whenUnsatisfiable") == "ScheduleAnyway" {
+                continue;
+            }
+            let key = s(c, "topologyKey");
+            let Some(v) = node
+                .labels()
+                .and_then(|l| l.get(key))
+                .and_then(Value::as_str)
+            else {
+                return Status::unresolvable(
+                    "node(s) didn't match pod topology spread constraints (missing required label)",
+                );
+            };
+            let min = counts.values().copied().min().unwrap_or(0);
+            let here = counts.get(v).copied().unwrap_or(0) + i64::from(selects(c, pod));
+            let max_skew = c.get("maxSkew").and_then(Value::as_i64).unwrap_or(1);
+            if here - min > max_skew {
+                return Status::unschedulable(
+                    "node(s) didn't match pod topology spread constraints",
+                );
+            }
+        }
+        Status::success()
+    }
+}
+
+impl ScorePlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    /// Matching pods already in the node's domains (fewer is better).
+    fn score(&self, _: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+        let Some(st) = state.get::<State>() else {
+            return 0;
+        };
+        st.constraints
+            .iter()
+            .filter(|(c, _)| s(c, "whenUnsatisfiable") == "ScheduleAnyway")
+            .filter_map(|(c, counts)| {
+                let v = node.labels()?.get(s(c, "topologyKey"))?.as_str()?;
+                counts.get(v).copied()
+            })
+            .sum()
+    }
+
+    fn normalize(&self, scores: &mut [i64]) {
+        normalize_to_max(scores, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::testing::{NodeBuilder, PodBuilder};
+    use std::sync::Arc;
+
+    fn web(name: &str) -> Value {
+        let mut p = PodBuilder::new(name).build();
+        p["metadata"]["labels"] = json!({"app": "web"});
+        p
+    }
+
+    #[test]
+    fn hard_constraints_keep_skew_within_bounds() {
+        let mut nodes: Vec<NodeInfo> = ["a", "b"]
+            .iter()
+            .map(|n| NodeBuilder::new(n).label("zone", n).build())
+            .collect();
+        nodes[0].add_pod(Arc::new(web("w1")));
+        let mut pod = web("w2");
+        pod["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": "zone",
+            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]);
+        let mut st = CycleState::default();
+        PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
+        assert!(!PodTopologySpread.filter(&pod, &nodes[0], &st).is_success());
+        assert!(PodTopologySpread.filter(&pod, &nodes[1], &st).is_success());
+        let bare = NodeBuilder::new("c").build();
+        assert!(!PodTopologySpread.filter(&pod, &bare, &st).is_success());
+    }
+
+    #[test]
+    fn owned_pods_spread_softly_by_default() {
+        let mut nodes: Vec<NodeInfo> = ["a", "b"]
+            .iter()
+            .map(|n| {
+                NodeBuilder::new(n)
+                    .label("kubernetes.io/hostname", n)
+                    .build()
+            })
+            .collect();
+        nodes[0].add_pod(Arc::new(web("w1")));
+        let mut pod = web("w2");
+        pod["metadata"]["ownerReferences"] =
+            json!([{"kind": "ReplicaSet", "name": "w", "controller": true}]);
+        let mut st = CycleState::default();
+        PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
+        let refs: Vec<&NodeInfo> = nodes.iter().collect();
+        let mut scores: Vec<i64> = nodes
+            .iter()
+            .map(|n| PodTopologySpread.score(&pod, n, &refs, &st))
+            .collect();
+        PodTopologySpread.normalize(&mut scores);
+        assert!(scores[1] > scores[0], "{scores:?}");
+    }
+}
