@@ -880,6 +880,7 @@ impl Api {
                 .namespace_objects("limitranges", t.ns.as_deref().unwrap_or(""))
                 .await?;
             crate::limitrange::admit(&mut object, &ranges)?;
+            self.admit_priority(&mut object).await?;
             admission::default_tolerations(&mut object);
             // The QoS class follows the resources LimitRange filled in.
             let qos = admission::qos_class(&object);
@@ -937,6 +938,65 @@ impl Api {
     }
 
     /// Every object of a resource in one namespace, as this member has them.
+    /// Priority admission: a pod's priority is its PriorityClass's value (the built-in
+    /// system-cluster-critical and system-node-critical too), or the global default class's
+    /// when it names none.
+    async fn admit_priority(&self, pod: &mut Value) -> Result<(), ApiError> {
+        const BUILT_IN: &[(&str, i64)] = &[
+            ("system-cluster-critical", 2_000_000_000),
+            ("system-node-critical", 2_000_001_000),
+        ];
+        let res = resources::find("scheduling.k8s.io", "v1", "priorityclasses")
+            .ok_or_else(|| ApiError::internal("priorityclasses are served"))?;
+        let prefix = res.prefix(None);
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+        let classes: Vec<Value> = kvs
+            .iter()
+            .map(|kv| decode(kv).map(|s| s.object))
+            .collect::<Result<_, _>>()?;
+        let named = pod
+            .pointer("/spec/priorityClassName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+        let (name, value, policy) = match named {
+            Some(name) => match classes.iter().find(|c| meta_str(c, "name") == Some(&name)) {
+                Some(c) => (
+                    name,
+                    c.get("value").and_then(Value::as_i64).unwrap_or(0),
+                    c.get("preemptionPolicy").cloned(),
+                ),
+                None => match BUILT_IN.iter().find(|(n, _)| *n == name) {
+                    Some((_, v)) => (name, *v, None),
+                    None => {
+                        return Err(ApiError::forbidden(format!(
+                            "pods \"{}\" is forbidden: no PriorityClass with name {name} was found",
+                            meta_str(pod, "name").unwrap_or("")
+                        )))
+                    }
+                },
+            },
+            None => match classes
+                .iter()
+                .find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true))
+            {
+                Some(c) => (
+                    meta_str(c, "name").unwrap_or("").to_string(),
+                    c.get("value").and_then(Value::as_i64).unwrap_or(0),
+                    c.get("preemptionPolicy").cloned(),
+                ),
+                None => return Ok(()),
+            },
+        };
+        crate::value::set(pod, &["spec", "priorityClassName"], json!(name));
+        crate::value::set(pod, &["spec", "priority"], json!(value));
+        if let Some(p) = policy {
+            crate::value::set(pod, &["spec", "preemptionPolicy"], p);
+        }
+        Ok(())
+    }
+
     async fn namespace_objects(&self, plural: &str, ns: &str) -> Result<Vec<Value>, ApiError> {
         let res = resources::find("", "v1", plural).expect("a served core resource");
         let prefix = res.prefix(Some(ns));

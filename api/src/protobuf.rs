@@ -1,6 +1,6 @@
 //! Kubernetes' protobuf request bodies (`application/vnd.kubernetes.protobuf`), which kubectl's
 //! typed commands send (`create namespace|configmap|secret|deployment|service|role|rolebinding|
-//! clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`),
+//! clusterrole|clusterrolebinding|token|priorityclass|quota`, `auth can-i`, `auth whoami`),
 //! decoded into the JSON the rest of the server works on.
 //!
 //! The envelope is the magic `k8s\0` followed by a `runtime.Unknown` (typeMeta = 1 {apiVersion
@@ -296,6 +296,28 @@ static MESSAGES: &[(&str, &[F])] = &[
     (
         "ResourceRequirements",
         &[f(1, "limits", MapQuantity), f(2, "requests", MapQuantity)],
+    ),
+    (
+        "PriorityClass",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "value", Int),
+            f(3, "globalDefault", Bool),
+            f(4, "description", Str),
+            p(5, "preemptionPolicy", Str),
+        ],
+    ),
+    (
+        "ResourceQuota",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("ResourceQuotaSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "ResourceQuotaSpec",
+        &[f(1, "hard", MapQuantity), r(2, "scopes", Str)],
     ),
     (
         "Role",

@@ -122,6 +122,8 @@ pub struct Profile {
 pub struct FitError {
     pub nodes: usize,
     pub reasons: BTreeMap<String, usize>,
+    /// Nodes that can never take the pod (UnschedulableAndUnresolvable): preemption skips them.
+    pub unresolvable: Vec<String>,
 }
 
 impl std::fmt::Display for FitError {
@@ -145,6 +147,26 @@ impl std::fmt::Display for FitError {
     }
 }
 
+/// The PreFilter state of a pod over a set of nodes.
+pub fn pre_filter(profile: &Profile, pod: &Value, nodes: &[NodeInfo]) -> CycleState {
+    let mut state = CycleState::default();
+    for plugin in &profile.pre_filters {
+        plugin.pre_filter(pod, nodes, &mut state);
+    }
+    state
+}
+
+/// The first failing filter's status on one node, or success.
+pub fn run_filters(profile: &Profile, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+    for plugin in &profile.filters {
+        let status = plugin.filter(pod, node, state);
+        if !status.is_success() {
+            return status;
+        }
+    }
+    Status::success()
+}
+
 /// The node a pod should go to.
 pub fn schedule(
     profile: &Profile,
@@ -152,32 +174,28 @@ pub fn schedule(
     nodes: &[NodeInfo],
     rng: &mut impl Rng,
 ) -> Result<String, FitError> {
-    let mut state = CycleState::default();
-    for plugin in &profile.pre_filters {
-        plugin.pre_filter(pod, nodes, &mut state);
-    }
+    let state = pre_filter(profile, pod, nodes);
     let mut feasible: Vec<&NodeInfo> = Vec::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut unresolvable = Vec::new();
     for node in nodes {
-        let mut fits = true;
-        for plugin in &profile.filters {
-            let status = plugin.filter(pod, node, &state);
-            if !status.is_success() {
-                for r in status.reasons {
-                    *reasons.entry(r).or_default() += 1;
-                }
-                fits = false;
-                break;
-            }
-        }
-        if fits {
+        let status = run_filters(profile, pod, node, &state);
+        if status.is_success() {
             feasible.push(node);
+        } else {
+            if status.code == Code::UnschedulableAndUnresolvable {
+                unresolvable.push(node.name.clone());
+            }
+            for r in status.reasons {
+                *reasons.entry(r).or_default() += 1;
+            }
         }
     }
     if feasible.is_empty() {
         return Err(FitError {
             nodes: nodes.len(),
             reasons,
+            unresolvable,
         });
     }
     let mut totals = vec![0i64; feasible.len()];
@@ -209,7 +227,11 @@ mod tests {
             "node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }".to_string(),
             1,
         );
-        let e = FitError { nodes: 3, reasons };
+        let e = FitError {
+            nodes: 3,
+            reasons,
+            unresolvable: vec![],
+        };
         assert_eq!(
             e.to_string(),
             "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, 2 Insufficient cpu."

@@ -2,9 +2,11 @@
 //! default plugins ([`plugins`]: NodeUnschedulable, NodeName, TaintToleration, NodeAffinity and
 //! nodeSelector, NodePorts, NodeResourcesFit with LeastAllocated scoring,
 //! NodeResourcesBalancedAllocation, InterPodAffinity, PodTopologySpread) over a [`snapshot`] of nodes and their pods, run on the Raft
-//! leader by [`runner`], which binds pods through the API.
+//! leader by [`runner`], which binds pods through the API, and [`preemption`] of lower-priority
+//! pods when nothing fits.
 
 pub mod framework;
 pub mod plugins;
+pub mod preemption;
 pub mod runner;
 pub mod snapshot;

@@ -120,6 +120,45 @@ pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bo
 }
 
 impl Scheduler {
+    /// Evicts the victims on the chosen node and nominates it for the pod, which is placed
+    /// once they are gone.
+    async fn preempt(&self, pod: &Value, c: crate::preemption::Candidate) -> Outcome {
+        let (ns, name) = (s(pod, "/metadata/namespace"), s(pod, "/metadata/name"));
+        for v in &c.victims {
+            let path = format!(
+                "/api/v1/namespaces/{}/pods/{}",
+                s(v, "/metadata/namespace"),
+                s(v, "/metadata/name")
+            );
+            match self.client.delete(&path, None).await {
+                Ok(_) => {
+                    let msg = format!(
+                        "Preempted by pod {} on node {}",
+                        s(pod, "/metadata/uid"),
+                        c.node
+                    );
+                    self.recorder
+                        .event(v, "Pod", NORMAL, "Preempted", &msg)
+                        .await;
+                }
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let patch = json!({"status": {"nominatedNodeName": c.node}});
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}/status");
+        match self.client.merge_patch(&path, &patch).await {
+            Ok(_) => {}
+            Err(e) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+        self.unschedulable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key_of(pod));
+        Ok(Some(Duration::from_millis(200)))
+    }
+
     fn retry_unschedulable(&self) {
         let keys: Vec<String> = self
             .unschedulable
@@ -194,6 +233,9 @@ impl Scheduler {
                 }
             }
             Err(fit) => {
+                if let Some(c) = crate::preemption::find(&self.profile, &pod, &nodes, &fit) {
+                    return self.preempt(&pod, c).await;
+                }
                 let message = fit.to_string();
                 self.unschedulable
                     .lock()

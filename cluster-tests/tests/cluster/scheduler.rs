@@ -198,4 +198,41 @@ spec:
             .then_some(())
     })
     .await;
+
+    // Priority: a pod of a higher PriorityClass preempts a lower one when nothing else fits.
+    let err = k
+        .run(&["run", "nameless", "--image=nginx", "--overrides", r#"{"spec":{"priorityClassName":"missing","containers":[{"name":"c","image":"nginx"}]}}"#])
+        .await
+        .err();
+    assert!(
+        err.contains("no PriorityClass with name missing was found"),
+        "{err}"
+    );
+    k.run(&["create", "priorityclass", "high", "--value=1000"])
+        .await
+        .ok();
+    k.run(&["run", "vip", "--image=nginx", "--overrides", r#"{"spec":{"priorityClassName":"high","containers":[{"name":"vip","image":"nginx","resources":{"requests":{"cpu":"7"}}}]}}"#])
+        .await
+        .ok();
+    assert_eq!(wait_bound(&k, "vip").await, "node-4");
+    let priority = k
+        .run(&["get", "pod", "vip", "-o", "jsonpath={.spec.priority}"])
+        .await
+        .ok();
+    assert_eq!(priority, "1000");
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=big",
+        ])
+        .await
+        .ok();
+    assert!(
+        events.contains("Preempted") && events.contains("on node node-4"),
+        "{events}"
+    );
+    let gone = k.run(&["get", "pod", "big"]).await;
+    assert!(!gone.success, "big was preempted");
 }
