@@ -550,3 +550,58 @@ async fn the_leader_compacts_history_but_keeps_an_interval_of_it() {
         .await;
     assert_eq!(read.trim(), "2");
 }
+
+/// A leader frozen (SIGSTOP) while its controllers have work, replaced, then thawed: nothing it
+/// tries afterwards commits, so the new leader's count stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_and_deposed_leader_writes_nothing() {
+    let (c, k) = cluster_tests::kubectl::api_cluster().await;
+    let leader = c.wait_leader().await;
+    let other = (leader + 1) % 3;
+    let ctx = format!("--context=rkube-n{}", other + 1);
+    let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: frozen\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: frozen}\n  template:\n    metadata:\n      labels: {app: frozen}\n    spec:\n      containers:\n      - name: c\n        image: busybox\n";
+    k.run_with_input(&["apply", &ctx, "-f", "-"], rs).await.ok();
+    let count = |k: Kubectl, ctx: String| async move {
+        let out = k
+            .run(&["get", "pods", &ctx, "-l", "app=frozen", "-o", "name"])
+            .await;
+        out.success.then(|| out.stdout.lines().count())
+    };
+    wait_for("one pod", BOUND, || async {
+        (count(k.clone(), ctx.clone()).await == Some(1)).then_some(())
+    })
+    .await;
+    // Frozen in the middle of its own scale-up.
+    k.run(&["scale", &ctx, "rs/frozen", "--replicas=12"])
+        .await
+        .ok();
+    c.pause(leader);
+    c.wait_new_leader(leader).await;
+    wait_for("12 pods, finished by the new leader", BOUND, || async {
+        (count(k.clone(), ctx.clone()).await == Some(12)).then_some(())
+    })
+    .await;
+    c.resume(leader);
+    // The old leader wakes up believing it leads, with a stale view; it must commit nothing.
+    wait_for("the old leader to follow", BOUND, || async {
+        c.status(leader)
+            .await
+            .filter(|s| s.leader != 0 && Some(s.leader) != s.header.as_ref().map(|h| h.member_id))
+    })
+    .await;
+    wait_for("the status to settle at 12", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "rs",
+                "frozen",
+                &ctx,
+                "-o",
+                "jsonpath={.status.replicas}",
+            ])
+            .await;
+        (out.stdout == "12").then_some(())
+    })
+    .await;
+    assert_eq!(count(k.clone(), ctx.clone()).await, Some(12));
+}
