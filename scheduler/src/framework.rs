@@ -167,18 +167,49 @@ pub fn run_filters(profile: &Profile, pod: &Value, node: &NodeInfo, state: &Cycl
     Status::success()
 }
 
-/// The node a pod should go to.
+/// How many feasible nodes are enough to choose from (kube-scheduler's
+/// percentageOfNodesToScore, adaptive): all of a small cluster, 50% minus 1% per 125 nodes of a
+/// large one (at least 5%), never fewer than 100.
+pub fn feasible_nodes_to_find(nodes: usize) -> usize {
+    const MIN: usize = 100;
+    if nodes <= MIN {
+        return nodes;
+    }
+    let percentage = 50usize.saturating_sub(nodes / 125).max(5);
+    (nodes * percentage / 100).max(MIN)
+}
+
+/// The node a pod should go to, looking at nodes from `start` round (the next search starts
+/// where this one stopped, so all nodes get their turn) until enough feasible ones are found.
 pub fn schedule(
     profile: &Profile,
     pod: &Value,
     nodes: &[NodeInfo],
     rng: &mut impl Rng,
 ) -> Result<String, FitError> {
+    schedule_from(profile, pod, nodes, rng, &mut 0)
+}
+
+pub fn schedule_from(
+    profile: &Profile,
+    pod: &Value,
+    nodes: &[NodeInfo],
+    rng: &mut impl Rng,
+    start: &mut usize,
+) -> Result<String, FitError> {
     let state = pre_filter(profile, pod, nodes);
     let mut feasible: Vec<&NodeInfo> = Vec::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut unresolvable = Vec::new();
-    for node in nodes {
+    let enough = feasible_nodes_to_find(nodes.len());
+    let n = nodes.len();
+    let first = if n == 0 { 0 } else { *start % n };
+    let mut looked = 0;
+    for node in nodes[first..].iter().chain(nodes[..first].iter()) {
+        if feasible.len() >= enough {
+            break;
+        }
+        looked += 1;
         let status = run_filters(profile, pod, node, &state);
         if status.is_success() {
             feasible.push(node);
@@ -191,6 +222,7 @@ pub fn schedule(
             }
         }
     }
+    *start = first + looked;
     if feasible.is_empty() {
         return Err(FitError {
             nodes: nodes.len(),
@@ -236,6 +268,14 @@ mod tests {
             e.to_string(),
             "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, 2 Insufficient cpu."
         );
+    }
+
+    #[test]
+    fn large_clusters_are_sampled_as_kubernetes_samples_them() {
+        assert_eq!(feasible_nodes_to_find(50), 50);
+        assert_eq!(feasible_nodes_to_find(1000), 420);
+        assert_eq!(feasible_nodes_to_find(5000), 500);
+        assert_eq!(feasible_nodes_to_find(100_000), 5000);
     }
 
     #[test]

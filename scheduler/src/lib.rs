@@ -5,6 +5,7 @@
 //! leader by [`runner`], which binds pods through the API, and [`preemption`] of lower-priority
 //! pods when nothing fits.
 
+pub mod cache;
 pub mod framework;
 pub mod plugins;
 pub mod preemption;

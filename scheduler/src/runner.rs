@@ -3,7 +3,7 @@
 //! event; a pod that fits nowhere gets PodScheduled=False (Unschedulable) and a FailedScheduling
 //! event with the reasons, and is tried again when nodes or pods change (and after a backoff).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,8 +17,8 @@ use rkube_controllers::queue::{Outcome, WorkQueue};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::framework::{schedule, Profile};
-use crate::snapshot;
+use crate::cache::Cache;
+use crate::framework::{schedule_from, Profile};
 
 pub const SCHEDULER_NAME: &str = "default-scheduler";
 /// How soon an unschedulable pod is tried again without any change in the cluster.
@@ -43,8 +43,8 @@ pub struct Scheduler {
     recorder: Recorder,
     profile: Profile,
     rng: Mutex<rand::rngs::StdRng>,
-    /// Pods bound but not yet seen bound by the informer: pod key -> node.
-    assumed: Mutex<HashMap<String, (String, Arc<Value>)>>,
+    /// Nodes and the pods counted on them, assumed bindings included.
+    cache: Mutex<Cache>,
     /// Pods that fit nowhere last time, retried when something changes.
     unschedulable: Mutex<HashSet<String>>,
 }
@@ -59,7 +59,7 @@ pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bo
         queue: Arc::new(WorkQueue::new()),
         profile: crate::plugins::default_profile(),
         rng: Mutex::new(rand::rngs::StdRng::from_entropy()),
-        assumed: Mutex::new(HashMap::new()),
+        cache: Mutex::new(Cache::default()),
         unschedulable: Mutex::new(HashSet::new()),
     });
     let weak = Arc::downgrade(&s);
@@ -69,26 +69,38 @@ pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bo
             Some(p) if wants_scheduling(p) => s.queue.add(&key_of(p)),
             Some(p) => {
                 let key = key_of(p);
-                s.assumed
+                let node = p
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let finished = matches!(
+                    p.pointer("/status/phase").and_then(Value::as_str),
+                    Some("Succeeded" | "Failed")
+                );
+                {
+                    let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+                    if finished || node.is_empty() {
+                        cache.unplace(&key);
+                    } else {
+                        cache.place(&key, node, Arc::new(p.clone()));
+                    }
+                }
+                s.unschedulable
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&key);
-                if old.is_some_and(wants_scheduling) {
-                    // Bound: what it takes is now visible.
-                    s.unschedulable
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
+                if finished {
+                    s.retry_unschedulable();
                 }
             }
             None => {
                 // A pod gone frees room: try the waiting ones again.
                 if let Some(o) = old {
                     let key = key_of(o);
-                    s.assumed
+                    s.cache
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
+                        .unplace(&key);
                     s.unschedulable
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -99,10 +111,21 @@ pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bo
         }
     }));
     let weak = Arc::downgrade(&s);
-    s.nodes.on_change(Box::new(move |_, _| {
-        if let Some(s) = weak.upgrade() {
-            s.retry_unschedulable();
+    s.nodes.on_change(Box::new(move |old, new| {
+        let Some(s) = weak.upgrade() else { return };
+        {
+            let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match (old, new) {
+                (_, Some(n)) => cache.set_node(Arc::new(n.clone())),
+                (Some(o), None) => cache.remove_node(
+                    o.pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or(""),
+                ),
+                (None, None) => {}
+            }
         }
+        s.retry_unschedulable();
     }));
     let c = s.clone();
     // One worker: each decision sees the ones before it.
@@ -176,31 +199,27 @@ impl Scheduler {
         let Some(pod) = self.pods.get(key) else {
             return Ok(None);
         };
-        if !wants_scheduling(&pod)
-            || self
-                .assumed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains_key(key)
-        {
+        if !wants_scheduling(&pod) {
             return Ok(None);
         }
-        let mut pods = self.pods.list("");
-        // Bindings this scheduler made that the cache does not show yet still take room.
-        for (node, p) in self
-            .assumed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            let mut bound = p.as_ref().clone();
-            bound["spec"]["nodeName"] = json!(node);
-            pods.push(Arc::new(bound));
-        }
-        let nodes = snapshot::build(&self.nodes.list(""), &pods);
-        let decision = {
+        let (decision, candidate) = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.is_placed(key) {
+                return Ok(None);
+            }
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-            schedule(&self.profile, &pod, &nodes, &mut *rng)
+            let mut start = cache.next_start;
+            let decision = schedule_from(&self.profile, &pod, &cache.nodes, &mut *rng, &mut start);
+            cache.next_start = start;
+            let candidate = match &decision {
+                // Assumed at once, so the next decision counts it.
+                Ok(node) => {
+                    cache.place(key, node, pod.clone());
+                    None
+                }
+                Err(fit) => crate::preemption::find(&self.profile, &pod, &cache.nodes, fit),
+            };
+            (decision, candidate)
         };
         let (ns, name) = (s(&pod, "/metadata/namespace"), s(&pod, "/metadata/name"));
         match decision {
@@ -213,10 +232,6 @@ impl Scheduler {
                 let path = format!("/api/v1/namespaces/{ns}/pods/{name}/binding");
                 match self.client.create(&path, &binding).await {
                     Ok(_) => {
-                        self.assumed
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(key.to_string(), (node.clone(), pod.clone()));
                         self.unschedulable
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -227,13 +242,25 @@ impl Scheduler {
                             .await;
                         Ok(None)
                     }
-                    // Gone, or bound by someone else meanwhile.
-                    Err(e) if e.code == 404 || e.code == 409 => Ok(None),
-                    Err(e) => Err(e),
+                    // Gone, or bound by someone else meanwhile: the informer tells where.
+                    Err(e) if e.code == 404 || e.code == 409 => {
+                        self.cache
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .unplace(key);
+                        Ok(None)
+                    }
+                    Err(e) => {
+                        self.cache
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .unplace(key);
+                        Err(e)
+                    }
                 }
             }
             Err(fit) => {
-                if let Some(c) = crate::preemption::find(&self.profile, &pod, &nodes, &fit) {
+                if let Some(c) = candidate {
                     return self.preempt(&pod, c).await;
                 }
                 let message = fit.to_string();

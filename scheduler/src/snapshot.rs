@@ -67,6 +67,15 @@ pub struct NodeInfo {
     pub requested: Resources,
     /// (protocol, hostIP, hostPort) in use.
     pub host_ports: HashSet<(String, String, i64)>,
+    /// The pods with pod affinity or anti-affinity terms (the only ones whose terms the
+    /// InterPodAffinity plugin must read for other pods).
+    pub affinity_pods: Vec<Arc<Value>>,
+}
+
+/// Whether a pod has pod affinity or anti-affinity terms.
+pub fn has_pod_affinity(pod: &Value) -> bool {
+    pod.pointer("/spec/affinity/podAffinity").is_some()
+        || pod.pointer("/spec/affinity/podAntiAffinity").is_some()
 }
 
 /// The host ports a pod asks for: (protocol, hostIP, hostPort).
@@ -113,6 +122,7 @@ impl NodeInfo {
             allocatable: alloc,
             requested: Resources::default(),
             host_ports: HashSet::new(),
+            affinity_pods: Vec::new(),
         }
     }
 
@@ -122,7 +132,38 @@ impl NodeInfo {
         self.requested.memory += r.memory;
         self.requested.pods += 1;
         self.host_ports.extend(host_ports(&pod));
+        if has_pod_affinity(&pod) {
+            self.affinity_pods.push(pod.clone());
+        }
         self.pods.push(pod);
+    }
+
+    /// Takes a pod off the node (by namespace and name); false when it was not there.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) -> bool {
+        let same = |p: &Arc<Value>| {
+            p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)
+                && p.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+        };
+        let Some(i) = self.pods.iter().position(same) else {
+            return false;
+        };
+        let pod = self.pods.swap_remove(i);
+        self.affinity_pods.retain(|p| !same(p));
+        let r = pod_requests(&pod);
+        self.requested.milli_cpu -= r.milli_cpu;
+        self.requested.memory -= r.memory;
+        self.requested.pods -= 1;
+        self.host_ports = self.pods.iter().flat_map(|p| host_ports(p)).collect();
+        true
+    }
+
+    /// The same pods on a changed Node object.
+    pub fn with_node(&self, node: Arc<Value>) -> NodeInfo {
+        let mut n = NodeInfo::new(node);
+        for p in &self.pods {
+            n.add_pod(p.clone());
+        }
+        n
     }
 
     pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {

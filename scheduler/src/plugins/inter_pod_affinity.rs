@@ -97,8 +97,16 @@ impl PreFilterPlugin for InterPodAffinity {
             anti: vec![HashSet::new(); anti.len()],
             ..State::default()
         };
+        // A pod without terms of its own only needs the pods that have terms.
+        let own_terms =
+            !(aff.is_empty() && anti.is_empty() && pref_aff.is_empty() && pref_anti.is_empty());
         for node in nodes {
-            for existing in &node.pods {
+            let existing_pods = if own_terms {
+                &node.pods
+            } else {
+                &node.affinity_pods
+            };
+            for existing in existing_pods {
                 for (i, t) in aff.iter().enumerate() {
                     if term_matches(t, ns, existing) {
                         if let Some(v) = domain(node, s(t, "topologyKey")) {
