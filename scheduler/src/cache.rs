@@ -33,8 +33,7 @@ impl Cache {
 
     /// A Node object added or changed.
     pub fn set_node(&mut self, node: Arc<Value>) {
-        let name = node
-            .pointer("/metadata/name")
+        let name = crate::snapshot::at(&node, &["metadata", "name"])
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
@@ -63,10 +62,10 @@ impl Cache {
         for p in gone.pods {
             let key = format!(
                 "{}/{}",
-                p.pointer("/metadata/namespace")
+                crate::snapshot::at(&p, &["metadata", "namespace"])
                     .and_then(Value::as_str)
                     .unwrap_or(""),
-                p.pointer("/metadata/name")
+                crate::snapshot::at(&p, &["metadata", "name"])
                     .and_then(Value::as_str)
                     .unwrap_or("")
             );
@@ -83,7 +82,9 @@ impl Cache {
             return;
         }
         self.unplace(key);
-        let pod = if pod.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node) {
+        let pod = if crate::snapshot::at(&pod, &["spec", "nodeName"]).and_then(Value::as_str)
+            == Some(node)
+        {
             pod
         } else {
             let mut bound = pod.as_ref().clone();

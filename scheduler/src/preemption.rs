@@ -11,7 +11,7 @@ use crate::framework::{pre_filter, run_filters, FitError, Profile};
 use crate::snapshot::NodeInfo;
 
 pub fn priority(pod: &Value) -> i64 {
-    pod.pointer("/spec/priority")
+    crate::snapshot::at(pod, &["spec", "priority"])
         .and_then(Value::as_i64)
         .unwrap_or(0)
 }
@@ -43,9 +43,7 @@ pub fn find(
     nodes: &[NodeInfo],
     fit: &FitError,
 ) -> Option<Candidate> {
-    if pod
-        .pointer("/spec/preemptionPolicy")
-        .and_then(Value::as_str)
+    if crate::snapshot::at(pod, &["spec", "preemptionPolicy"]).and_then(Value::as_str)
         == Some("Never")
     {
         return None;

@@ -6,6 +6,12 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+/// The value at a path of object keys: `Value::pointer` without its token unescaping, which
+/// costs more than the lookup on the scheduler's hot paths.
+pub fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |cur, key| cur.get(*key))
+}
+
 /// CPU in millicores, memory in bytes, and a pod count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resources {
@@ -38,7 +44,7 @@ pub fn pod_requests(pod: &Value) -> Resources {
             .and_then(Value::as_array)
             .map(|cs| {
                 cs.iter()
-                    .map(|c| from_list(c.pointer("/resources/requests")))
+                    .map(|c| from_list(crate::snapshot::at(c, &["resources", "requests"])))
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
@@ -57,6 +63,27 @@ pub fn pod_requests(pod: &Value) -> Resources {
     r
 }
 
+/// What scoring assumes for a pod without requests (kube-scheduler's non-zero defaults), so
+/// empty pods still spread.
+pub const DEFAULT_MILLI_CPU: i64 = 100;
+pub const DEFAULT_MEMORY: i64 = 200 * 1024 * 1024;
+
+pub fn non_zero(r: Resources) -> Resources {
+    Resources {
+        milli_cpu: if r.milli_cpu == 0 {
+            DEFAULT_MILLI_CPU
+        } else {
+            r.milli_cpu
+        },
+        memory: if r.memory == 0 {
+            DEFAULT_MEMORY
+        } else {
+            r.memory
+        },
+        pods: 1,
+    }
+}
+
 /// One node and what is placed on it.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
@@ -65,6 +92,9 @@ pub struct NodeInfo {
     pub pods: Vec<Arc<Value>>,
     pub allocatable: Resources,
     pub requested: Resources,
+    /// Requests with kube-scheduler's non-zero defaults for containers that ask for nothing
+    /// (what scoring counts).
+    pub non_zero_requested: Resources,
     /// (protocol, hostIP, hostPort) in use.
     pub host_ports: HashSet<(String, String, i64)>,
     /// The pods with pod affinity or anti-affinity terms (the only ones whose terms the
@@ -74,13 +104,13 @@ pub struct NodeInfo {
 
 /// Whether a pod has pod affinity or anti-affinity terms.
 pub fn has_pod_affinity(pod: &Value) -> bool {
-    pod.pointer("/spec/affinity/podAffinity").is_some()
-        || pod.pointer("/spec/affinity/podAntiAffinity").is_some()
+    crate::snapshot::at(pod, &["spec", "affinity", "podAffinity"]).is_some()
+        || crate::snapshot::at(pod, &["spec", "affinity", "podAntiAffinity"]).is_some()
 }
 
 /// The host ports a pod asks for: (protocol, hostIP, hostPort).
 pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
-    pod.pointer("/spec/containers")
+    crate::snapshot::at(pod, &["spec", "containers"])
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -104,16 +134,14 @@ pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
 
 impl NodeInfo {
     pub fn new(node: Arc<Value>) -> NodeInfo {
-        let allocatable = node
-            .pointer("/status/allocatable")
-            .or(node.pointer("/status/capacity"));
+        let allocatable = crate::snapshot::at(&node, &["status", "allocatable"])
+            .or(crate::snapshot::at(&node, &["status", "capacity"]));
         let mut alloc = from_list(allocatable);
         if allocatable.and_then(|a| a.get("pods")).is_none() {
             alloc.pods = 110;
         }
         NodeInfo {
-            name: node
-                .pointer("/metadata/name")
+            name: crate::snapshot::at(&node, &["metadata", "name"])
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
@@ -121,6 +149,7 @@ impl NodeInfo {
             pods: Vec::new(),
             allocatable: alloc,
             requested: Resources::default(),
+            non_zero_requested: Resources::default(),
             host_ports: HashSet::new(),
             affinity_pods: Vec::new(),
         }
@@ -131,6 +160,10 @@ impl NodeInfo {
         self.requested.milli_cpu += r.milli_cpu;
         self.requested.memory += r.memory;
         self.requested.pods += 1;
+        let nz = non_zero(r);
+        self.non_zero_requested.milli_cpu += nz.milli_cpu;
+        self.non_zero_requested.memory += nz.memory;
+        self.non_zero_requested.pods += 1;
         self.host_ports.extend(host_ports(&pod));
         if has_pod_affinity(&pod) {
             self.affinity_pods.push(pod.clone());
@@ -141,8 +174,10 @@ impl NodeInfo {
     /// Takes a pod off the node (by namespace and name); false when it was not there.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) -> bool {
         let same = |p: &Arc<Value>| {
-            p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)
-                && p.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+            crate::snapshot::at(p, &["metadata", "namespace"]).and_then(Value::as_str)
+                == Some(namespace)
+                && crate::snapshot::at(p, &["metadata", "name"]).and_then(Value::as_str)
+                    == Some(name)
         };
         let Some(i) = self.pods.iter().position(same) else {
             return false;
@@ -153,6 +188,10 @@ impl NodeInfo {
         self.requested.milli_cpu -= r.milli_cpu;
         self.requested.memory -= r.memory;
         self.requested.pods -= 1;
+        let nz = non_zero(r);
+        self.non_zero_requested.milli_cpu -= nz.milli_cpu;
+        self.non_zero_requested.memory -= nz.memory;
+        self.non_zero_requested.pods -= 1;
         self.host_ports = self.pods.iter().flat_map(|p| host_ports(p)).collect();
         true
     }
@@ -167,9 +206,7 @@ impl NodeInfo {
     }
 
     pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {
-        self.node
-            .pointer("/metadata/labels")
-            .and_then(Value::as_object)
+        crate::snapshot::at(&self.node, &["metadata", "labels"]).and_then(Value::as_object)
     }
 }
 
@@ -177,12 +214,11 @@ impl NodeInfo {
 pub fn build(nodes: &[Arc<Value>], pods: &[Arc<Value>]) -> Vec<NodeInfo> {
     let mut infos: Vec<NodeInfo> = nodes.iter().cloned().map(NodeInfo::new).collect();
     for pod in pods {
-        let node = pod
-            .pointer("/spec/nodeName")
+        let node = crate::snapshot::at(pod, &["spec", "nodeName"])
             .and_then(Value::as_str)
             .unwrap_or("");
         let done = matches!(
-            pod.pointer("/status/phase").and_then(Value::as_str),
+            crate::snapshot::at(pod, &["status", "phase"]).and_then(Value::as_str),
             Some("Succeeded" | "Failed")
         );
         if node.is_empty() || done {

@@ -1,5 +1,6 @@
 //! `rkube bench`: load generators that speak only the etcd v3 API, so the same binary drives an
-//! rkube cluster and an etcd cluster: `put`, `range`, `watch-latency` and `failover`.
+//! rkube cluster and an etcd cluster: `put`, `range`, `watch-latency` and `failover`; `api`
+//! drives a local cluster's Kubernetes API and `scheduler` the scheduler's decisions in process.
 //!
 //! Every workload prints a human line and then one `BENCH_JSON {...}` line with the same figures
 //! for scripts (cluster-tests/bench/vs-etcd.sh turns those into tables). Latencies are recorded
@@ -8,6 +9,7 @@
 mod api;
 mod failover;
 mod kv;
+mod scheduler;
 mod watch;
 
 use std::time::Duration;
@@ -34,9 +36,15 @@ pub enum BenchCommand {
     /// The Kubernetes API of a local cluster (--dir): pod create/get/list/delete with
     /// concurrent clients, a large LIST, and watch event delivery to many watchers.
     Api(api::ApiBenchArgs),
+    /// The scheduler's decisions in process (no cluster): N nodes, P pending pods.
+    Scheduler(scheduler::SchedulerBenchArgs),
 }
 
 pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Result<()> {
+    let cmd = match cmd {
+        BenchCommand::Scheduler(args) => return scheduler::run(args),
+        other => other,
+    };
     if let BenchCommand::Api(args) = cmd {
         let dir = cluster
             .dir
@@ -46,7 +54,7 @@ pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Res
     }
     let target = &cluster.resolve()?;
     match cmd {
-        BenchCommand::Api(_) => unreachable!("handled above"),
+        BenchCommand::Api(_) | BenchCommand::Scheduler(_) => unreachable!("handled above"),
         BenchCommand::Put(args) => kv::put(target, args).await,
         BenchCommand::Range(args) => kv::range(target, args).await,
         BenchCommand::WatchLatency(args) => watch::run(target, args).await,

@@ -25,8 +25,7 @@ fn terms<'a>(pod: &'a Value, kind: &str, when: &str) -> Vec<&'a Value> {
 
 /// Whether `pod` matches a PodAffinityTerm written by a pod of namespace `owner_ns`.
 pub fn term_matches(term: &Value, owner_ns: &str, pod: &Value) -> bool {
-    let ns = pod
-        .pointer("/metadata/namespace")
+    let ns = crate::snapshot::at(pod, &["metadata", "namespace"])
         .and_then(Value::as_str)
         .unwrap_or("");
     let listed: Vec<&str> = term
@@ -48,7 +47,10 @@ pub fn term_matches(term: &Value, owner_ns: &str, pod: &Value) -> bool {
     // A null selector matches nothing.
     let selected = term.get("labelSelector").is_some_and(|sel| {
         !sel.is_null()
-            && rkube_api::admission::selector_matches_labels(sel, pod.pointer("/metadata/labels"))
+            && rkube_api::admission::selector_matches_labels(
+                sel,
+                crate::snapshot::at(pod, &["metadata", "labels"]),
+            )
     });
     ns_ok && selected
 }
@@ -61,7 +63,7 @@ fn domain(node: &NodeInfo, key: &str) -> Option<String> {
 }
 
 fn ns_of(pod: &Value) -> &str {
-    pod.pointer("/metadata/namespace")
+    crate::snapshot::at(pod, &["metadata", "namespace"])
         .and_then(Value::as_str)
         .unwrap_or("")
 }

@@ -17,6 +17,7 @@ use crate::framework::Profile;
 pub fn default_profile() -> Profile {
     Profile {
         pre_filters: vec![
+            Box::new(node_resources::Fit),
             Box::new(inter_pod_affinity::InterPodAffinity),
             Box::new(pod_topology_spread::PodTopologySpread),
         ],

@@ -64,8 +64,7 @@ impl FilterPlugin for NodeAffinity {
 
     fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let labels = node.labels();
-        let selector_ok = pod
-            .pointer("/spec/nodeSelector")
+        let selector_ok = crate::snapshot::at(pod, &["spec", "nodeSelector"])
             .and_then(Value::as_object)
             .is_none_or(|sel| {
                 sel.iter()
@@ -91,13 +90,21 @@ impl ScorePlugin for NodeAffinity {
     }
 
     fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
-        pod.pointer("/spec/affinity/nodeAffinity/preferredDuringSchedulingIgnoredDuringExecution")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|p| p.get("preference").is_some_and(|t| term_matches(t, node)))
-            .filter_map(|p| p.get("weight").and_then(Value::as_i64))
-            .sum()
+        crate::snapshot::at(
+            pod,
+            &[
+                "spec",
+                "affinity",
+                "nodeAffinity",
+                "preferredDuringSchedulingIgnoredDuringExecution",
+            ],
+        )
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|p| p.get("preference").is_some_and(|t| term_matches(t, node)))
+        .filter_map(|p| p.get("weight").and_then(Value::as_i64))
+        .sum()
     }
 
     fn normalize(&self, scores: &mut [i64]) {

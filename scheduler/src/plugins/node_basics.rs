@@ -13,14 +13,11 @@ impl FilterPlugin for NodeUnschedulable {
     }
 
     fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        let cordoned = node
-            .node
-            .pointer("/spec/unschedulable")
+        let cordoned = crate::snapshot::at(&node.node, &["spec", "unschedulable"])
             .and_then(Value::as_bool)
             == Some(true);
         let taint = json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"});
-        let tolerated = pod
-            .pointer("/spec/tolerations")
+        let tolerated = crate::snapshot::at(pod, &["spec", "tolerations"])
             .and_then(Value::as_array)
             .is_some_and(|ts| {
                 ts.iter()
@@ -42,7 +39,7 @@ impl FilterPlugin for NodeName {
     }
 
     fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        match pod.pointer("/spec/nodeName").and_then(Value::as_str) {
+        match crate::snapshot::at(pod, &["spec", "nodeName"]).and_then(Value::as_str) {
             Some(n) if !n.is_empty() && n != node.name => {
                 Status::unresolvable("node(s) didn't match the requested node name")
             }

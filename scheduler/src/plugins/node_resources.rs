@@ -3,50 +3,49 @@
 
 use serde_json::Value;
 
+use crate::framework::PreFilterPlugin;
 use crate::framework::{CycleState, FilterPlugin, ScorePlugin, Status, MAX_SCORE};
-use crate::snapshot::{pod_requests, NodeInfo, Resources};
+use crate::snapshot::{non_zero, pod_requests, NodeInfo, Resources};
 
-/// What scoring assumes for a container without requests (kube-scheduler's non-zero
-/// defaults), so empty pods still spread.
-const DEFAULT_MILLI_CPU: i64 = 100;
-const DEFAULT_MEMORY: i64 = 200 * 1024 * 1024;
-
-fn non_zero(pod: &Value) -> Resources {
-    let r = pod_requests(pod);
-    Resources {
-        milli_cpu: if r.milli_cpu == 0 {
-            DEFAULT_MILLI_CPU
-        } else {
-            r.milli_cpu
-        },
-        memory: if r.memory == 0 {
-            DEFAULT_MEMORY
-        } else {
-            r.memory
-        },
-        pods: 1,
-    }
+/// The pod's requests, computed once per cycle.
+struct PodRequests {
+    actual: Resources,
+    non_zero: Resources,
 }
 
-fn node_non_zero(node: &NodeInfo) -> Resources {
-    let mut total = Resources::default();
-    for p in &node.pods {
-        let r = non_zero(p);
-        total.milli_cpu += r.milli_cpu;
-        total.memory += r.memory;
+fn requests(pod: &Value, state: &CycleState) -> (Resources, Resources) {
+    match state.get::<PodRequests>() {
+        Some(r) => (r.actual, r.non_zero),
+        None => {
+            let r = pod_requests(pod);
+            (r, non_zero(r))
+        }
     }
-    total
 }
 
 pub struct Fit;
+
+impl PreFilterPlugin for Fit {
+    fn name(&self) -> &'static str {
+        "NodeResourcesFit"
+    }
+
+    fn pre_filter(&self, pod: &Value, _: &[NodeInfo], state: &mut CycleState) {
+        let actual = pod_requests(pod);
+        state.insert(PodRequests {
+            actual,
+            non_zero: non_zero(actual),
+        });
+    }
+}
 
 impl FilterPlugin for Fit {
     fn name(&self) -> &'static str {
         "NodeResourcesFit"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        let want = pod_requests(pod);
+    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+        let (want, _) = requests(pod, state);
         let (have, used) = (node.allocatable, node.requested);
         let mut reasons = Vec::new();
         if used.pods + 1 > have.pods {
@@ -83,8 +82,9 @@ impl ScorePlugin for Fit {
     }
 
     /// LeastAllocated: the mean share of CPU and memory left after placing the pod.
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
-        let (p, n) = (non_zero(pod), node_non_zero(node));
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+        let (_, p) = requests(pod, state);
+        let n = node.non_zero_requested;
         let cpu = free_share(node.allocatable.milli_cpu, n.milli_cpu + p.milli_cpu);
         let mem = free_share(node.allocatable.memory, n.memory + p.memory);
         (cpu + mem) / 2
@@ -98,8 +98,9 @@ impl ScorePlugin for BalancedAllocation {
         "NodeResourcesBalancedAllocation"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
-        let (p, n) = (non_zero(pod), node_non_zero(node));
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+        let (_, p) = requests(pod, state);
+        let n = node.non_zero_requested;
         let frac = |req: i64, alloc: i64| {
             if alloc <= 0 {
                 1.0

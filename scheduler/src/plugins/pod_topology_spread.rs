@@ -3,7 +3,7 @@
 //! scores). A pod with an owner and no constraints of its own gets Kubernetes' default soft
 //! spreading across nodes (maxSkew 3 by hostname) and zones (maxSkew 5).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
@@ -19,20 +19,17 @@ fn s<'a>(v: &'a Value, f: &str) -> &'a str {
 
 /// The pod's constraints, or the system defaults for an owned pod.
 fn constraints(pod: &Value) -> Vec<Value> {
-    if let Some(cs) = pod
-        .pointer("/spec/topologySpreadConstraints")
-        .and_then(Value::as_array)
+    if let Some(cs) =
+        crate::snapshot::at(pod, &["spec", "topologySpreadConstraints"]).and_then(Value::as_array)
     {
         if !cs.is_empty() {
             return cs.clone();
         }
     }
-    let owned = pod
-        .pointer("/metadata/ownerReferences")
+    let owned = crate::snapshot::at(pod, &["metadata", "ownerReferences"])
         .and_then(Value::as_array)
         .is_some_and(|r| !r.is_empty());
-    let labels = pod
-        .pointer("/metadata/labels")
+    let labels = crate::snapshot::at(pod, &["metadata", "labels"])
         .cloned()
         .unwrap_or(json!({}));
     if !owned || labels.as_object().is_none_or(|l| l.is_empty()) {
@@ -50,13 +47,17 @@ fn constraints(pod: &Value) -> Vec<Value> {
 fn selects(c: &Value, pod: &Value) -> bool {
     c.get("labelSelector").is_some_and(|sel| {
         !sel.is_null()
-            && rkube_api::admission::selector_matches_labels(sel, pod.pointer("/metadata/labels"))
+            && rkube_api::admission::selector_matches_labels(
+                sel,
+                crate::snapshot::at(pod, &["metadata", "labels"]),
+            )
     })
 }
 
 /// Per constraint: matching pods per domain value, over the nodes the pod could go to.
 struct State {
-    constraints: Vec<(Value, HashMap<String, i64>)>,
+    /// (constraint, matching pods per domain that has any, the smallest count of a domain).
+    constraints: Vec<(Value, HashMap<String, i64>, i64)>,
 }
 
 pub struct PodTopologySpread;
@@ -67,18 +68,20 @@ impl PreFilterPlugin for PodTopologySpread {
     }
 
     fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
-        let ns = pod
-            .pointer("/metadata/namespace")
+        let ns = crate::snapshot::at(pod, &["metadata", "namespace"])
             .and_then(Value::as_str)
             .unwrap_or("");
         let empty = CycleState::default();
+        let constrained = crate::snapshot::at(pod, &["spec", "nodeSelector"]).is_some()
+            || crate::snapshot::at(pod, &["spec", "affinity", "nodeAffinity"]).is_some();
         let mut out = Vec::new();
         for c in constraints(pod) {
             let key = s(&c, "topologyKey");
             let mut counts: HashMap<String, i64> = HashMap::new();
+            let mut domains: HashSet<&str> = HashSet::new();
             for node in nodes {
                 // Domains of nodes the pod's node affinity rules out do not count (Honor).
-                if !NodeAffinity.filter(pod, node, &empty).is_success() {
+                if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
                     continue;
                 }
                 let Some(v) = node
@@ -92,14 +95,24 @@ impl PreFilterPlugin for PodTopologySpread {
                     .pods
                     .iter()
                     .filter(|p| {
-                        p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
-                            && p.pointer("/metadata/deletionTimestamp").is_none()
+                        crate::snapshot::at(p, &["metadata", "namespace"]).and_then(Value::as_str)
+                            == Some(ns)
+                            && crate::snapshot::at(p, &["metadata", "deletionTimestamp"]).is_none()
                             && selects(&c, p)
                     })
                     .count() as i64;
-                *counts.entry(v.to_string()).or_default() += n;
+                domains.insert(v);
+                if n > 0 {
+                    *counts.entry(v.to_string()).or_default() += n;
+                }
             }
-            out.push((c, counts));
+            // A domain without matching pods makes the minimum zero.
+            let min = if counts.len() < domains.len() {
+                0
+            } else {
+                counts.values().copied().min().unwrap_or(0)
+            };
+            out.push((c, counts, min));
         }
         state.insert(State { constraints: out });
     }
@@ -114,7 +127,7 @@ impl FilterPlugin for PodTopologySpread {
         let Some(st) = state.get::<State>() else {
             return Status::success();
         };
-        for (c, counts) in &st.constraints {
+        for (c, counts, min) in &st.constraints {
             if s(c, "whenUnsatisfiable") == "ScheduleAnyway" {
                 continue;
             }
@@ -128,10 +141,9 @@ impl FilterPlugin for PodTopologySpread {
                     "node(s) didn't match pod topology spread constraints (missing required label)",
                 );
             };
-            let min = counts.values().copied().min().unwrap_or(0);
             let here = counts.get(v).copied().unwrap_or(0) + i64::from(selects(c, pod));
             let max_skew = c.get("maxSkew").and_then(Value::as_i64).unwrap_or(1);
-            if here - min > max_skew {
+            if here - *min > max_skew {
                 return Status::unschedulable(
                     "node(s) didn't match pod topology spread constraints",
                 );
@@ -153,10 +165,10 @@ impl ScorePlugin for PodTopologySpread {
         };
         st.constraints
             .iter()
-            .filter(|(c, _)| s(c, "whenUnsatisfiable") == "ScheduleAnyway")
-            .filter_map(|(c, counts)| {
+            .filter(|(c, _, _)| s(c, "whenUnsatisfiable") == "ScheduleAnyway")
+            .filter_map(|(c, counts, _)| {
                 let v = node.labels()?.get(s(c, "topologyKey"))?.as_str()?;
-                counts.get(v).copied()
+                Some(counts.get(v).copied().unwrap_or(0))
             })
             .sum()
     }

@@ -6,16 +6,15 @@ use serde_json::Value;
 use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::snapshot::NodeInfo;
 
-fn taints(node: &NodeInfo) -> Vec<Value> {
-    node.node
-        .pointer("/spec/taints")
+fn taints(node: &NodeInfo) -> &[Value] {
+    crate::snapshot::at(&node.node, &["spec", "taints"])
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
 }
 
 fn tolerated(pod: &Value, taint: &Value) -> bool {
-    pod.pointer("/spec/tolerations")
+    crate::snapshot::at(pod, &["spec", "tolerations"])
         .and_then(Value::as_array)
         .is_some_and(|ts| {
             ts.iter()
@@ -33,12 +32,12 @@ impl FilterPlugin for TaintToleration {
     fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
         let s = |t: &Value, f: &str| t.get(f).and_then(Value::as_str).unwrap_or("").to_string();
         for taint in taints(node) {
-            let effect = s(&taint, "effect");
-            if (effect == "NoSchedule" || effect == "NoExecute") && !tolerated(pod, &taint) {
+            let effect = s(taint, "effect");
+            if (effect == "NoSchedule" || effect == "NoExecute") && !tolerated(pod, taint) {
                 return Status::unresolvable(format!(
                     "node(s) had untolerated taint {{{}: {}}}",
-                    s(&taint, "key"),
-                    s(&taint, "value")
+                    s(taint, "key"),
+                    s(taint, "value")
                 ));
             }
         }
