@@ -18,7 +18,7 @@ use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use serde_json::{json, Value};
 
-use crate::events::{Recorder, NORMAL};
+use crate::events::{Recorder, NORMAL, WARNING};
 use crate::informer::Informer;
 
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -269,6 +269,14 @@ impl Controller {
                 &format!("Node {name} status is now: NodeNotReady"),
             )
             .await;
+        // Each pod on the node hears of it too, as in Kubernetes.
+        for pod in self.pods.list("") {
+            if s(&pod, "/spec/nodeName") == name {
+                self.recorder
+                    .event(&pod, "Pod", WARNING, "NodeNotReady", "Node is not ready")
+                    .await;
+            }
+        }
         Ok(written)
     }
 

@@ -1,7 +1,7 @@
 //! The scheduler of an rkube control plane: kube-scheduler's framework ([`framework`]) with its
 //! default plugins ([`plugins`]: NodeUnschedulable, NodeName, TaintToleration, NodeAffinity and
 //! nodeSelector, NodePorts, NodeResourcesFit with LeastAllocated scoring,
-//! NodeResourcesBalancedAllocation, InterPodAffinity, PodTopologySpread) over a [`snapshot`] of nodes and their pods, run on the Raft
+//! NodeResourcesBalancedAllocation, InterPodAffinity, PodTopologySpread, ImageLocality) over a [`snapshot`] of nodes and their pods, run on the Raft
 //! leader by [`runner`], which binds pods through the API, and [`preemption`] of lower-priority
 //! pods when nothing fits.
 

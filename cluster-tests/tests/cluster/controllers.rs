@@ -490,6 +490,19 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
         .await
         .ok();
     assert!(events.contains("TaintManagerEviction"), "{events}");
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=patient",
+        ])
+        .await
+        .ok();
+    assert!(
+        events.contains("NodeNotReady") && events.contains("Node is not ready"),
+        "{events}"
+    );
     // The agent comes back and reports Ready again: the taints go.
     k.report_node_ready("node-b", None).await;
     let back = {

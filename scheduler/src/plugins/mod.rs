@@ -1,6 +1,7 @@
 //! The plugins of the default profile, one module each, and the profile with kube-scheduler's
 //! default weights.
 
+pub mod image_locality;
 pub mod inter_pod_affinity;
 pub mod node_affinity;
 pub mod node_basics;
@@ -13,11 +14,12 @@ use crate::framework::Profile;
 
 /// kube-scheduler's default profile, for the plugins implemented here (TaintToleration 3,
 /// NodeAffinity 2, PodTopologySpread 2, InterPodAffinity 2, NodeResourcesFit 1,
-/// NodeResourcesBalancedAllocation 1).
+/// NodeResourcesBalancedAllocation 1, ImageLocality 1).
 pub fn default_profile() -> Profile {
     Profile {
         pre_filters: vec![
             Box::new(node_resources::Fit),
+            Box::new(image_locality::ImageLocality),
             Box::new(inter_pod_affinity::InterPodAffinity),
             Box::new(pod_topology_spread::PodTopologySpread),
         ],
@@ -38,6 +40,7 @@ pub fn default_profile() -> Profile {
             (Box::new(inter_pod_affinity::InterPodAffinity), 2),
             (Box::new(node_resources::Fit), 1),
             (Box::new(node_resources::BalancedAllocation), 1),
+            (Box::new(image_locality::ImageLocality), 1),
         ],
     }
 }

@@ -1,0 +1,146 @@
+//! ImageLocality: prefer nodes that already hold the pod's container images (from the node's
+//! `status.images`), weighing each image by its size and by how many nodes have it (an image
+//! everywhere is no reason to pick one node), scaled between 23 MB and 1,000 MB per container
+//! as kube-scheduler scales it.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::framework::{CycleState, PreFilterPlugin, ScorePlugin, MAX_SCORE};
+use crate::snapshot::{at, NodeInfo};
+
+const MB: i64 = 1024 * 1024;
+const MIN_THRESHOLD: i64 = 23 * MB;
+const MAX_CONTAINER_THRESHOLD: i64 = 1000 * MB;
+
+/// `nginx` is `nginx:latest`; a digest or a tag stays as it is.
+pub fn normalize(image: &str) -> String {
+    let name_part = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') || name_part.contains(':') {
+        image.to_string()
+    } else {
+        format!("{image}:latest")
+    }
+}
+
+fn node_images(node: &NodeInfo) -> impl Iterator<Item = (String, i64)> + '_ {
+    at(&node.node, &["status", "images"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|img| {
+            let size = img.get("sizeBytes").and_then(Value::as_i64).unwrap_or(0);
+            img.get("names")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(move |n| (normalize(n), size))
+        })
+}
+
+fn pod_images(pod: &Value) -> Vec<String> {
+    at(pod, &["spec", "containers"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("image").and_then(Value::as_str))
+        .map(normalize)
+        .collect()
+}
+
+/// For each of the pod's images: on how many nodes it is.
+struct Spread {
+    nodes_with: HashMap<String, i64>,
+    total: i64,
+}
+
+pub struct ImageLocality;
+
+impl PreFilterPlugin for ImageLocality {
+    fn name(&self) -> &'static str {
+        "ImageLocality"
+    }
+
+    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
+        let wanted = pod_images(pod);
+        let mut nodes_with: HashMap<String, i64> = HashMap::new();
+        if at(pod, &["spec", "containers"]).is_some() {
+            for node in nodes {
+                let mut seen: Vec<String> = Vec::new();
+                for (name, _) in node_images(node) {
+                    if wanted.contains(&name) && !seen.contains(&name) {
+                        *nodes_with.entry(name.clone()).or_default() += 1;
+                        seen.push(name);
+                    }
+                }
+            }
+        }
+        state.insert(Spread {
+            nodes_with,
+            total: nodes.len() as i64,
+        });
+    }
+}
+
+impl ScorePlugin for ImageLocality {
+    fn name(&self) -> &'static str {
+        "ImageLocality"
+    }
+
+    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+        let Some(spread) = state.get::<Spread>() else {
+            return 0;
+        };
+        let wanted = pod_images(pod);
+        if wanted.is_empty() || spread.total == 0 {
+            return 0;
+        }
+        let sizes: HashMap<String, i64> = node_images(node).collect();
+        let sum: i64 = wanted
+            .iter()
+            .filter_map(|img| {
+                let size = sizes.get(img)?;
+                let with = spread.nodes_with.get(img).copied().unwrap_or(0);
+                Some(size * with / spread.total)
+            })
+            .sum();
+        let max = MAX_CONTAINER_THRESHOLD * wanted.len() as i64;
+        let clamped = sum.clamp(MIN_THRESHOLD, max);
+        MAX_SCORE * (clamped - MIN_THRESHOLD) / (max - MIN_THRESHOLD)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::testing::{NodeBuilder, PodBuilder};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    #[test]
+    fn nodes_with_the_image_score_higher() {
+        let with = {
+            let mut n = NodeBuilder::new("a").build();
+            let mut v = n.node.as_ref().clone();
+            v["status"]["images"] =
+                json!([{"names": ["docker.io/library/big:1", "big:1"], "sizeBytes": 800 * MB}]);
+            n.node = Arc::new(v);
+            n
+        };
+        let without = NodeBuilder::new("b").build();
+        let mut pod = PodBuilder::new("p").build();
+        pod["spec"]["containers"][0]["image"] = json!("big:1");
+        let nodes = vec![with, without];
+        let mut st = CycleState::default();
+        ImageLocality.pre_filter(&pod, &nodes, &mut st);
+        let a = ImageLocality.score(&pod, &nodes[0], &[], &st);
+        let b = ImageLocality.score(&pod, &nodes[1], &[], &st);
+        assert!(a > b, "{a} {b}");
+        assert_eq!(b, 0);
+        assert_eq!(normalize("nginx"), "nginx:latest");
+        assert_eq!(normalize("registry:5000/app"), "registry:5000/app:latest");
+        assert_eq!(normalize("app@sha256:abc"), "app@sha256:abc");
+    }
+}
