@@ -17,6 +17,9 @@ use crate::handler::Api;
 pub struct LocalClient {
     api: Arc<Api>,
     user: Arc<User>,
+    /// The Raft term whose leader this client writes for (controllers, scheduler): writes are
+    /// refused once this member no longer leads it.
+    term: Option<u64>,
 }
 
 /// The reasons a Status can carry, so an error read back keeps its meaning for callers.
@@ -43,6 +46,15 @@ impl LocalClient {
         LocalClient {
             api,
             user: Arc::new(user),
+            term: None,
+        }
+    }
+
+    /// The same client, writing only as the leader of `term`.
+    pub fn fenced(&self, term: u64) -> LocalClient {
+        LocalClient {
+            term: Some(term),
+            ..self.clone()
         }
     }
 
@@ -65,7 +77,14 @@ impl LocalClient {
             .header("accept", "application/json")
             .body(Body::from(bytes))
             .map_err(|e| ApiError::bad_request(format!("invalid request {path}: {e}")))?;
-        let resp = self.api.handle(&self.user, req).await;
+        let resp = match self.term {
+            Some(term) => {
+                crate::storage::LEADER_TERM
+                    .scope(term, self.api.handle(&self.user, req))
+                    .await
+            }
+            None => self.api.handle(&self.user, req).await,
+        };
         let code = resp.status().as_u16();
         let body = resp
             .into_body()

@@ -48,6 +48,13 @@ pub enum Write {
     Lost(Option<Stored>),
 }
 
+tokio::task_local! {
+    /// Set around the requests of the controllers and the scheduler a leader runs: the Raft
+    /// term they were started in. Their writes are then proposed only while this member leads
+    /// that term ([`rkube_store::server::node::Node::propose_fenced`]), never forwarded.
+    pub static LEADER_TERM: u64;
+}
+
 #[derive(Clone)]
 pub struct ObjectStore {
     pub node: Arc<Node>,
@@ -181,7 +188,10 @@ impl ObjectStore {
     }
 
     async fn txn(&self, txn: TxnRequest) -> Result<(bool, Vec<OpResult>, i64), ApiError> {
-        let applied = self.node.propose(Command::Txn(txn)).await?;
+        let applied = match LEADER_TERM.try_with(|t| *t) {
+            Ok(term) => self.node.propose_fenced(Command::Txn(txn), term).await?,
+            Err(_) => self.node.propose(Command::Txn(txn)).await?,
+        };
         match applied
             .output
             .map_err(rkube_store::error::StoreError::from)?

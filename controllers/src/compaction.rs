@@ -9,7 +9,7 @@ use rkube_store::mvcc::Command;
 use rkube_store::server::node::Node;
 use tokio::sync::watch;
 
-pub fn run(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver<bool>) {
+pub fn run(node: Arc<Node>, term: u64, interval: Duration, mut stop: watch::Receiver<bool>) {
     if interval.is_zero() {
         return;
     }
@@ -23,7 +23,10 @@ pub fn run(node: Arc<Node>, interval: Duration, mut stop: watch::Receiver<bool>)
             }
             if let Some(revision) = previous {
                 if revision > node.mvcc.compact_revision() {
-                    match node.propose(Command::Compact { revision }).await {
+                    match node
+                        .propose_fenced(Command::Compact { revision }, term)
+                        .await
+                    {
                         Ok(_) => tracing::info!(revision, "compacted the store's history"),
                         Err(e) => tracing::warn!(error = %e, revision, "compaction failed"),
                     }

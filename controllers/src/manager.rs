@@ -48,32 +48,39 @@ pub fn start(
 ) -> ControllerManager {
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn(async move {
-        let mut term: Option<watch::Sender<bool>> = None;
+        // The running term: the Raft term it was started in, and its stop switch.
+        let mut term: Option<(u64, watch::Sender<bool>)> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(LEADERSHIP_POLL) => {}
                 _ = stopped.changed() => break,
             }
-            match (node.is_leader(), term.is_some()) {
-                (true, false) => {
-                    if let Err(e) = node.linearizable_barrier().await {
-                        tracing::debug!(error = %e, "leader not settled yet; controllers wait");
-                        continue;
-                    }
-                    tracing::info!("leading: starting the controllers");
-                    term = Some(start_term(&node, &client, settings, &hooks));
+            let leading = node.is_leader();
+            // Leadership lost, or lost and won again in a later term between two looks: the
+            // running controllers belong to a term this member no longer leads.
+            if term
+                .as_ref()
+                .is_some_and(|(t, _)| !leading || node.term() != *t)
+            {
+                tracing::info!("no longer leading that term: stopping the controllers");
+                if let Some((_, stop)) = term.take() {
+                    let _ = stop.send(true);
                 }
-                (false, true) => {
-                    tracing::info!("no longer leading: stopping the controllers");
-                    if let Some(t) = term.take() {
-                        let _ = t.send(true);
-                    }
+            }
+            if leading && term.is_none() {
+                if let Err(e) = node.linearizable_barrier().await {
+                    tracing::debug!(error = %e, "leader not settled yet; controllers wait");
+                    continue;
                 }
-                _ => {}
+                let t = node.term();
+                tracing::info!(term = t, "leading: starting the controllers");
+                // Everything this term's controllers write is fenced to the term.
+                let stop = start_term(&node, &client.fenced(t), settings, &hooks, t);
+                term = Some((t, stop));
             }
         }
-        if let Some(t) = term.take() {
-            let _ = t.send(true);
+        if let Some((_, stop)) = term.take() {
+            let _ = stop.send(true);
         }
     });
     ControllerManager { stop, task }
@@ -116,6 +123,7 @@ fn start_term(
     client: &LocalClient,
     settings: Settings,
     hooks: &[TermHook],
+    raft_term: u64,
 ) -> watch::Sender<bool> {
     let (tx, rx) = watch::channel(false);
     let mut inf = Informers::default();
@@ -161,7 +169,12 @@ fn start_term(
     for hook in hooks {
         hook(&mut inf, client, rx.clone());
     }
-    crate::compaction::run(node.clone(), settings.compaction_interval, rx.clone());
+    crate::compaction::run(
+        node.clone(),
+        raft_term,
+        settings.compaction_interval,
+        rx.clone(),
+    );
     for informer in inf.all {
         tokio::spawn(informer.run(node.clone(), rx.clone()));
     }

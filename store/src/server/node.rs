@@ -456,6 +456,29 @@ impl Node {
         self.propose_unchecked(cmd).await
     }
 
+    /// Proposes a command only as the leader of Raft term `term`, never through another
+    /// member: the write path of the controllers and the scheduler a leader runs, so work
+    /// started in a term it no longer leads commits nothing (a forwarded write would).
+    pub async fn propose_fenced(&self, cmd: Command, term: u64) -> Result<Applied, StoreError> {
+        self.check_quota(&cmd).await?;
+        let deposed = || {
+            StoreError::Unavailable(format!(
+                "this member no longer leads term {term}; its controllers' writes are refused"
+            ))
+        };
+        if !self.is_leader() || self.term() != term {
+            return Err(deposed());
+        }
+        match self.serve_forward(Forward::Propose(cmd)).await {
+            Ok(ForwardReply::Applied(a)) => Ok(a),
+            Ok(other) => Err(StoreError::Unavailable(format!(
+                "unexpected reply to a proposal: {other:?}"
+            ))),
+            Err(ForwardError::NotLeader) => Err(deposed()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     async fn propose_unchecked(&self, cmd: Command) -> Result<Applied, StoreError> {
         match self.to_leader(Forward::Propose(cmd)).await? {
             ForwardReply::Applied(a) => Ok(a),
