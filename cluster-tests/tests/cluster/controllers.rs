@@ -435,8 +435,39 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
             .then_some(())
     })
     .await;
-    k.report_node_ready("node-a", None).await;
-    k.report_node_ready("node-b", None).await;
+    k.report_node_ready("node-a", Some("4")).await;
+    k.report_node_ready("node-b", Some("4")).await;
+    // node-b's agent beats until a ReplicaSet's pod is placed there (node-a cordoned meanwhile).
+    let b_beating = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            loop {
+                heartbeat(&client, "node-b").await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    k.run(&["cordon", "node-a"]).await.ok();
+    let mover = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: mover}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: mover}}\n  template:\n    metadata: {labels: {app: mover}}\n    spec:\n      containers: [{name: c, image: busybox}]\n      tolerations:\n      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 1}\n";
+    k.run_with_input(&["apply", "-f", "-"], mover).await.ok();
+    let mover_nodes = || async {
+        k.run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=mover",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ])
+        .await
+        .stdout
+    };
+    wait_for("the mover's pod on node-b", BOUND, || async {
+        (mover_nodes().await == "node-b").then_some(())
+    })
+    .await;
+    k.run(&["uncordon", "node-a"]).await.ok();
+    b_beating.abort();
     // node-a's agent keeps renewing its Lease; node-b's falls silent.
     let beating = {
         let client = client.clone();
@@ -477,7 +508,14 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
     // 300 s toleration stays.
     wait_for("the brief pod evicted", BOUND, || async {
         let out = k.run(&["get", "pods", "-o", "name"]).await;
-        (out.success && out.stdout.trim() == "pod/patient").then_some(())
+        let names: Vec<&str> = out.stdout.lines().collect();
+        (out.success && !names.contains(&"pod/brief") && names.contains(&"pod/patient"))
+            .then_some(())
+    })
+    .await;
+    // The ReplicaSet's pod, evicted with it, is made again and placed on the healthy node.
+    wait_for("the mover's pod recreated on node-a", BOUND, || async {
+        (mover_nodes().await == "node-a").then_some(())
     })
     .await;
     let events = k
