@@ -11,6 +11,7 @@ use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use serde_json::{json, Value};
 
+use crate::ignore_gone;
 use crate::informer::{key_of, Informer};
 use crate::queue::{Outcome, WorkQueue};
 use crate::replicaset::is_ready;
@@ -341,14 +342,6 @@ fn selects(svc: &Value, pod: &Value) -> bool {
     let labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
     sel.iter()
         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-}
-
-fn ignore_gone(r: Result<Value, ApiError>) -> Result<Option<Value>, ApiError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if e.code == 404 || e.code == 409 => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]

@@ -24,3 +24,15 @@ pub mod queue;
 pub mod replicaset;
 
 pub use manager::{start, ControllerManager, Settings};
+
+/// A write whose object is gone (404) or moved (409) meanwhile is not an error for a
+/// controller: the informer's event about it brings another sync.
+pub(crate) fn ignore_gone(
+    r: Result<serde_json::Value, rkube_api::error::ApiError>,
+) -> Result<Option<serde_json::Value>, rkube_api::error::ApiError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.code == 404 || e.code == 409 => Ok(None),
+        Err(e) => Err(e),
+    }
+}

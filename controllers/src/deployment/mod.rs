@@ -17,6 +17,7 @@ use rkube_api::error::ApiError;
 use serde_json::{json, Value};
 
 use crate::events::{Recorder, NORMAL};
+use crate::ignore_gone;
 use crate::informer::{key_of, Informer};
 use crate::queue::WorkQueue;
 use crate::replicaset::controller_of;
@@ -583,16 +584,6 @@ fn deploy_path(d: &Value) -> String {
         s(d, "/metadata/namespace"),
         s(d, "/metadata/name")
     )
-}
-
-/// A write whose object is gone (404) or moved (409) is not an error: the informer's event
-/// brings another sync.
-fn ignore_gone(r: Result<Value, ApiError>) -> Result<Option<Value>, ApiError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if e.code == 404 || e.code == 409 => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 #[cfg(test)]

@@ -343,12 +343,7 @@ impl Controller {
             s(pod, "/metadata/namespace"),
             s(pod, "/metadata/name")
         );
-        match self.client.merge_patch(&path, &patch).await {
-            Ok(p) => Ok(Some(p)),
-            // Gone or changed meanwhile: the informer brings the news and another sync.
-            Err(e) if e.code == 404 || e.code == 409 => Ok(None),
-            Err(e) => Err(e),
-        }
+        crate::ignore_gone(self.client.merge_patch(&path, &patch).await)
     }
 
     async fn release(&self, pod: &Value, uid: &str) -> Result<(), ApiError> {
@@ -366,11 +361,7 @@ impl Controller {
             s(pod, "/metadata/namespace"),
             s(pod, "/metadata/name")
         );
-        match self.client.merge_patch(&path, &patch).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 || e.code == 409 => Ok(()),
-            Err(e) => Err(e),
-        }
+        crate::ignore_gone(self.client.merge_patch(&path, &patch).await).map(|_| ())
     }
 
     fn pod_from_template(&self, set: &Value) -> Value {
@@ -531,11 +522,6 @@ impl Controller {
             "{}/status",
             self.path(s(set, "/metadata/namespace"), s(set, "/metadata/name"))
         );
-        match self.client.update(&path, &updated).await {
-            Ok(_) => Ok(()),
-            // Changed or gone meanwhile: the informer's event brings another sync.
-            Err(e) if e.code == 404 || e.code == 409 => Ok(()),
-            Err(e) => Err(e),
-        }
+        crate::ignore_gone(self.client.update(&path, &updated).await).map(|_| ())
     }
 }
