@@ -84,12 +84,83 @@ pub fn non_zero(r: Resources) -> Resources {
     }
 }
 
+/// A placed pod's namespace and labels, and whether it is being deleted: what selectors ask.
+#[derive(Debug, Clone, Default)]
+pub struct PodMeta {
+    pub namespace: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub deleting: bool,
+}
+
+impl PodMeta {
+    pub fn of(pod: &Value) -> PodMeta {
+        PodMeta {
+            namespace: at(pod, &["metadata", "namespace"])
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            labels: at(pod, &["metadata", "labels"])
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            deleting: at(pod, &["metadata", "deletionTimestamp"]).is_some(),
+        }
+    }
+}
+
+/// A label selector ready to match many pods: plain `matchLabels` compared directly, anything
+/// else through the JSON selector.
+pub enum Selector {
+    Nothing,
+    Labels(Vec<(String, String)>),
+    Json(Value),
+}
+
+impl Selector {
+    pub fn new(selector: Option<&Value>) -> Selector {
+        let Some(sel) = selector.filter(|s| !s.is_null()) else {
+            return Selector::Nothing;
+        };
+        let expressions = sel
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .is_some_and(|e| !e.is_empty());
+        match sel.get("matchLabels").and_then(Value::as_object) {
+            Some(m) if !expressions => Selector::Labels(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                    .collect(),
+            ),
+            None if !expressions => Selector::Labels(Vec::new()),
+            _ => Selector::Json(sel.clone()),
+        }
+    }
+
+    pub fn matches(&self, meta: &PodMeta, pod: &Value) -> bool {
+        match self {
+            Selector::Nothing => false,
+            Selector::Labels(want) => want
+                .iter()
+                .all(|(k, v)| meta.labels.get(k).is_some_and(|got| got == v)),
+            Selector::Json(sel) => {
+                rkube_api::admission::selector_matches_labels(sel, at(pod, &["metadata", "labels"]))
+            }
+        }
+    }
+}
+
 /// One node and what is placed on it.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
     pub name: String,
     pub node: Arc<Value>,
     pub pods: Vec<Arc<Value>>,
+    /// What label selectors read of each pod in `pods` (same order), decoded once.
+    pub pod_meta: Vec<PodMeta>,
     pub allocatable: Resources,
     pub requested: Resources,
     /// Requests with kube-scheduler's non-zero defaults for containers that ask for nothing
@@ -147,6 +218,7 @@ impl NodeInfo {
                 .to_string(),
             node,
             pods: Vec::new(),
+            pod_meta: Vec::new(),
             allocatable: alloc,
             requested: Resources::default(),
             non_zero_requested: Resources::default(),
@@ -168,6 +240,7 @@ impl NodeInfo {
         if has_pod_affinity(&pod) {
             self.affinity_pods.push(pod.clone());
         }
+        self.pod_meta.push(PodMeta::of(&pod));
         self.pods.push(pod);
     }
 
@@ -183,6 +256,7 @@ impl NodeInfo {
             return false;
         };
         let pod = self.pods.swap_remove(i);
+        self.pod_meta.swap_remove(i);
         self.affinity_pods.retain(|p| !same(p));
         let r = pod_requests(&pod);
         self.requested.milli_cpu -= r.milli_cpu;

@@ -11,7 +11,7 @@ use crate::framework::{
     normalize_to_max, CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status,
 };
 use crate::plugins::node_affinity::NodeAffinity;
-use crate::snapshot::NodeInfo;
+use crate::snapshot::{NodeInfo, Selector};
 
 fn s<'a>(v: &'a Value, f: &str) -> &'a str {
     v.get(f).and_then(Value::as_str).unwrap_or("")
@@ -77,6 +77,7 @@ impl PreFilterPlugin for PodTopologySpread {
         let mut out = Vec::new();
         for c in constraints(pod) {
             let key = s(&c, "topologyKey");
+            let selector = Selector::new(c.get("labelSelector"));
             let mut counts: HashMap<String, i64> = HashMap::new();
             let mut domains: HashSet<&str> = HashSet::new();
             for node in nodes {
@@ -94,12 +95,8 @@ impl PreFilterPlugin for PodTopologySpread {
                 let n = node
                     .pods
                     .iter()
-                    .filter(|p| {
-                        crate::snapshot::at(p, &["metadata", "namespace"]).and_then(Value::as_str)
-                            == Some(ns)
-                            && crate::snapshot::at(p, &["metadata", "deletionTimestamp"]).is_none()
-                            && selects(&c, p)
-                    })
+                    .zip(&node.pod_meta)
+                    .filter(|(p, m)| m.namespace == ns && !m.deleting && selector.matches(m, p))
                     .count() as i64;
                 domains.insert(v);
                 if n > 0 {
