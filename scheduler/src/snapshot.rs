@@ -84,6 +84,24 @@ pub fn non_zero(r: Resources) -> Resources {
     }
 }
 
+/// The images a node reports holding, by each of their names, with their sizes.
+fn node_images(node: &Value) -> Vec<(String, i64)> {
+    at(node, &["status", "images"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|img| {
+            let size = img.get("sizeBytes").and_then(Value::as_i64).unwrap_or(0);
+            img.get("names")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(move |n| (crate::plugins::image_locality::normalize(n), size))
+        })
+        .collect()
+}
+
 /// A placed pod's namespace and labels, and whether it is being deleted: what selectors ask.
 #[derive(Debug, Clone, Default)]
 pub struct PodMeta {
@@ -159,6 +177,10 @@ pub struct NodeInfo {
     pub name: String,
     pub node: Arc<Value>,
     pub pods: Vec<Arc<Value>>,
+    /// The node's labels, copied out of the object once (plugins read them for every pod).
+    pub label_map: Option<serde_json::Map<String, Value>>,
+    /// The images the node holds: (normalized name, size in bytes).
+    pub images: Vec<(String, i64)>,
     /// What label selectors read of each pod in `pods` (same order), decoded once.
     pub pod_meta: Vec<PodMeta>,
     pub allocatable: Resources,
@@ -211,12 +233,18 @@ impl NodeInfo {
         if allocatable.and_then(|a| a.get("pods")).is_none() {
             alloc.pods = 110;
         }
+        let label_map = at(&node, &["metadata", "labels"])
+            .and_then(Value::as_object)
+            .cloned();
+        let images = node_images(&node);
         NodeInfo {
             name: crate::snapshot::at(&node, &["metadata", "name"])
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string(),
             node,
+            label_map,
+            images,
             pods: Vec::new(),
             pod_meta: Vec::new(),
             allocatable: alloc,
@@ -280,7 +308,7 @@ impl NodeInfo {
     }
 
     pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {
-        crate::snapshot::at(&self.node, &["metadata", "labels"]).and_then(Value::as_object)
+        self.label_map.as_ref()
     }
 }
 

@@ -25,19 +25,7 @@ pub fn normalize(image: &str) -> String {
 }
 
 fn node_images(node: &NodeInfo) -> impl Iterator<Item = (String, i64)> + '_ {
-    at(&node.node, &["status", "images"])
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .flat_map(|img| {
-            let size = img.get("sizeBytes").and_then(Value::as_i64).unwrap_or(0);
-            img.get("names")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(move |n| (normalize(n), size))
-        })
+    node.images.iter().cloned()
 }
 
 fn pod_images(pod: &Value) -> Vec<String> {
@@ -122,12 +110,11 @@ mod tests {
     #[test]
     fn nodes_with_the_image_score_higher() {
         let with = {
-            let mut n = NodeBuilder::new("a").build();
+            let n = NodeBuilder::new("a").build();
             let mut v = n.node.as_ref().clone();
             v["status"]["images"] =
                 json!([{"names": ["docker.io/library/big:1", "big:1"], "sizeBytes": 800 * MB}]);
-            n.node = Arc::new(v);
-            n
+            NodeInfo::new(Arc::new(v))
         };
         let without = NodeBuilder::new("b").build();
         let mut pod = PodBuilder::new("p").build();
