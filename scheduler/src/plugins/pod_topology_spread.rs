@@ -54,10 +54,35 @@ fn selects(c: &Value, pod: &Value) -> bool {
     })
 }
 
+/// FNV-1a: the domain sets are rebuilt for every decision, and their short keys need no
+/// protection from collisions chosen by an attacker (they are node labels).
+#[derive(Default, Clone, Copy)]
+struct Fnv;
+
+struct FnvHasher(u64);
+
+impl std::hash::BuildHasher for Fnv {
+    type Hasher = FnvHasher;
+    fn build_hasher(&self) -> FnvHasher {
+        FnvHasher(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 /// Per constraint: matching pods per domain value, over the nodes the pod could go to.
 struct State {
     /// (constraint, matching pods per domain that has any, the smallest count of a domain).
-    constraints: Vec<(Value, HashMap<String, i64>, i64)>,
+    constraints: Vec<(Value, HashMap<String, i64, Fnv>, i64)>,
 }
 
 pub struct PodTopologySpread;
@@ -74,35 +99,56 @@ impl PreFilterPlugin for PodTopologySpread {
         let empty = CycleState::default();
         let constrained = crate::snapshot::at(pod, &["spec", "nodeSelector"]).is_some()
             || crate::snapshot::at(pod, &["spec", "affinity", "nodeAffinity"]).is_some();
-        let mut out = Vec::new();
-        for c in constraints(pod) {
-            let key = s(&c, "topologyKey");
-            let selector = Selector::new(c.get("labelSelector"));
-            let mut counts: HashMap<String, i64> = HashMap::new();
-            let mut domains: HashSet<&str> = HashSet::new();
-            for node in nodes {
-                // Domains of nodes the pod's node affinity rules out do not count (Honor).
-                if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
-                    continue;
+        let cs = constraints(pod);
+        // Constraints that share a selector (the defaults do) share one count per node.
+        let mut selectors: Vec<(Value, Selector)> = Vec::new();
+        let which: Vec<usize> = cs
+            .iter()
+            .map(|c| {
+                let sel = c.get("labelSelector").cloned().unwrap_or(Value::Null);
+                match selectors.iter().position(|(v, _)| *v == sel) {
+                    Some(i) => i,
+                    None => {
+                        let compiled = Selector::new(Some(&sel));
+                        selectors.push((sel, compiled));
+                        selectors.len() - 1
+                    }
                 }
-                let Some(v) = node
-                    .labels()
-                    .and_then(|l| l.get(key))
-                    .and_then(Value::as_str)
-                else {
-                    continue;
-                };
-                let n = node
+            })
+            .collect();
+        let keys: Vec<&str> = cs.iter().map(|c| s(c, "topologyKey")).collect();
+        let mut counts: Vec<HashMap<String, i64, Fnv>> = vec![HashMap::default(); cs.len()];
+        let mut domains: Vec<HashSet<&str, Fnv>> = vec![HashSet::default(); cs.len()];
+        let mut matched = vec![0i64; selectors.len()];
+        for node in nodes {
+            // Domains of nodes the pod's node affinity rules out do not count (Honor).
+            if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
+                continue;
+            }
+            let Some(labels) = node.labels() else {
+                continue;
+            };
+            for (k, (_, selector)) in selectors.iter().enumerate() {
+                matched[k] = node
                     .pods
                     .iter()
                     .zip(&node.pod_meta)
                     .filter(|(p, m)| m.namespace == ns && !m.deleting && selector.matches(m, p))
                     .count() as i64;
-                domains.insert(v);
+            }
+            for (i, key) in keys.iter().enumerate() {
+                let Some(v) = labels.get(*key).and_then(Value::as_str) else {
+                    continue;
+                };
+                domains[i].insert(v);
+                let n = matched[which[i]];
                 if n > 0 {
-                    *counts.entry(v.to_string()).or_default() += n;
+                    *counts[i].entry(v.to_string()).or_default() += n;
                 }
             }
+        }
+        let mut out = Vec::new();
+        for ((c, counts), domains) in cs.into_iter().zip(counts).zip(domains) {
             // A domain without matching pods makes the minimum zero.
             let min = if counts.len() < domains.len() {
                 0
