@@ -54,6 +54,9 @@ fn selects(c: &Value, pod: &Value) -> bool {
     })
 }
 
+/// Clusters at least this large are counted on two threads.
+const PARALLEL_FROM: usize = 1000;
+
 /// FNV-1a: the domain sets are rebuilt for every decision, and their short keys need no
 /// protection from collisions chosen by an attacker (they are node labels).
 #[derive(Default, Clone, Copy)]
@@ -92,7 +95,7 @@ impl PreFilterPlugin for PodTopologySpread {
         "PodTopologySpread"
     }
 
-    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
+    fn pre_filter<'a>(&self, pod: &Value, nodes: &'a [NodeInfo], state: &mut CycleState) {
         let ns = crate::snapshot::at(pod, &["metadata", "namespace"])
             .and_then(Value::as_str)
             .unwrap_or("");
@@ -117,36 +120,62 @@ impl PreFilterPlugin for PodTopologySpread {
             })
             .collect();
         let keys: Vec<&str> = cs.iter().map(|c| s(c, "topologyKey")).collect();
-        let mut counts: Vec<HashMap<String, i64, Fnv>> = vec![HashMap::default(); cs.len()];
-        let mut domains: Vec<HashSet<&str, Fnv>> = vec![HashSet::default(); cs.len()];
-        let mut matched = vec![0i64; selectors.len()];
-        for node in nodes {
-            // Domains of nodes the pod's node affinity rules out do not count (Honor).
-            if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
-                continue;
-            }
-            let Some(labels) = node.labels() else {
-                continue;
-            };
-            for (k, (_, selector)) in selectors.iter().enumerate() {
-                matched[k] = node
-                    .pods
-                    .iter()
-                    .zip(&node.pod_meta)
-                    .filter(|(p, m)| m.namespace == ns && !m.deleting && selector.matches(m, p))
-                    .count() as i64;
-            }
-            for (i, key) in keys.iter().enumerate() {
-                let Some(v) = labels.get(*key).and_then(Value::as_str) else {
+        // Counts over a run of nodes: (per constraint: matching pods per domain, the domains).
+        type Counts<'a> = (Vec<HashMap<String, i64, Fnv>>, Vec<HashSet<&'a str, Fnv>>);
+        let count = |chunk: &'a [NodeInfo]| -> Counts<'a> {
+            let mut counts: Vec<HashMap<String, i64, Fnv>> = vec![HashMap::default(); keys.len()];
+            let mut domains: Vec<HashSet<&str, Fnv>> = vec![HashSet::default(); keys.len()];
+            let mut matched = vec![0i64; selectors.len()];
+            for node in chunk {
+                // Domains of nodes the pod's node affinity rules out do not count (Honor).
+                if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
+                    continue;
+                }
+                let Some(labels) = node.labels() else {
                     continue;
                 };
-                domains[i].insert(v);
-                let n = matched[which[i]];
-                if n > 0 {
-                    *counts[i].entry(v.to_string()).or_default() += n;
+                for (k, (_, selector)) in selectors.iter().enumerate() {
+                    matched[k] = node
+                        .pods
+                        .iter()
+                        .zip(&node.pod_meta)
+                        .filter(|(p, m)| m.namespace == ns && !m.deleting && selector.matches(m, p))
+                        .count() as i64;
+                }
+                for (i, key) in keys.iter().enumerate() {
+                    let Some(v) = labels.get(*key).and_then(Value::as_str) else {
+                        continue;
+                    };
+                    domains[i].insert(v);
+                    let n = matched[which[i]];
+                    if n > 0 {
+                        *counts[i].entry(v.to_string()).or_default() += n;
+                    }
                 }
             }
-        }
+            (counts, domains)
+        };
+        // A large cluster is counted on two threads, as kube-scheduler parallelizes its work.
+        let (counts, domains) = if nodes.len() >= PARALLEL_FROM {
+            let (left, right) = nodes.split_at(nodes.len() / 2);
+            std::thread::scope(|scope| {
+                let other = scope.spawn(|| count(right));
+                let (mut counts, mut domains) = count(left);
+                if let Ok((c2, d2)) = other.join() {
+                    for (into, from) in counts.iter_mut().zip(c2) {
+                        for (k, v) in from {
+                            *into.entry(k).or_default() += v;
+                        }
+                    }
+                    for (into, from) in domains.iter_mut().zip(d2) {
+                        into.extend(from);
+                    }
+                }
+                (counts, domains)
+            })
+        } else {
+            count(nodes)
+        };
         let mut out = Vec::new();
         for ((c, counts), domains) in cs.into_iter().zip(counts).zip(domains) {
             // A domain without matching pods makes the minimum zero.
@@ -249,6 +278,35 @@ mod tests {
         assert!(PodTopologySpread.filter(&pod, &nodes[1], &st).is_success());
         let bare = NodeBuilder::new("c").build();
         assert!(!PodTopologySpread.filter(&pod, &bare, &st).is_success());
+    }
+
+    #[test]
+    fn large_clusters_count_the_same_on_two_threads() {
+        let mut nodes: Vec<NodeInfo> = (0..PARALLEL_FROM + 200)
+            .map(|i| {
+                let n = format!("n{i}");
+                NodeBuilder::new(&n)
+                    .label("kubernetes.io/hostname", &n)
+                    .build()
+            })
+            .collect();
+        // One matching pod on a node of each half.
+        nodes[3].add_pod(Arc::new(web("w1")));
+        nodes[PARALLEL_FROM + 100].add_pod(Arc::new(web("w2")));
+        let mut pod = web("w3");
+        pod["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app": "web"}}}]);
+        let mut st = CycleState::default();
+        PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
+        assert!(!PodTopologySpread.filter(&pod, &nodes[3], &st).is_success());
+        assert!(!PodTopologySpread
+            .filter(&pod, &nodes[PARALLEL_FROM + 100], &st)
+            .is_success());
+        assert!(PodTopologySpread.filter(&pod, &nodes[7], &st).is_success());
+        let state = st.get::<State>().expect("state");
+        assert_eq!(state.constraints[0].1.values().sum::<i64>(), 2);
+        assert_eq!(state.constraints[0].2, 0);
     }
 
     #[test]
