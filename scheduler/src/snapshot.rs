@@ -28,11 +28,18 @@ fn quantity(v: Option<&Value>) -> i128 {
     }
 }
 
+/// Quantities are bounded (2^50: a petabyte, a trillion cores) so that sums of them never
+/// overflow, whatever a pod or node says.
+const QUANTITY_BOUND: i128 = 1 << 50;
+
 fn from_list(list: Option<&Value>) -> Resources {
+    let get = |name: &str, scale: i128| {
+        (quantity(list.and_then(|l| l.get(name))) / scale).clamp(0, QUANTITY_BOUND) as i64
+    };
     Resources {
-        milli_cpu: (quantity(list.and_then(|l| l.get("cpu"))) / 1_000_000) as i64,
-        memory: (quantity(list.and_then(|l| l.get("memory"))) / 1_000_000_000) as i64,
-        pods: (quantity(list.and_then(|l| l.get("pods"))) / 1_000_000_000) as i64,
+        milli_cpu: get("cpu", 1_000_000),
+        memory: get("memory", 1_000_000_000),
+        pods: get("pods", 1_000_000_000),
     }
 }
 
@@ -337,6 +344,20 @@ pub fn build(nodes: &[Arc<Value>], pods: &[Arc<Value>]) -> Vec<NodeInfo> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn absurd_quantities_are_bounded() {
+        let pod = json!({"spec": {"containers": [
+            {"resources": {"requests": {"cpu": "9999999999999", "memory": "-5Gi"}}}]}});
+        let r = pod_requests(&pod);
+        assert_eq!(r.milli_cpu, 1 << 50);
+        assert_eq!(r.memory, 0);
+        let mut node = NodeInfo::new(Arc::new(json!({"metadata": {"name": "n"}})));
+        for _ in 0..1000 {
+            node.add_pod(Arc::new(pod.clone()));
+        }
+        assert!(node.requested.milli_cpu > 0);
+    }
 
     #[test]
     fn requests_add_containers_and_take_the_largest_init_container() {

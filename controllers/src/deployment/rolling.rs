@@ -8,10 +8,11 @@ pub fn resolve(value: &serde_json::Value, total: i64, round_up: bool) -> i64 {
         serde_json::Value::Number(n) => n.as_i64().unwrap_or(0).max(0),
         serde_json::Value::String(s) => match s.strip_suffix('%') {
             Some(p) => {
+                // Saturating: a value written by a user must not overflow the controller.
                 let p: i64 = p.trim().parse().unwrap_or(0);
-                let scaled = total * p;
+                let scaled = total.saturating_mul(p);
                 if round_up {
-                    (scaled + 99) / 100
+                    scaled.saturating_add(99) / 100
                 } else {
                     scaled / 100
                 }
@@ -41,12 +42,15 @@ pub fn surge_and_unavailable(
 /// The new ReplicaSet's next size: grow towards `replicas` while all ReplicaSets together stay
 /// within replicas + maxSurge.
 pub fn new_rs_replicas(replicas: i64, max_surge: i64, all_pods: i64, new_rs: i64) -> i64 {
-    let max_total = replicas + max_surge;
+    let max_total = replicas.saturating_add(max_surge);
     if all_pods >= max_total {
         return new_rs;
     }
-    let up = (max_total - all_pods).min(replicas - new_rs).max(0);
-    new_rs + up
+    let up = max_total
+        .saturating_sub(all_pods)
+        .min(replicas.saturating_sub(new_rs))
+        .max(0);
+    new_rs.saturating_add(up)
 }
 
 /// How many old pods may go now: all pods minus the minimum available, minus the new
@@ -84,6 +88,9 @@ mod tests {
         );
         assert_eq!(surge_and_unavailable(&json!(0), &json!(0), 10), (0, 1));
         assert_eq!(surge_and_unavailable(&json!(2), &json!("50%"), 5), (2, 2));
+        // Absurd values saturate instead of overflowing.
+        let huge = json!(format!("{}%", i64::MAX));
+        assert!(surge_and_unavailable(&huge, &huge, 10).0 > 0);
     }
 
     #[test]

@@ -91,10 +91,10 @@ impl ScorePlugin for ImageLocality {
             .filter_map(|img| {
                 let size = sizes.get(img)?;
                 let with = spread.nodes_with.get(img).copied().unwrap_or(0);
-                Some(size * with / spread.total)
+                Some(size.saturating_mul(with) / spread.total)
             })
-            .sum();
-        let max = MAX_CONTAINER_THRESHOLD * wanted.len() as i64;
+            .fold(0i64, |a, b| a.saturating_add(b));
+        let max = MAX_CONTAINER_THRESHOLD.saturating_mul(wanted.len() as i64);
         let clamped = sum.clamp(MIN_THRESHOLD, max);
         MAX_SCORE * (clamped - MIN_THRESHOLD) / (max - MIN_THRESHOLD)
     }

@@ -72,7 +72,7 @@ fn free_share(allocatable: i64, requested: i64) -> i64 {
     if allocatable <= 0 || requested > allocatable {
         0
     } else {
-        (allocatable - requested) * MAX_SCORE / allocatable
+        (allocatable - requested).saturating_mul(MAX_SCORE) / allocatable
     }
 }
 
