@@ -656,3 +656,66 @@ async fn a_paused_and_deposed_leader_writes_nothing() {
     .await;
     assert_eq!(count(k.clone(), ctx.clone()).await, Some(12));
 }
+
+/// The leader killed while a Deployment scales up: the new leader's controllers finish it, and
+/// at no observed moment are there more pods than replicas + maxSurge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_scaling_through_a_leader_kill_never_overshoots() {
+    let (c, k) = cluster_tests::kubectl::api_cluster().await;
+    let leader = c.wait_leader().await;
+    let other = (leader + 1) % 3;
+    let ctx = format!("--context=rkube-n{}", other + 1);
+    k.run(&[
+        "create",
+        "deployment",
+        "grow",
+        &ctx,
+        "--image=nginx",
+        "--replicas=2",
+    ])
+    .await
+    .ok();
+    let pods = |k: Kubectl, ctx: String| async move {
+        let out = k
+            .run(&["get", "pods", &ctx, "-l", "app=grow", "-o", "name"])
+            .await;
+        out.success.then(|| out.stdout.lines().count())
+    };
+    wait_for("two pods", BOUND, || async {
+        (pods(k.clone(), ctx.clone()).await == Some(2)).then_some(())
+    })
+    .await;
+    k.run(&["scale", &ctx, "deployment/grow", "--replicas=30"])
+        .await
+        .ok();
+    c.kill(leader).await;
+    c.wait_new_leader(leader).await;
+    // maxSurge is 25% of 30, rounded up.
+    let ceiling = 30 + 8;
+    wait_for("30 pods", BOUND, || async {
+        let n = pods(k.clone(), ctx.clone()).await?;
+        assert!(n <= ceiling, "{n} pods: more than replicas + maxSurge");
+        (n == 30).then_some(())
+    })
+    .await;
+    wait_for("the Deployment's status at 30", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "deploy",
+                "grow",
+                &ctx,
+                "-o",
+                "jsonpath={.status.replicas}",
+            ])
+            .await;
+        (out.stdout == "30").then_some(())
+    })
+    .await;
+    assert_eq!(pods(k.clone(), ctx.clone()).await, Some(30));
+    let sets = k
+        .run(&["get", "rs", &ctx, "-l", "app=grow", "-o", "name"])
+        .await
+        .ok();
+    assert_eq!(sets.lines().count(), 1, "one ReplicaSet: {sets}");
+}
