@@ -80,7 +80,35 @@ impl crate::handler::Api {
             })
             .filter(|t| !t.is_empty())
             .ok_or_else(unauthorized)?;
+        if let Some((id, secret)) = crate::bootstrap_token::parse(token) {
+            return self.authenticate_bootstrap_token(id, secret).await;
+        }
         self.authenticate_token(token).await
+    }
+
+    /// The user a bootstrap token authenticates as, read from its Secret (a quorum read when
+    /// the local state does not have it: a token created a moment ago elsewhere works at once).
+    async fn authenticate_bootstrap_token(&self, id: &str, secret: &str) -> Result<User, ApiError> {
+        let res = crate::resources::find("", "v1", "secrets")
+            .ok_or_else(|| ApiError::internal("secrets are served"))?;
+        let key = res.key(
+            Some("kube-system"),
+            &format!("{}{id}", crate::bootstrap_token::SECRET_PREFIX),
+        );
+        let stored = match self.store.get(&key, Freshness::Any).await? {
+            Some(s) => Some(s),
+            None => self.store.get(&key, Freshness::Latest).await?,
+        };
+        let Some(stored) = stored else {
+            tracing::debug!(id, "bootstrap token refused: no such token");
+            return Err(unauthorized());
+        };
+        crate::bootstrap_token::check(&stored.object, id, secret, chrono::Utc::now()).map_err(
+            |why| {
+                tracing::debug!(id, why, "bootstrap token refused");
+                unauthorized()
+            },
+        )
     }
 
     /// The user a service account token authenticates as: signed by this cluster, for the API

@@ -207,18 +207,27 @@ impl Api {
                     .into_iter()
                     .map(|o| (bindings, o)),
             );
-        for (res, object) in wanted {
+        let namespaced = crate::rbac::policy::namespaced()
+            .into_iter()
+            .filter_map(|(plural, o)| {
+                resources::find("rbac.authorization.k8s.io", "v1", plural).map(|r| (r, o))
+            });
+        for (res, object) in wanted.chain(namespaced) {
             let name = object
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
                 .unwrap_or("");
+            let ns = object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             if self
                 .store
-                .get(&res.key(None, name), Freshness::Any)
+                .get(&res.key(ns.as_deref(), name), Freshness::Any)
                 .await?
                 .is_none()
             {
-                self.create_if_missing(Target::new(res, None, None), object)
+                self.create_if_missing(Target::new(res, ns, None), object)
                     .await?;
             }
         }

@@ -80,7 +80,7 @@ fn error_response(e: &ApiError) -> Resp {
     r
 }
 
-fn now() -> String {
+pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
@@ -404,10 +404,9 @@ impl Api {
             ["version"] => return Ok(json_response(200, &version())),
             _ => {}
         }
+        // An anonymous request goes on to authorization, as in Kubernetes: RBAC lets
+        // system:unauthenticated reach the public paths and the cluster-info ConfigMap only.
         let user = self.authenticate(user, req.headers()).await?;
-        if user.is_anonymous() {
-            return Err(ApiError::new(401, "Unauthorized", "Unauthorized"));
-        }
         let user = &self.impersonate(user, req.headers())?;
         let q = Query::parse(req.uri().query());
         match segs.as_slice() {
@@ -465,16 +464,38 @@ impl Api {
             }
             ["api", "v1", rest @ ..] => {
                 let t = parse_target("", "v1", rest)?;
-                self.check(user, &t.attributes(req.method(), &q))?;
+                self.authorize_resource(user, &t.attributes(req.method(), &q))
+                    .await?;
                 self.resource(user, t, req, &accept).await
             }
             ["apis", g, v, rest @ ..] => {
                 let t = parse_target(g, v, rest)?;
-                self.check(user, &t.attributes(req.method(), &q))?;
+                self.authorize_resource(user, &t.attributes(req.method(), &q))
+                    .await?;
                 self.resource(user, t, req, &accept).await
             }
             _ => Err(not_found_path()),
         }
+    }
+
+    /// Authorization of a resource request: RBAC, then, for a node's agent, the Node
+    /// authorizer (its fixed rules, then the objects its pods use).
+    async fn authorize_resource(&self, user: &User, a: &Attributes) -> Result<(), ApiError> {
+        if self.authz.authorize(user, a).allowed {
+            return Ok(());
+        }
+        if let Some(node) = crate::node_authz::node_of(user) {
+            if crate::node_authz::static_allows(a) || self.node_graph_allows(node, a).await? {
+                return Ok(());
+            }
+            let mut e = a.forbidden(user);
+            e.message = format!(
+                "{}: no relationship found between node '{node}' and this object",
+                e.message
+            );
+            return Err(e);
+        }
+        Err(a.forbidden(user))
     }
 
     /// Authorization: a 403 in Kubernetes' words unless RBAC allows the request.
@@ -507,6 +528,14 @@ impl Api {
             .unwrap_or("")
             .to_string();
         let body = read_body(req).await?;
+        if let Some(node) = crate::node_authz::node_of(user) {
+            let body_name = (method == Method::POST)
+                .then(|| decode_body(&body, &content_type).ok())
+                .flatten()
+                .and_then(|o| meta_str(&o, "name").map(str::to_string));
+            self.node_restriction(node, &t.attributes(&method, &q), body_name.as_deref())
+                .await?;
+        }
         // events.k8s.io/v1 Events are core Events in the store, converted at this boundary.
         let events_view = t.res.group == "events.k8s.io" && t.res.kind == "Event";
         let (t, body, content_type, q) = if events_view {
@@ -567,7 +596,11 @@ impl Api {
             }
             (Method::POST, false, None) => {
                 verb_allowed("create")?;
-                let object = decode_body(&body, &content_type)?;
+                let mut object = decode_body(&body, &content_type)?;
+                if t.res.group == "certificates.k8s.io" {
+                    crate::certificates::stamp(user, &mut object);
+                    crate::certificates::validate(&object)?;
+                }
                 self.create(&t, &q, object).await
             }
             (Method::POST, true, Some("binding")) => {
@@ -997,7 +1030,11 @@ impl Api {
         Ok(())
     }
 
-    async fn namespace_objects(&self, plural: &str, ns: &str) -> Result<Vec<Value>, ApiError> {
+    pub(crate) async fn namespace_objects(
+        &self,
+        plural: &str,
+        ns: &str,
+    ) -> Result<Vec<Value>, ApiError> {
         let res = resources::find("", "v1", plural).expect("a served core resource");
         let prefix = res.prefix(Some(ns));
         let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());

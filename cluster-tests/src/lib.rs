@@ -99,6 +99,8 @@ pub struct Options {
     /// Serve the Kubernetes API too; store scenarios run the store alone (`--store-only`), so
     /// that the API's own objects do not show up in their keys and revisions.
     pub kubernetes_api: bool,
+    /// Node agents `rkube up` starts (simulated runtime); 0 for tests that make their own nodes.
+    pub agents: usize,
 }
 
 impl Default for Options {
@@ -111,6 +113,7 @@ impl Default for Options {
             restore: None,
             up_args: Vec::new(),
             kubernetes_api: false,
+            agents: 0,
         }
     }
 }
@@ -225,6 +228,7 @@ impl Cluster {
                 "--heartbeat-interval",
                 "100",
             ])
+            .args(["--agents", &opts.agents.to_string()])
             .args(&opts.up_args)
             .args((!opts.kubernetes_api).then_some("--store-only"))
             .stdin(Stdio::null())

@@ -12,6 +12,7 @@
 // hot.
 #![allow(clippy::result_large_err)]
 
+pub mod certificates;
 pub mod compaction;
 pub mod deployment;
 pub mod endpoints;

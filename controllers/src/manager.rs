@@ -32,8 +32,10 @@ impl ControllerManager {
 }
 
 /// What the controllers are tuned with (kube-controller-manager's flags).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Settings {
+    /// The CSR approver and signer and the bootstrap signer, when this member has the CA key.
+    pub certificates: Option<crate::certificates::Settings>,
     pub node_lifecycle: crate::nodelifecycle::Settings,
     /// How often the leader compacts the store's history (kube-apiserver's
     /// --etcd-compaction-interval, 5 minutes; zero: never).
@@ -75,7 +77,7 @@ pub fn start(
                 let t = node.term();
                 tracing::info!(term = t, "leading: starting the controllers");
                 // Everything this term's controllers write is fenced to the term.
-                let stop = start_term(&node, &client.fenced(t), settings, &hooks, t);
+                let stop = start_term(&node, &client.fenced(t), settings.clone(), &hooks, t);
                 term = Some((t, stop));
             }
         }
@@ -97,6 +99,7 @@ impl Default for Settings {
         Settings {
             node_lifecycle: Default::default(),
             compaction_interval: Duration::from_secs(300),
+            certificates: None,
         }
     }
 }
@@ -166,6 +169,21 @@ fn start_term(
         .map(|(folder, _, _)| inf.of(folder))
         .collect();
     let collector = crate::garbagecollector::Collector::new(followed, client.clone());
+    if let Some(certs) = settings.certificates.clone() {
+        crate::certificates::CsrController::new(
+            inf.of("/registry/certificatesigningrequests/"),
+            client.clone(),
+            certs.clone(),
+        )
+        .run(rx.clone());
+        crate::certificates::BootstrapController::new(
+            inf.of("/registry/secrets/"),
+            inf.of("/registry/configmaps/"),
+            client.clone(),
+            certs,
+        )
+        .run(rx.clone());
+    }
     for hook in hooks {
         hook(&mut inf, client, rx.clone());
     }

@@ -8,6 +8,7 @@ mod kv;
 mod member;
 mod snapshot;
 mod status;
+mod token;
 mod up;
 
 use std::net::SocketAddr;
@@ -74,6 +75,16 @@ enum Command {
         #[command(subcommand)]
         command: snapshot::SnapshotCommand,
     },
+    /// Run a node agent (rkube's kubelet): join with a bootstrap token, register the node,
+    /// run the pods bound to it.
+    Agent(Box<AgentArgs>),
+    /// Create, list and delete bootstrap tokens.
+    Token {
+        #[command(flatten)]
+        args: token::TokenArgs,
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
     /// Benchmarks against a running cluster.
     Bench {
         #[command(flatten)]
@@ -81,6 +92,96 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// API server URL(s), comma-separated (https://host:port); the agent fails over between
+    /// them.
+    #[arg(long, value_delimiter = ',', required = true)]
+    server: Vec<String>,
+    /// Bootstrap token to join with (not needed once the node has its certificate).
+    #[arg(long, env = "RKUBE_JOIN_TOKEN")]
+    token: Option<String>,
+    /// sha256:<hex> of the cluster CA's public key, as `rkube server --init` and
+    /// `rkube token create --print-join-command` print it.
+    #[arg(long)]
+    discovery_token_ca_cert_hash: Option<String>,
+    /// Where the agent keeps its certificate and state.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The node's name (default: the host name); with --nodes N, the prefix of <name>-<i>.
+    #[arg(long)]
+    name: Option<String>,
+    /// Simulated runtime: no processes; containers run after --sim-start-delay and stay so.
+    #[arg(long)]
+    sim: bool,
+    /// Simulated nodes this process runs (with --sim).
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// The node's address, reported as its InternalIP and used as pods' hostIP.
+    #[arg(long, default_value = "127.0.0.1")]
+    node_ip: String,
+    /// The node's pod CIDR (with --nodes N, split into one /24 per node).
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    #[arg(long, default_value = "4")]
+    cpu: String,
+    #[arg(long, default_value = "8Gi")]
+    memory: String,
+    #[arg(long, default_value_t = 110)]
+    max_pods: u32,
+    /// Label the node control-plane and taint it NoSchedule (an agent beside a server).
+    #[arg(long)]
+    control_plane: bool,
+    /// How often the node's Lease is renewed.
+    #[arg(long, default_value = "10s", value_parser = flags::parse_duration)]
+    lease_interval: Duration,
+    /// The Node's status is written when it changes and at least this often.
+    #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
+    status_report_interval: Duration,
+    /// How long joining keeps trying while the servers are not ready or the token is not
+    /// (yet) known to them.
+    #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
+    discovery_timeout: Duration,
+    /// With --sim: how long a pod takes to start.
+    #[arg(long, default_value = "0s", value_parser = flags::parse_duration)]
+    sim_start_delay: Duration,
+}
+
+async fn run_agent(a: AgentArgs) -> Result<()> {
+    if !a.sim {
+        anyhow::bail!("only the simulated runtime exists yet: pass --sim (the containerd runtime is not built)");
+    }
+    let name = match a.name {
+        Some(n) => n,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_lowercase())
+            .unwrap_or_else(|_| "node".into()),
+    };
+    rkube_agent::run(rkube_agent::AgentConfig {
+        servers: a.server,
+        token: a.token,
+        ca_cert_hash: a.discovery_token_ca_cert_hash,
+        dir: a.dir,
+        name: name.clone(),
+        nodes: a.nodes,
+        discovery_timeout: a.discovery_timeout,
+        node: rkube_agent::NodeConfig {
+            name,
+            node_ip: a.node_ip,
+            pod_cidr: a.pod_cidr,
+            cpu: a.cpu,
+            memory: a.memory,
+            max_pods: a.max_pods,
+            control_plane: a.control_plane,
+            runtime_version: "sim://0.1.0".into(),
+            lease_interval: a.lease_interval.max(Duration::from_millis(100)),
+            status_report_interval: a.status_report_interval,
+            sim_start_delay: a.sim_start_delay,
+        },
+    })
+    .await
 }
 
 #[derive(Debug, clap::Args)]
@@ -119,6 +220,14 @@ struct ServerArgs {
     /// interval of it for watch resumes (0: never).
     #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
     compaction_interval: Duration,
+    /// How long the certificates the cluster CA signs for nodes last (kube-controller-manager's
+    /// --cluster-signing-duration); agents renew theirs when 80% of it has passed.
+    #[arg(long, default_value = "8760h", value_parser = flags::parse_duration)]
+    cluster_signing_duration: Duration,
+    /// The API address written into kube-public/cluster-info for joining nodes (default:
+    /// https://<--listen-api>).
+    #[arg(long)]
+    advertise_api_url: Option<String>,
     /// The ECDSA key that signs and verifies service account tokens; every control-plane
     /// member needs the same one (default: sa.key in the --pki directory).
     #[arg(long)]
@@ -218,6 +327,28 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
     })
 }
 
+/// The CSR and bootstrap signers' settings, when this member has the cluster CA's key.
+fn certificate_settings(
+    args: &ServerArgs,
+) -> Result<Option<rkube_controllers::certificates::Settings>> {
+    let key = args.pki.join(rkube_store::pki::CA_KEY_FILE);
+    let (Some(listen), true) = (args.listen_api, key.exists()) else {
+        return Ok(None);
+    };
+    let ca_pem = std::fs::read_to_string(args.pki.join(rkube_store::pki::CA_CERT_FILE))
+        .context("reading the cluster CA certificate")?;
+    let server_url = args
+        .advertise_api_url
+        .clone()
+        .unwrap_or_else(|| format!("https://{listen}"));
+    Ok(Some(rkube_controllers::certificates::Settings {
+        signer: std::sync::Arc::new(rkube_store::pki::CsrSigner::load(&args.pki)?),
+        ca_pem,
+        server_url,
+        signing_duration: args.cluster_signing_duration.max(Duration::from_secs(60)),
+    }))
+}
+
 async fn run_server(args: ServerArgs) -> Result<()> {
     let listen_api = args.listen_api;
     let service_net = args.service_cluster_ip_range;
@@ -232,6 +363,7 @@ async fn run_server(args: ServerArgs) -> Result<()> {
             eviction_rate: args.node_eviction_rate.max(0.0),
         },
         compaction_interval: args.compaction_interval,
+        certificates: certificate_settings(&args)?,
     };
     let cfg = server_config(args)?;
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
@@ -313,6 +445,8 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Server(args) => run_server(*args).await,
         Command::Up(args) => up::up(args).await,
+        Command::Agent(args) => run_agent(*args).await,
+        Command::Token { args, command } => token::run(args, command).await,
         Command::Down(args) => up::down(args).await,
         Command::Kv { cluster, command } => {
             let ch = cluster.resolve()?.connect().await?;

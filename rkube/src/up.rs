@@ -82,6 +82,16 @@ pub struct UpArgs {
     /// How often the leader compacts the store's history (default 5m; 0: never).
     #[arg(long, value_parser = crate::flags::parse_duration)]
     pub compaction_interval: Option<Duration>,
+    /// Node agents to run (for a new DIR), each joined with a bootstrap token as a worker.
+    #[arg(long, default_value_t = 2)]
+    pub agents: usize,
+    /// The agents' container runtime: sim (kwok-style simulated pods). The containerd (cri)
+    /// runtime is not built yet.
+    #[arg(long, default_value = "sim")]
+    pub runtime: String,
+    /// More flags for every agent (e.g. --agent-args=--lease-interval=1s).
+    #[arg(long = "agent-args", allow_hyphen_values = true)]
+    pub agent_args: Vec<String>,
 }
 
 /// etcd's default space quota.
@@ -116,6 +126,11 @@ pub struct LocalCluster {
     /// every server.
     #[serde(default)]
     pub controller_flags: Vec<String>,
+    /// Node agents (`agent1`, `agent2`...), started after the servers.
+    #[serde(default)]
+    pub agents: usize,
+    #[serde(default)]
+    pub agent_flags: Vec<String>,
 }
 
 fn default_retain() -> usize {
@@ -292,6 +307,8 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         snapshot_dir: None,
         store_only: args.store_only,
         controller_flags: Vec::new(),
+        agents: if args.store_only { 0 } else { args.agents },
+        agent_flags: args.agent_args.clone(),
     })
 }
 
@@ -458,6 +475,12 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
 }
 
 pub async fn up(args: UpArgs) -> Result<()> {
+    if args.runtime != "sim" {
+        bail!(
+            "--runtime {}: only the simulated runtime (sim) exists yet; the containerd (cri) runtime is not built",
+            args.runtime
+        );
+    }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let (mut cluster, fresh) = match LocalCluster::load(&args.dir) {
@@ -563,6 +586,9 @@ pub async fn up(args: UpArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     print_table(&rows);
+    if cluster.agents > 0 {
+        start_agents(&args.dir, &cluster).await?;
+    }
     println!(
         "\nsource {}/env to use kubectl, etcdctl or `rkube kv` without flags",
         args.dir.display()
@@ -612,7 +638,15 @@ pub async fn down(args: DownArgs) -> Result<()> {
 
 async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let mut pids = Vec::new();
-    for m in &cluster.members {
+    let agents = (1..=cluster.agents).map(agent_name);
+    for name in agents.chain(cluster.members.iter().map(|m| m.name.clone())) {
+        let m = LocalMember {
+            name,
+            client: String::new(),
+            peer: String::new(),
+            metrics: String::new(),
+            api: String::new(),
+        };
         if let Some(pid) = running_pid(dir, &m.name) {
             unsafe { libc::kill(pid, libc::SIGTERM) };
             pids.push((m.name.clone(), pid));
@@ -632,6 +666,100 @@ async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
         println!("stopped {name} (pid {pid})");
     }
     Ok(())
+}
+
+fn agent_name(i: usize) -> String {
+    format!("agent{i}")
+}
+
+/// Starts the agents that are not running; an agent without a certificate yet joins with a
+/// fresh bootstrap token (valid for an hour), as a worker on a real cluster would.
+async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    let abs = std::fs::canonicalize(dir)?;
+    let servers: Vec<String> = cluster
+        .members
+        .iter()
+        .map(|m| format!("https://{}", m.api_addr()))
+        .collect();
+    let ca_hash =
+        rkube_store::pki::ca_spki_sha256(&std::fs::read(abs.join("pki").join("ca.crt"))?)?;
+    let mut token = None;
+    for i in 1..=cluster.agents {
+        let name = agent_name(i);
+        if let Some(pid) = running_pid(dir, &name) {
+            println!("{name} is already running (pid {pid})");
+            continue;
+        }
+        let agent_dir = abs.join("agents").join(&name);
+        if !agent_dir.join("kubelet-client-current.pem").exists() && token.is_none() {
+            token = Some(join_token(dir).await?);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.log")))?;
+        let exe = std::env::current_exe().context("cannot find the rkube executable")?;
+        let mut command = std::process::Command::new(exe);
+        command
+            .arg("agent")
+            .arg("--sim")
+            .args(["--server", &servers.join(",")])
+            .args(["--discovery-token-ca-cert-hash", &ca_hash])
+            .arg("--dir")
+            .arg(&agent_dir)
+            .args(["--name", &name])
+            .args(["--pod-cidr", &format!("10.244.{i}.0/24")])
+            .args(&cluster.agent_flags);
+        if let Some(t) = &token {
+            command.env("RKUBE_JOIN_TOKEN", t);
+        }
+        use std::os::unix::process::CommandExt;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start {name}"))?;
+        let pid = child.id() as i32;
+        std::fs::write(pid_path(dir, &name), pid.to_string())?;
+        println!(
+            "started {name} (pid {pid}, simulated runtime: the containerd runtime is not built yet), log {}",
+            dir.join(format!("{name}.log")).display()
+        );
+    }
+    Ok(())
+}
+
+/// A bootstrap token for the local agents, made through the API with the admin's kubeconfig
+/// once the API answers.
+async fn join_token(dir: &Path) -> Result<String> {
+    let args = crate::token::TokenArgs {
+        kubeconfig: Some(dir.join(KUBECONFIG_FILE)),
+        dir: Some(dir.to_path_buf()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = async {
+            let (client, _) = crate::token::admin_client(&args).await?;
+            crate::token::create(
+                client,
+                None,
+                Duration::from_secs(3600),
+                "signing,authentication",
+                "system:bootstrappers:kubeadm:default-node-token",
+                "rkube up: joins the local agents",
+            )
+            .await
+        };
+        match attempt.await {
+            Ok(t) => return Ok(t),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e.context("creating a bootstrap token for the agents"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
 }
 
 /// Collects an exited child so it does not linger as a zombie (only our own children).

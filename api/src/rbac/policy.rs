@@ -365,6 +365,33 @@ pub fn cluster_roles() -> Vec<Value> {
             )],
         ),
         cluster_role(
+            "system:node-bootstrapper",
+            &[],
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests"],
+                &["create", "get", "list", "watch"],
+            )],
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            &[],
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests/nodeclient"],
+                &["create"],
+            )],
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            &[],
+            vec![rule(
+                &["certificates.k8s.io"],
+                &["certificatesigningrequests/selfnodeclient"],
+                &["create"],
+            )],
+        ),
+        cluster_role(
             "system:auth-delegator",
             &[],
             vec![
@@ -422,6 +449,48 @@ pub fn cluster_role_bindings() -> Vec<Value> {
             "system:monitoring",
             "system:monitoring",
             &[("Group", "system:monitoring")],
+        ),
+        // What kubeadm binds so that bootstrap tokens join nodes and nodes renew their
+        // certificates.
+        binding(
+            "kubeadm:kubelet-bootstrap",
+            "system:node-bootstrapper",
+            &[("Group", "system:bootstrappers")],
+        ),
+        binding(
+            "kubeadm:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            &[("Group", "system:bootstrappers")],
+        ),
+        binding(
+            "kubeadm:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            &[("Group", "system:nodes")],
+        ),
+    ]
+}
+
+/// The default namespaced roles and their bindings: anonymous users may read
+/// `kube-public/cluster-info`, the CA a joining node checks against its pin.
+pub fn namespaced() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "roles",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": "kubeadm:bootstrap-signer-clusterinfo",
+                                "namespace": "kube-public"},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["cluster-info"], "verbs": ["get"]}]}),
+        ),
+        (
+            "rolebindings",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": "kubeadm:bootstrap-signer-clusterinfo",
+                                "namespace": "kube-public"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": "kubeadm:bootstrap-signer-clusterinfo"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                 "name": "system:anonymous"}]}),
         ),
     ]
 }

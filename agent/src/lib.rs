@@ -1,0 +1,148 @@
+//! `rkube agent`: rkube's kubelet. A separate process that reaches the control plane over
+//! HTTPS only: it joins with a bootstrap token ([`join`]), registers its Node and heartbeats
+//! its Lease ([`node`]), and runs the pods bound to it ([`pods`]).
+//!
+//! Runtimes: `sim` (kwok-style: no processes; containers are Running after a delay and stay
+//! so), with which one process can simulate many nodes (`--nodes N`). The containerd (CRI)
+//! runtime is not built yet.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+pub mod join;
+pub mod node;
+pub mod pods;
+
+/// The Kubernetes version the agent reports as its kubelet's.
+pub const KUBELET_VERSION: &str = "v1.32.0";
+
+/// One node's settings.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub name: String,
+    pub node_ip: String,
+    pub pod_cidr: Option<String>,
+    pub cpu: String,
+    pub memory: String,
+    pub max_pods: u32,
+    pub control_plane: bool,
+    pub runtime_version: String,
+    pub lease_interval: Duration,
+    pub status_report_interval: Duration,
+    pub sim_start_delay: Duration,
+}
+
+/// What `rkube agent` was asked to run.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub servers: Vec<String>,
+    pub token: Option<String>,
+    pub ca_cert_hash: Option<String>,
+    pub dir: PathBuf,
+    /// The node's name; with `nodes` > 1, the prefix of `<name>-<i>`.
+    pub name: String,
+    pub nodes: u32,
+    pub node: NodeConfig,
+    /// How long discovery keeps trying a server that is not ready or has not signed the token.
+    pub discovery_timeout: Duration,
+}
+
+/// The pod CIDR of the `i`-th of `n` nodes: `cidr` itself for one node, else its `i`-th /24.
+pub fn pod_cidr_of(cidr: &str, i: u32, n: u32) -> Result<String> {
+    if n <= 1 {
+        return Ok(cidr.to_string());
+    }
+    let (addr, len) = cidr
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("--pod-cidr {cidr:?} is not a CIDR"))?;
+    let addr: std::net::Ipv4Addr = addr.parse()?;
+    let len: u32 = len.parse()?;
+    if len > 24 || (n as u64) > (1u64 << (24 - len)) {
+        bail!("--pod-cidr {cidr} cannot give {n} nodes a /24 each");
+    }
+    let base = u32::from(addr) & !((1u32 << (32 - len)) - 1);
+    Ok(format!("{}/24", std::net::Ipv4Addr::from(base + (i << 8))))
+}
+
+/// Joins and runs every node until the process is stopped.
+pub async fn run(cfg: AgentConfig) -> Result<()> {
+    if cfg.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let names: Vec<String> = if cfg.nodes == 1 {
+        vec![cfg.name.clone()]
+    } else {
+        (0..cfg.nodes)
+            .map(|i| format!("{}-{i}", cfg.name))
+            .collect()
+    };
+    let mut joins = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let mut node = cfg.node.clone();
+        node.name = name.clone();
+        node.pod_cidr = match &cfg.node.pod_cidr {
+            Some(c) => Some(pod_cidr_of(c, i as u32, cfg.nodes)?),
+            None => None,
+        };
+        let cfg = cfg.clone();
+        joins.push(tokio::spawn(async move {
+            let dir = if cfg.nodes == 1 {
+                cfg.dir.clone()
+            } else {
+                cfg.dir.join(&node.name)
+            };
+            let clients = join::Clients::join(
+                cfg.servers.clone(),
+                cfg.token.as_deref(),
+                cfg.ca_cert_hash.as_deref(),
+                &dir,
+                &node.name,
+                cfg.discovery_timeout,
+            )
+            .await?;
+            let node = Arc::new(node);
+            tokio::spawn(clients.clone().rotate_forever());
+            tokio::spawn(node::run(clients.clone(), node.clone()));
+            tokio::spawn(pods::run(clients, node));
+            anyhow::Ok(())
+        }));
+        // Many simulated nodes join a few at a time rather than all at once.
+        if joins.len() % 16 == 0 {
+            for j in joins.drain(..) {
+                j.await??;
+            }
+        }
+    }
+    for j in joins {
+        j.await??;
+    }
+    tracing::info!(nodes = names.len(), "agent running");
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = sigint.recv() => {}
+        _ = sigterm.recv() => {}
+    }
+    tracing::info!("agent stopping");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_nodes_get_a_slash_24_each() {
+        assert_eq!(pod_cidr_of("10.244.0.0/16", 0, 1).unwrap(), "10.244.0.0/16");
+        assert_eq!(pod_cidr_of("10.244.0.0/16", 0, 3).unwrap(), "10.244.0.0/24");
+        assert_eq!(pod_cidr_of("10.244.0.0/16", 2, 3).unwrap(), "10.244.2.0/24");
+        assert_eq!(
+            pod_cidr_of("10.0.0.0/15", 300, 500).unwrap(),
+            "10.1.44.0/24"
+        );
+        assert!(pod_cidr_of("10.244.0.0/24", 0, 2).is_err());
+    }
+}

@@ -1,0 +1,408 @@
+//! The pods bound to a node: a list and watch with `fieldSelector=spec.nodeName=<node>`, and a
+//! worker per pod that drives it to its spec through the runtime and writes the status the
+//! way the kubelet reports it. A pod being deleted has its containers stopped (a `Killing`
+//! event each) and is then removed for good with a zero grace period.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::join::Clients;
+use crate::NodeConfig;
+
+fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn s<'a>(v: &'a Value, p: &str) -> &'a str {
+    v.pointer(p).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Pod addresses from the node's pod CIDR (an IPv4 /24 or larger): .1 is the node's bridge,
+/// pods get .2 upwards, and an address comes back when its pod goes.
+pub struct Ipam {
+    base: u32,
+    size: u32,
+    used: Mutex<BTreeMap<u32, String>>,
+}
+
+impl Ipam {
+    pub fn new(cidr: &str) -> Option<Ipam> {
+        let (addr, len) = cidr.split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        let len: u32 = len.parse().ok()?;
+        if !(8..=30).contains(&len) {
+            return None;
+        }
+        let size = 1u32 << (32 - len);
+        Some(Ipam {
+            base: u32::from(addr) & !(size - 1),
+            size,
+            used: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The address of `owner` (the same one again if it already has one).
+    pub fn allocate(&self, owner: &str) -> Option<Ipv4Addr> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((ip, _)) = used.iter().find(|(_, o)| *o == owner) {
+            return Some(Ipv4Addr::from(self.base + ip));
+        }
+        let free = (2..self.size - 1).find(|i| !used.contains_key(i))?;
+        used.insert(free, owner.to_string());
+        Some(Ipv4Addr::from(self.base + free))
+    }
+
+    /// Records an address a pod already reports (after an agent restart).
+    pub fn adopt(&self, owner: &str, ip: &str) {
+        if let Ok(ip) = ip.parse::<Ipv4Addr>() {
+            let i = u32::from(ip).wrapping_sub(self.base);
+            if i < self.size {
+                self.used
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(i, owner.to_string());
+            }
+        }
+    }
+
+    pub fn release(&self, owner: &str) {
+        self.used
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, o| o != owner);
+    }
+}
+
+/// What one node's pod workers share.
+struct Shared {
+    clients: Arc<Clients>,
+    cfg: Arc<NodeConfig>,
+    ipam: Option<Ipam>,
+}
+
+/// Watches the node's pods and keeps a worker per pod, until the process ends.
+pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
+    let ipam = cfg.pod_cidr.as_deref().and_then(Ipam::new);
+    let shared = Arc::new(Shared { clients, cfg, ipam });
+    let mut workers: HashMap<String, mpsc::UnboundedSender<Value>> = HashMap::new();
+    let selector = format!("spec.nodeName={}", shared.cfg.name);
+    loop {
+        let api: Api<Pod> = Api::all(shared.clients.get());
+        let list = match api.list(&ListParams::default().fields(&selector)).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(node = %shared.cfg.name, error = %e, "listing the node's pods failed");
+                shared.clients.fail_over().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let mut rv = list.metadata.resource_version.unwrap_or_default();
+        let mut present = std::collections::HashSet::new();
+        for pod in list.items {
+            let v = serde_json::to_value(&pod).unwrap_or_default();
+            present.insert(s(&v, "/metadata/uid").to_string());
+            dispatch(&shared, &mut workers, v);
+        }
+        // Pods that went while the watch was down.
+        workers.retain(|uid, _| {
+            let keep = present.contains(uid);
+            if !keep {
+                if let Some(ipam) = &shared.ipam {
+                    ipam.release(uid);
+                }
+            }
+            keep
+        });
+        let params = WatchParams::default().fields(&selector).timeout(290);
+        loop {
+            let stream = match api.watch(&params, &rv).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "watching pods failed; listing again");
+                    break;
+                }
+            };
+            let mut stream = Box::pin(stream);
+            let mut relist = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(WatchEvent::Added(p)) | Ok(WatchEvent::Modified(p)) => {
+                        rv = p.metadata.resource_version.clone().unwrap_or(rv);
+                        dispatch(
+                            &shared,
+                            &mut workers,
+                            serde_json::to_value(&p).unwrap_or_default(),
+                        );
+                    }
+                    Ok(WatchEvent::Deleted(p)) => {
+                        rv = p.metadata.resource_version.clone().unwrap_or(rv);
+                        let uid = p.metadata.uid.unwrap_or_default();
+                        workers.remove(&uid);
+                        if let Some(ipam) = &shared.ipam {
+                            ipam.release(&uid);
+                        }
+                    }
+                    Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                    Ok(WatchEvent::Error(e)) => {
+                        tracing::debug!(error = %e.message, "pod watch ended; listing again");
+                        relist = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "pod watch broke");
+                        break;
+                    }
+                }
+            }
+            if relist {
+                break;
+            }
+        }
+    }
+}
+
+/// Hands a pod's new state to its worker, starting one for a pod not seen before.
+fn dispatch(
+    shared: &Arc<Shared>,
+    workers: &mut HashMap<String, mpsc::UnboundedSender<Value>>,
+    pod: Value,
+) {
+    let uid = s(&pod, "/metadata/uid").to_string();
+    if let Some(tx) = workers.get(&uid) {
+        if tx.send(pod.clone()).is_ok() {
+            return;
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(pod);
+    workers.insert(uid, tx);
+    tokio::spawn(worker(shared.clone(), rx));
+}
+
+/// One pod's worker: takes the newest state of the pod and acts on it.
+async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
+    let mut started = false;
+    while let Some(mut pod) = rx.recv().await {
+        // Only the newest state matters.
+        while let Ok(newer) = rx.try_recv() {
+            pod = newer;
+        }
+        let phase = s(&pod, "/status/phase");
+        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+            terminate(&shared, &pod).await;
+            continue;
+        }
+        if phase == "Succeeded" || phase == "Failed" {
+            continue;
+        }
+        if phase == "Running" && s(&pod, "/status/podIP") != "" {
+            // Already running (this agent wrote it, before a restart maybe): adopt it.
+            if let Some(ipam) = &shared.ipam {
+                ipam.adopt(s(&pod, "/metadata/uid"), s(&pod, "/status/podIP"));
+            }
+            started = true;
+            continue;
+        }
+        if started {
+            continue;
+        }
+        if !shared.cfg.sim_start_delay.is_zero() {
+            tokio::time::sleep(shared.cfg.sim_start_delay).await;
+            if let Ok(newer) = rx.try_recv() {
+                pod = newer;
+                while let Ok(n) = rx.try_recv() {
+                    pod = n;
+                }
+                if pod.pointer("/metadata/deletionTimestamp").is_some() {
+                    terminate(&shared, &pod).await;
+                    continue;
+                }
+            }
+        }
+        // Until it is reported, or a newer state of the pod arrives.
+        loop {
+            match start(&shared, &pod).await {
+                Ok(()) => {
+                    started = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(pod = s(&pod, "/metadata/name"), error = %e, "reporting the pod running failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if !rx.is_empty() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The simulated runtime's start: every container runs at once; the status says so.
+async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
+    let ns = s(pod, "/metadata/namespace");
+    let name = s(pod, "/metadata/name");
+    let uid = s(pod, "/metadata/uid");
+    let pod_ip = match &shared.ipam {
+        Some(ipam) => ipam
+            .allocate(uid)
+            .map(|ip| ip.to_string())
+            .ok_or_else(|| anyhow::anyhow!("the node's pod CIDR has no free address"))?,
+        None => shared.cfg.node_ip.clone(),
+    };
+    let t = now();
+    let scheduled_at = pod
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "PodScheduled"))
+        .map(|c| s(c, "/lastTransitionTime").to_string())
+        .filter(|x| !x.is_empty())
+        .unwrap_or_else(|| t.clone());
+    let container_status = |c: &Value, init: bool| {
+        let image = s(c, "/image");
+        let state = if init {
+            json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": t,
+                                  "finishedAt": t, "containerID": format!("sim://{uid}/{}", s(c, "/name"))}})
+        } else {
+            json!({"running": {"startedAt": t}})
+        };
+        json!({"name": s(c, "/name"), "image": image,
+               "imageID": format!("sim://{image}"),
+               "containerID": format!("sim://{uid}/{}", s(c, "/name")),
+               "ready": !init, "started": !init, "restartCount": 0,
+               "state": state, "lastState": {}})
+    };
+    let list = |key: &str, init: bool| -> Vec<Value> {
+        pod.pointer(&format!("/spec/{key}"))
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().map(|c| container_status(c, init)).collect())
+            .unwrap_or_default()
+    };
+    let cond = |t_: &str, at: &str| json!({"type": t_, "status": "True", "lastProbeTime": null, "lastTransitionTime": at});
+    let mut status = json!({
+        "phase": "Running",
+        "conditions": [cond("PodReadyToStartContainers", &t), cond("Initialized", &t),
+                       cond("Ready", &t), cond("ContainersReady", &t),
+                       cond("PodScheduled", &scheduled_at)],
+        "hostIP": shared.cfg.node_ip, "hostIPs": [{"ip": shared.cfg.node_ip}],
+        "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+        "startTime": t,
+        "containerStatuses": list("containers", false),
+    });
+    let init = list("initContainers", true);
+    if !init.is_empty() {
+        status["initContainerStatuses"] = json!(init);
+    }
+    let api: Api<Pod> = Api::namespaced(shared.clients.get(), ns);
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": status})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A pod being deleted: stop its containers (a `Killing` event each), report them
+/// terminated, then delete the pod for good.
+async fn terminate(shared: &Shared, pod: &Value) {
+    let ns = s(pod, "/metadata/namespace");
+    let name = s(pod, "/metadata/name");
+    let uid = s(pod, "/metadata/uid");
+    let client = shared.clients.get();
+    for c in pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        record(
+            &client,
+            pod,
+            "Killing",
+            &format!("Stopping container {}", s(c, "/name")),
+            "Normal",
+            &shared.cfg.name,
+        )
+        .await;
+    }
+    let api: Api<Pod> = Api::namespaced(client, ns);
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => tracing::warn!(pod = name, error = %e, "deleting the terminated pod failed"),
+    }
+    if let Some(ipam) = &shared.ipam {
+        ipam.release(uid);
+    }
+}
+
+/// Records an event about a pod, from this node's kubelet.
+pub async fn record(
+    client: &kube::Client,
+    pod: &Value,
+    reason: &str,
+    message: &str,
+    kind: &str,
+    node: &str,
+) {
+    let ns = s(pod, "/metadata/namespace");
+    let t = now();
+    let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let event: Result<Event, _> = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": format!("{}.", s(pod, "/metadata/name")), "namespace": ns},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns,
+                           "name": s(pod, "/metadata/name"), "uid": s(pod, "/metadata/uid"),
+                           "resourceVersion": s(pod, "/metadata/resourceVersion")},
+        "reason": reason, "message": message, "type": kind,
+        "source": {"component": "kubelet", "host": node},
+        "reportingComponent": "kubelet", "reportingInstance": node,
+        "firstTimestamp": t, "lastTimestamp": t, "eventTime": micro, "count": 1}));
+    if let Ok(event) = event {
+        let api: Api<Event> = Api::namespaced(client.clone(), ns);
+        if let Err(e) = api.create(&PostParams::default(), &event).await {
+            tracing::debug!(error = %e, "recording an event failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_come_from_the_cidr_and_come_back() {
+        let ipam = Ipam::new("10.244.1.0/24").unwrap();
+        assert_eq!(ipam.allocate("a"), Some("10.244.1.2".parse().unwrap()));
+        assert_eq!(ipam.allocate("b"), Some("10.244.1.3".parse().unwrap()));
+        assert_eq!(ipam.allocate("a"), Some("10.244.1.2".parse().unwrap()));
+        ipam.release("a");
+        assert_eq!(ipam.allocate("c"), Some("10.244.1.2".parse().unwrap()));
+        ipam.adopt("d", "10.244.1.9");
+        assert_eq!(ipam.allocate("d"), Some("10.244.1.9".parse().unwrap()));
+        let small = Ipam::new("10.0.0.0/30").unwrap();
+        assert!(small.allocate("x").is_some());
+        assert!(small.allocate("y").is_none());
+        assert!(Ipam::new("nonsense").is_none());
+    }
+}
