@@ -80,6 +80,28 @@ fn error_response(e: &ApiError) -> Resp {
     r
 }
 
+/// How long a pod being deleted may take to stop, in seconds: 0 (deleted at once) for a pod
+/// no node runs (unscheduled, or finished), else the request's grace period or the pod's
+/// `terminationGracePeriodSeconds` (30 by default).
+fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
+    let bound = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let phase = pod.pointer("/status/phase").and_then(Value::as_str);
+    if !bound || matches!(phase, Some("Succeeded" | "Failed")) {
+        return 0;
+    }
+    match requested {
+        Some(g) if g >= 0 => g,
+        _ => pod
+            .pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .filter(|g| *g >= 0)
+            .unwrap_or(30),
+    }
+}
+
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
@@ -1594,12 +1616,54 @@ impl Api {
                 }
             }
             let is_namespace = t.res.kind == "Namespace";
+            // A pod on a node ends gracefully: marked with a deadline, its agent stops the
+            // containers and then deletes it for good (with a zero grace period).
+            let grace = if t.res.group.is_empty() && t.res.kind == "Pod" {
+                pod_grace_period(&current.object, opts.grace)
+            } else {
+                0
+            };
+            if grace > 0 {
+                let mut new = current.object.clone();
+                let deadline = chrono::Utc::now() + chrono::Duration::seconds(grace);
+                let stamp = deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let marked = current
+                    .object
+                    .pointer("/metadata/deletionTimestamp")
+                    .and_then(Value::as_str)
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+                match marked {
+                    // Already terminating with an earlier or the same deadline.
+                    Some(at) if at.with_timezone(&chrono::Utc) <= deadline => {
+                        return Ok(current.object)
+                    }
+                    _ => {}
+                }
+                let m = meta_mut(&mut new)?;
+                if !finalizers.is_empty() {
+                    m.insert("finalizers".into(), json!(finalizers));
+                }
+                m.insert("deletionTimestamp".into(), json!(stamp));
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                if dry_run {
+                    return Ok(new);
+                }
+                match self.store.put_if(&t.key(), &new, current.revision).await? {
+                    Write::Done(s) => return Ok(s.object),
+                    Write::Lost(_) => continue,
+                }
+            }
             if !finalizers.is_empty() || is_namespace {
                 // Marked, not removed: whoever owns the finalizers finishes the deletion.
                 if current
                     .object
                     .pointer("/metadata/deletionTimestamp")
                     .is_some()
+                    && (t.res.kind != "Pod"
+                        || current
+                            .object
+                            .pointer("/metadata/deletionGracePeriodSeconds")
+                            == Some(&json!(0)))
                 {
                     return Ok(current.object);
                 }
@@ -1609,10 +1673,8 @@ impl Api {
                     m.insert("finalizers".into(), json!(finalizers));
                 }
                 m.insert("deletionTimestamp".into(), json!(now()));
-                m.insert(
-                    "deletionGracePeriodSeconds".into(),
-                    json!(opts.grace.unwrap_or(0)),
-                );
+                // Only pods end gracefully; for them this is the zero grace period's mark.
+                m.insert("deletionGracePeriodSeconds".into(), json!(0));
                 if is_namespace {
                     crate::value::set(&mut new, &["status", "phase"], json!("Terminating"));
                 }

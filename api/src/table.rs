@@ -333,6 +333,14 @@ fn columns(res: &Resource) -> Columns {
             ("Age", "string", 0),
             ("Selector", "string", 1),
         ],
+        ("certificates.k8s.io", "CertificateSigningRequest") => &[
+            ("Name", "string", 0),
+            ("Age", "date", 0),
+            ("SignerName", "string", 0),
+            ("Requestor", "string", 0),
+            ("RequestedDuration", "string", 0),
+            ("Condition", "string", 0),
+        ],
         ("", "Node") => &[
             ("Name", "string", 0),
             ("Status", "string", 0),
@@ -578,6 +586,30 @@ fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value> {
                 json!(of("User")),
                 json!(of("Group")),
                 json!(of("ServiceAccount")),
+            ]
+        }
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            let mut conds: Vec<String> = arr(o, "/status/conditions")
+                .iter()
+                .filter(|c| s(c, "/status") == "True")
+                .map(|c| s(c, "/type").to_string())
+                .collect();
+            if conds.is_empty() {
+                conds.push("Pending".into());
+            } else if !s(o, "/status/certificate").is_empty() {
+                conds.push("Issued".into());
+            }
+            let duration = match o.pointer("/spec/expirationSeconds").and_then(Value::as_i64) {
+                Some(secs) => human_duration(secs),
+                None => "<none>".into(),
+            };
+            vec![
+                name,
+                Value::Null,
+                json!(s(o, "/spec/signerName")),
+                json!(s(o, "/spec/username")),
+                json!(duration),
+                json!(conds.join(",")),
             ]
         }
         ("rbac.authorization.k8s.io", _) | ("", "LimitRange") => {

@@ -129,6 +129,38 @@ impl Kubectl {
         self.run(&args).await.ok();
     }
 
+    /// For tests whose nodes are bare Node objects (no agent): does what a node's agent does
+    /// for a pod being deleted, deleting it for good (grace period 0), until the returned
+    /// guard is dropped.
+    pub fn finish_terminating_pods(&self) -> FinishGuard {
+        let k = self.clone();
+        FinishGuard(tokio::spawn(async move {
+            loop {
+                let out = k
+                    .run(&["get", "pods", "-A", "-o",
+                           "jsonpath={range .items[*]}{.metadata.namespace} {.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+                    .await;
+                for line in out.stdout.lines() {
+                    let parts: Vec<&str> = line.split_whitespace().collect();
+                    if let [ns, name, _stamp] = parts.as_slice() {
+                        k.run(&[
+                            "delete",
+                            "pod",
+                            "-n",
+                            ns,
+                            name,
+                            "--grace-period=0",
+                            "--force",
+                            "--wait=false",
+                        ])
+                        .await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }))
+    }
+
     /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
     pub fn spawn_lines(
         &self,
@@ -155,6 +187,15 @@ impl Kubectl {
             }
         });
         (child, rx)
+    }
+}
+
+/// Stops [`Kubectl::finish_terminating_pods`] when dropped.
+pub struct FinishGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for FinishGuard {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -636,11 +636,67 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// The agents `rkube up` started (`agent1`...), by the layout.
+    pub fn agent_names(&self) -> Vec<String> {
+        let layout: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(self.path().join("cluster.json")).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        (1..=layout["agents"].as_u64().unwrap_or(0))
+            .map(|i| format!("agent{i}"))
+            .collect()
+    }
+
+    pub fn agent_pid(&self, name: &str) -> Option<i32> {
+        std::fs::read_to_string(self.path().join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// SIGKILL an agent and wait until it is gone.
+    pub async fn kill_agent(&self, name: &str) {
+        let Some(pid) = self.agent_pid(name) else {
+            return;
+        };
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_for(
+            "the killed agent to exit",
+            Duration::from_secs(10),
+            || async move {
+                let mut status = 0;
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                (r == pid || unsafe { libc::kill(pid, 0) } != 0).then_some(())
+            },
+        )
+        .await;
+        let _ = std::fs::remove_file(self.path().join(format!("{name}.pid")));
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // A failing test shows what its members said last.
+        // A failing test shows what its members (and agents) said last.
         if std::thread::panicking() {
             eprintln!("{}", self.logs());
+            for a in self.agent_names() {
+                let log = std::fs::read_to_string(self.path().join(format!("{a}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                eprintln!(
+                    "--- {a} ---\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+        }
+        for a in self.agent_names() {
+            if let Some(pid) = self.agent_pid(&a) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let mut status = 0;
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+            }
         }
         for i in 0..self.members.len() {
             self.signal(i, libc::SIGCONT);

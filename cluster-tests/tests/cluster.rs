@@ -10,6 +10,8 @@ use futures::StreamExt;
 use rkube_store::proto::etcdserverpb as pb;
 use tokio::sync::Mutex;
 
+#[path = "cluster/agent.rs"]
+mod agent;
 #[path = "cluster/controllers.rs"]
 mod controllers;
 #[path = "cluster/kube_client.rs"]

@@ -21,6 +21,7 @@ pub mod garbagecollector;
 pub mod informer;
 pub mod manager;
 pub mod nodelifecycle;
+pub mod podgc;
 pub mod queue;
 pub mod replicaset;
 

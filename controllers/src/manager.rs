@@ -184,6 +184,13 @@ fn start_term(
         )
         .run(rx.clone());
     }
+    crate::podgc::run(
+        inf.of("/registry/pods/"),
+        inf.of("/registry/minions/"),
+        client.clone(),
+        crate::podgc::CHECK_PERIOD,
+        rx.clone(),
+    );
     for hook in hooks {
         hook(&mut inf, client, rx.clone());
     }

@@ -9,6 +9,7 @@
 mod api;
 mod failover;
 mod kv;
+mod pods;
 mod scheduler;
 mod watch;
 
@@ -38,6 +39,8 @@ pub enum BenchCommand {
     Api(api::ApiBenchArgs),
     /// The scheduler's decisions in process (no cluster): N nodes, P pending pods.
     Scheduler(scheduler::SchedulerBenchArgs),
+    /// Pod startup latency (create to Running) on a local cluster's agents (--dir).
+    Pods(pods::PodsBenchArgs),
 }
 
 pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Result<()> {
@@ -45,6 +48,13 @@ pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Res
         BenchCommand::Scheduler(args) => return scheduler::run(args),
         other => other,
     };
+    if let BenchCommand::Pods(args) = cmd {
+        let dir = cluster
+            .dir
+            .clone()
+            .unwrap_or_else(|| std::path::PathBuf::from(crate::up::DEFAULT_DIR));
+        return pods::run(&dir, args).await;
+    }
     if let BenchCommand::Api(args) = cmd {
         let dir = cluster
             .dir
@@ -54,7 +64,9 @@ pub async fn run(cluster: &crate::client::ClusterArgs, cmd: BenchCommand) -> Res
     }
     let target = &cluster.resolve()?;
     match cmd {
-        BenchCommand::Api(_) | BenchCommand::Scheduler(_) => unreachable!("handled above"),
+        BenchCommand::Api(_) | BenchCommand::Scheduler(_) | BenchCommand::Pods(_) => {
+            unreachable!("handled above")
+        }
         BenchCommand::Put(args) => kv::put(target, args).await,
         BenchCommand::Range(args) => kv::range(target, args).await,
         BenchCommand::WatchLatency(args) => watch::run(target, args).await,

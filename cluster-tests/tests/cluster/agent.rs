@@ -1,0 +1,497 @@
+//! Node agents as an operator meets them: `rkube up` joins its agents with a bootstrap token
+//! (CA pinned, client certificate from an auto-approved CSR), the nodes are Ready and run the
+//! seed Deployment; a node's certificate reaches only what the Node authorizer gives it; a join
+//! with a wrong CA pin or an expired or deleted token is refused; a killed agent's node goes
+//! NotReady and its pods move, and the restarted agent comes back with its certificate; one
+//! process simulates many nodes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn cluster_with(agents: usize, up_args: &[&str]) -> (Cluster, Kubectl) {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents,
+        up_args: up_args.iter().map(|s| s.to_string()).collect(),
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    (c, k)
+}
+
+async fn wait_nodes_ready(k: &Kubectl, names: &[&str]) {
+    for n in names {
+        wait_for(&format!("node {n} Ready"), BOUND, || async {
+            let out = k
+                .run(&[
+                    "get",
+                    "node",
+                    n,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ])
+                .await;
+            (out.success && out.stdout.trim() == "True").then_some(())
+        })
+        .await;
+    }
+}
+
+/// kubectl acting with a node's own client certificate (what its agent holds).
+fn as_node(admin: &Kubectl, dir: &Path, node: &str) -> Kubectl {
+    let pem = dir
+        .join("agents")
+        .join(node)
+        .join("kubelet-client-current.pem");
+    let ca = dir.join("pki").join("ca.crt");
+    let kc = dir.join(format!("{node}.kubeconfig"));
+    let server = std::fs::read_to_string(admin.kubeconfig())
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
+        .unwrap();
+    let b64 = |p: &Path| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(p).unwrap())
+    };
+    let doc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(&ca),
+        b64(&pem),
+        b64(&pem)
+    );
+    std::fs::write(&kc, doc).unwrap();
+    let env = dir.join(format!("{node}.env"));
+    std::fs::write(&env, format!("export KUBECONFIG={}\n", kc.display())).unwrap();
+    Kubectl::from_env_file(&env, &dir.join(format!("home-{node}"))).unwrap()
+}
+
+#[tokio::test]
+async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
+    let (c, k) = cluster_with(2, &[]).await;
+    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    // Each joined through a CSR approved for its bootstrap token and signed by the CA.
+    let csrs = k.run(&["get", "csr", "--no-headers"]).await.ok();
+    assert_eq!(csrs.lines().count(), 2, "{csrs}");
+    for line in csrs.lines() {
+        assert!(
+            line.contains("kubernetes.io/kube-apiserver-client-kubelet"),
+            "{line}"
+        );
+        assert!(line.contains("system:bootstrap:"), "{line}");
+        assert!(line.contains("Approved,Issued"), "{line}");
+    }
+    let nodes = k
+        .run(&["get", "nodes", "-o", "wide", "--no-headers"])
+        .await
+        .ok();
+    assert!(nodes.contains("sim://"), "{nodes}");
+
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/manifests/deployment.yaml"),
+    )
+    .unwrap();
+    k.run_with_input(&["apply", "-f", "-"], &manifest)
+        .await
+        .ok();
+    let status = k
+        .run(&[
+            "rollout",
+            "status",
+            "deployment/myapp-deployment",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(status.success, "{}{}", status.stdout, status.stderr);
+    let pods = k
+        .run(&["get", "pods", "-l", "app=myapp", "-o",
+               "jsonpath={range .items[*]}{.status.phase} {.status.podIP} {.spec.nodeName}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    let lines: Vec<&str> = pods.lines().collect();
+    assert_eq!(lines.len(), 3, "{pods}");
+    for l in &lines {
+        let parts: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(parts[0], "Running", "{l}");
+        assert!(parts[1].starts_with("10.244."), "{l}");
+    }
+
+    // The Node authorizer: a node reads pods, but only the secrets its own pods use, and it
+    // changes only its own Node.
+    let agent1 = as_node(&k, c.path(), "agent1");
+    let agent2 = as_node(&k, c.path(), "agent2");
+    let who = agent1
+        .run(&[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .await
+        .ok();
+    assert_eq!(who.trim(), "system:node:agent1");
+    k.run(&["create", "secret", "generic", "s2", "--from-literal=k=v"])
+        .await
+        .ok();
+    let pod = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"uses-s2"},
+        "spec":{"nodeName":"agent2","containers":[{"name":"c","image":"busybox",
+        "env":[{"name":"K","valueFrom":{"secretKeyRef":{"name":"s2","key":"k"}}}]}]}}"#;
+    k.run_with_input(&["create", "-f", "-"], pod).await.ok();
+    let denied = agent1.run(&["get", "secret", "s2"]).await;
+    assert!(!denied.success);
+    assert!(
+        denied
+            .stderr
+            .contains("no relationship found between node 'agent1' and this object"),
+        "{}",
+        denied.stderr
+    );
+    agent2.run(&["get", "secret", "s2"]).await.ok();
+    assert!(!agent1.run(&["get", "secrets"]).await.success);
+    agent1.run(&["get", "pods", "-A"]).await.ok();
+    let other = agent1.run(&["label", "node", "agent2", "x=y"]).await;
+    assert!(
+        other
+            .stderr
+            .contains("is not allowed to modify node \"agent2\""),
+        "{}",
+        other.stderr
+    );
+    agent1.run(&["label", "node", "agent1", "x=y"]).await.ok();
+    let del = agent1.run(&["delete", "pod", "uses-s2"]).await;
+    assert!(!del.success, "a node deleted another node's pod");
+}
+
+/// `rkube token create --print-join-command --dir DIR`, retried until the API takes it: the
+/// words of the printed `rkube agent ...` command.
+async fn join_command(c: &Cluster) -> Vec<String> {
+    let last = std::sync::Mutex::new(String::new());
+    let out = wait_for_or(
+        "a join command",
+        Duration::from_secs(120),
+        &last,
+        || async {
+            let out = std::process::Command::new(rkube_bin())
+                .args(["token", "create", "--print-join-command", "--dir"])
+                .arg(c.path())
+                .output()
+                .unwrap();
+            if !out.status.success() {
+                *last.lock().unwrap() = String::from_utf8_lossy(&out.stderr).to_string();
+            }
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+        },
+    )
+    .await;
+    out.split_whitespace().map(str::to_string).collect()
+}
+
+/// [`wait_for`] whose timeout message carries the last failure.
+async fn wait_for_or<T, F, Fut>(
+    what: &str,
+    bound: Duration,
+    last: &std::sync::Mutex<String>,
+    cond: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match tokio::time::timeout(bound, wait_for(what, bound + Duration::from_secs(5), cond)).await {
+        Ok(v) => v,
+        Err(_) => panic!(
+            "timed out waiting for {what}; last error: {}",
+            last.lock().unwrap()
+        ),
+    }
+}
+
+/// `rkube agent` joining by hand, as a new user would from `rkube token create
+/// --print-join-command`, with the pin or the token spoiled.
+async fn join(
+    dir: &Path,
+    name: &str,
+    server: &str,
+    token: &str,
+    pin: &str,
+) -> std::process::Output {
+    tokio::process::Command::new(rkube_bin())
+        .args(["agent", "--sim", "--server", server, "--token", token])
+        .args(["--discovery-token-ca-cert-hash", pin, "--name", name])
+        .args(["--discovery-timeout", "3s"])
+        .arg("--dir")
+        .arg(dir.join("joins").join(name))
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("rkube agent runs")
+}
+
+#[tokio::test]
+async fn a_join_with_a_wrong_pin_or_an_expired_or_deleted_token_is_refused() {
+    let (c, k) = cluster_with(0, &[]).await;
+    let token_cmd = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(rkube_bin());
+        cmd.arg("token").args(args).arg("--dir").arg(c.path());
+        cmd
+    };
+    let words = join_command(&c).await;
+    let arg =
+        |flag: &str| words[words.iter().position(|w| w.as_str() == flag).unwrap() + 1].to_string();
+    let (server, token, pin) = (
+        arg("--server"),
+        arg("--token"),
+        arg("--discovery-token-ca-cert-hash"),
+    );
+    assert!(pin.starts_with("sha256:") && pin.len() == 71, "{pin}");
+    let listed =
+        String::from_utf8_lossy(&token_cmd(&["list"]).output().unwrap().stdout).to_string();
+    assert!(listed.contains(&token), "{listed}");
+    assert!(listed.contains("authentication,signing"), "{listed}");
+
+    let wrong_pin = format!("sha256:{}", "0".repeat(64));
+    let out = join(c.path(), "w1", &server, &token, &wrong_pin).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("none of the public keys"), "{err}");
+
+    // A token past its expiration neither signs cluster-info nor authenticates, and the
+    // token cleaner removes it.
+    let past = (chrono::Utc::now() - chrono::Duration::minutes(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let expired = format!(
+        r#"{{"apiVersion":"v1","kind":"Secret","type":"bootstrap.kubernetes.io/token",
+        "metadata":{{"name":"bootstrap-token-exp123","namespace":"kube-system"}},
+        "stringData":{{"token-id":"exp123","token-secret":"0123456789abcdef","expiration":"{past}",
+        "usage-bootstrap-authentication":"true","usage-bootstrap-signing":"true"}}}}"#
+    );
+    k.run_with_input(&["create", "-f", "-"], &expired)
+        .await
+        .ok();
+    let out = join(c.path(), "w2", &server, "exp123.0123456789abcdef", &pin).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no JWS signed token") || err.contains("Unauthorized"),
+        "{err}"
+    );
+    wait_for(
+        "the token cleaner to delete the expired token",
+        BOUND,
+        || async {
+            let out = k
+                .run(&[
+                    "get",
+                    "secret",
+                    "-n",
+                    "kube-system",
+                    "bootstrap-token-exp123",
+                ])
+                .await;
+            out.stderr.contains("NotFound").then_some(())
+        },
+    )
+    .await;
+
+    let id = token.split('.').next().unwrap();
+    let deleted = token_cmd(&["delete", id]).output().unwrap();
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let out = join(c.path(), "w3", &server, &token, &pin).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no JWS signed token"), "{err}");
+
+    // And a good token with the right pin joins.
+    let words = join_command(&c).await;
+    let mut child = tokio::process::Command::new(rkube_bin())
+        .args(&words[1..])
+        .args(["--sim", "--name", "w4"])
+        .arg("--dir")
+        .arg(c.path().join("joins").join("w4"))
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_nodes_ready(&k, &["w4"]).await;
+    child.kill().await.ok();
+}
+
+#[tokio::test]
+async fn a_killed_agent_s_node_goes_not_ready_its_pods_move_and_it_comes_back() {
+    let (c, k) = cluster_with(
+        2,
+        &[
+            "--node-monitor-period",
+            "500ms",
+            "--node-monitor-grace-period",
+            "4s",
+            "--node-eviction-rate",
+            "100",
+            "--agent-args=--lease-interval=1s",
+        ],
+    )
+    .await;
+    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    let deploy = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},
+      "spec":{"replicas":4,"selector":{"matchLabels":{"app":"web"}},
+      "template":{"metadata":{"labels":{"app":"web"}},"spec":{
+        "tolerations":[{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":2},
+                       {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}],
+        "containers":[{"name":"c","image":"busybox"}]}}}}"#;
+    k.run_with_input(&["apply", "-f", "-"], deploy).await.ok();
+    // (node, phase, terminating) of every pod of the Deployment.
+    let placement = || async {
+        let out = k
+            .run(&["get", "pods", "-l", "app=web", "-o",
+                   "jsonpath={range .items[*]}{.spec.nodeName},{.status.phase},{.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+            .await
+            .ok();
+        out.lines()
+            .map(|l| {
+                let p: Vec<&str> = l.split(',').collect();
+                (p[0].to_string(), p[1].to_string(), !p[2].is_empty())
+            })
+            .collect::<Vec<_>>()
+    };
+    wait_for("4 pods running", BOUND, || async {
+        let p = placement().await;
+        (p.iter().filter(|(_, phase, _)| phase == "Running").count() == 4).then_some(())
+    })
+    .await;
+    let p = placement().await;
+    assert!(
+        p.iter().any(|(n, _, _)| n == "agent1"),
+        "the scheduler spreads over both nodes: {p:?}"
+    );
+
+    c.kill_agent("agent1").await;
+    wait_for("agent1 NotReady", BOUND, || async {
+        let out = k.run(&["get", "node", "agent1", "--no-headers"]).await.ok();
+        out.contains("NotReady").then_some(())
+    })
+    .await;
+    // Evicted pods stay Terminating on the unreachable node (nobody can confirm they
+    // stopped); their replacements run on agent2.
+    wait_for("replacements running on agent2", BOUND, || async {
+        let p = placement().await;
+        let live: Vec<_> = p
+            .iter()
+            .filter(|(_, _, terminating)| !terminating)
+            .collect();
+        (live.len() == 4
+            && live
+                .iter()
+                .all(|(n, phase, _)| n == "agent2" && phase == "Running"))
+        .then_some(())
+    })
+    .await;
+    let p = placement().await;
+    assert!(
+        p.iter().any(|(n, _, t)| n == "agent1" && *t),
+        "evicted pods are terminating: {p:?}"
+    );
+
+    // `rkube up` again starts the missing agent; it keeps its certificate (no new CSR).
+    c.restart_missing()
+        .await
+        .expect("rkube up restarts the agent");
+    wait_nodes_ready(&k, &["agent1"]).await;
+    let csrs = k.run(&["get", "csr", "--no-headers"]).await.ok();
+    assert_eq!(csrs.lines().count(), 2, "{csrs}");
+    // Back, it finishes the terminating pods: stopped (a Killing event) and removed.
+    wait_for("agent1's terminating pods gone", BOUND, || async {
+        let p = placement().await;
+        (p.len() == 4 && p.iter().all(|(n, _, _)| n == "agent2")).then_some(())
+    })
+    .await;
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector=reason=Killing",
+            "--no-headers",
+        ])
+        .await
+        .ok();
+    assert!(events.contains("Stopping container c"), "{events}");
+}
+
+#[tokio::test]
+async fn one_agent_process_simulates_many_nodes() {
+    let (c, k) = cluster_with(0, &[]).await;
+    let words = join_command(&c).await;
+    let mut child = tokio::process::Command::new(rkube_bin())
+        .args(&words[1..])
+        .args([
+            "--sim",
+            "--nodes",
+            "40",
+            "--name",
+            "sim",
+            "--pod-cidr",
+            "10.250.0.0/16",
+        ])
+        .arg("--dir")
+        .arg(c.path().join("sim"))
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for("40 Ready nodes", Duration::from_secs(120), || async {
+        let out = k.run(&["get", "nodes", "--no-headers"]).await.ok();
+        (out.lines().filter(|l| l.contains(" Ready ")).count() == 40).then_some(())
+    })
+    .await;
+    k.run(&[
+        "create",
+        "deployment",
+        "many",
+        "--image=busybox",
+        "--replicas=400",
+    ])
+    .await
+    .ok();
+    wait_for("400 pods Running", Duration::from_secs(180), || async {
+        let out = k
+            .run(&[
+                "get",
+                "pods",
+                "-l",
+                "app=many",
+                "--field-selector=status.phase=Running",
+                "--no-headers",
+            ])
+            .await
+            .ok();
+        (out.lines().count() == 400).then_some(())
+    })
+    .await;
+    let nodes = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=many",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ])
+        .await
+        .ok();
+    let distinct: std::collections::BTreeSet<&str> = nodes.split_whitespace().collect();
+    assert_eq!(distinct.len(), 40, "every simulated node got pods");
+    child.kill().await.ok();
+}
