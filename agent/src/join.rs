@@ -165,6 +165,11 @@ pub async fn discover(server: &str, token: &str, pin: &str) -> Result<String> {
     Ok(ca_pem)
 }
 
+/// A client that trusts `ca_pem` and authenticates with a bootstrap token.
+pub async fn token_client(server: &str, ca_pem: &str, token: &str) -> Result<kube::Client> {
+    client(server, Some(ca_pem), Auth::Token(token)).await
+}
+
 /// Sends a CSR for `node`'s client certificate as the holder of `auth` and waits for the
 /// certificate.
 async fn request_certificate(client: kube::Client, node: &str) -> Result<Identity> {

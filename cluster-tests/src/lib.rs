@@ -186,6 +186,14 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// A test's own processes (not started through `rkube up`): its turn on the machine and a
+/// base port with room for `n` members (+10 each, 4 ports each). The turn ends when the guard
+/// is dropped.
+pub fn exclusive_ports(n: usize) -> (impl Drop + Send, u16) {
+    let turn = Turn::take();
+    (turn, free_base(n))
+}
+
 /// A base port with room for `n` members (+10 each, 4 ports each) plus one spare member.
 fn free_base(n: usize) -> u16 {
     for _ in 0..200 {

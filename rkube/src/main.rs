@@ -4,6 +4,7 @@
 mod bench;
 mod client;
 mod flags;
+mod init;
 mod kv;
 mod member;
 mod snapshot;
@@ -228,6 +229,26 @@ struct ServerArgs {
     /// https://<--listen-api>).
     #[arg(long)]
     advertise_api_url: Option<String>,
+    /// Start a new cluster on this host: make the CA, keys and certificates in --pki, then
+    /// print the commands that join control-plane members and workers.
+    #[arg(long, conflicts_with = "join")]
+    init: bool,
+    /// Join the control plane whose API is at this URL (with --token,
+    /// --discovery-token-ca-cert-hash and --certificate-key, as `--init` printed them).
+    #[arg(long, requires_all = ["token", "discovery_token_ca_cert_hash", "certificate_key"])]
+    join: Option<String>,
+    /// Bootstrap token for --join.
+    #[arg(long, env = "RKUBE_JOIN_TOKEN")]
+    token: Option<String>,
+    /// sha256:<hex> pin of the cluster CA for --join.
+    #[arg(long)]
+    discovery_token_ca_cert_hash: Option<String>,
+    /// The key that decrypts the control-plane keys `--init` uploaded (64 hex digits).
+    #[arg(long)]
+    certificate_key: Option<String>,
+    /// More names and addresses for this member's certificate (with --init or --join).
+    #[arg(long, value_delimiter = ',')]
+    cert_sans: Vec<String>,
     /// The ECDSA key that signs and verifies service account tokens; every control-plane
     /// member needs the same one (default: sa.key in the --pki directory).
     #[arg(long)]
@@ -236,8 +257,8 @@ struct ServerArgs {
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
     /// Every initial member as NAME=PEER_ADDRESS, comma-separated, this one included.
-    #[arg(long)]
-    initial_cluster: String,
+    #[arg(long, required_unless_present_any = ["init", "join"])]
+    initial_cluster: Option<String>,
     /// `new` bootstraps; `existing` joins a cluster that already added this member.
     #[arg(long, default_value = "new")]
     initial_cluster_state: String,
@@ -309,7 +330,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         listen_client: a.listen_client,
         listen_metrics: a.listen_metrics,
         advertise_client: a.advertise_client_urls,
-        initial_cluster: parse_initial_cluster(&a.initial_cluster)
+        initial_cluster: parse_initial_cluster(a.initial_cluster.as_deref().unwrap_or(""))
             .map_err(|e| anyhow::anyhow!("--initial-cluster: {e}"))?,
         initial_cluster_state: state,
         cluster_token: a.initial_cluster_token,
@@ -349,7 +370,46 @@ fn certificate_settings(
     }))
 }
 
-async fn run_server(args: ServerArgs) -> Result<()> {
+async fn run_server(mut args: ServerArgs) -> Result<()> {
+    // --init / --join: PKI and membership first, as kubeadm does them.
+    let mut init_plan = None;
+    let mut join_plan = None;
+    if args.init && !args.data_dir.join("member.json").exists() {
+        let (plan, initial) = init::prepare_init(
+            &args.name,
+            &args.pki,
+            args.listen_peer,
+            args.listen_client,
+            args.listen_api,
+            args.advertise_api_url.as_deref(),
+            &args.cert_sans,
+        )?;
+        args.initial_cluster.get_or_insert(initial);
+        init_plan = Some(plan);
+    } else if args.init {
+        // Restarted after its first start: the data dir holds the membership.
+        args.initial_cluster
+            .get_or_insert(format!("{}=https://{}", args.name, args.listen_peer));
+    }
+    if let Some(url) = args.join.clone() {
+        let plan = init::prepare_join(
+            &url,
+            args.token.as_deref().unwrap_or(""),
+            args.discovery_token_ca_cert_hash.as_deref().unwrap_or(""),
+            args.certificate_key.as_deref().unwrap_or(""),
+            &args.name,
+            &args.pki,
+            args.listen_peer,
+            args.listen_client,
+            args.listen_api,
+            args.advertise_api_url.as_deref(),
+            &args.cert_sans,
+        )
+        .await?;
+        args.initial_cluster = Some(plan.initial_cluster.clone());
+        args.initial_cluster_state = "existing".into();
+        join_plan = Some(plan);
+    }
     let listen_api = args.listen_api;
     let service_net = args.service_cluster_ip_range;
     let sa_key_file = args
@@ -402,10 +462,25 @@ async fn run_server(args: ServerArgs) -> Result<()> {
                 controller_settings,
                 vec![std::sync::Arc::new(rkube_scheduler::runner::start)],
             );
+            if let Some(plan) = init_plan {
+                let admin = api.client(rkube_api::auth::User {
+                    name: "kubernetes-admin".into(),
+                    groups: vec!["system:masters".into(), "system:authenticated".into()],
+                    ..Default::default()
+                });
+                tokio::spawn(async move {
+                    if let Err(e) = init::finish_init(admin, plan).await {
+                        eprintln!("Error: {e:#}");
+                    }
+                });
+            }
             Some((api, controllers))
         }
         None => None,
     };
+    if let Some(plan) = join_plan {
+        tokio::spawn(init::promote_when_ready(plan));
+    }
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

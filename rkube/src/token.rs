@@ -88,7 +88,7 @@ async fn client_from(path: &Path) -> Result<(kube::Client, String)> {
     Ok((kube::Client::try_from(config)?, server))
 }
 
-fn random(n: usize) -> String {
+pub fn random(n: usize) -> String {
     const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::thread_rng();
     (0..n)

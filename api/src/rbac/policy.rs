@@ -482,6 +482,23 @@ pub fn namespaced() -> Vec<(&'static str, Value)> {
                    "rules": [{"apiGroups": [""], "resources": ["configmaps"],
                               "resourceNames": ["cluster-info"], "verbs": ["get"]}]}),
         ),
+        // Joining control-plane members read the uploaded (encrypted) keys with their token.
+        (
+            "roles",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                   "metadata": {"name": "kubeadm:kubeadm-certs", "namespace": "kube-system"},
+                   "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                              "resourceNames": ["rkube-certs"], "verbs": ["get"]}]}),
+        ),
+        (
+            "rolebindings",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                   "metadata": {"name": "kubeadm:kubeadm-certs", "namespace": "kube-system"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": "kubeadm:kubeadm-certs"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                 "name": "system:bootstrappers:kubeadm:default-node-token"}]}),
+        ),
         (
             "rolebindings",
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -495,3 +495,249 @@ async fn one_agent_process_simulates_many_nodes() {
     assert_eq!(distinct.len(), 40, "every simulated node got pods");
     child.kill().await.ok();
 }
+
+/// Kills the processes a test started by hand when it ends, however it ends.
+struct Procs(Vec<tokio::process::Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.start_kill();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_control_plane_built_host_by_host_with_init_and_join() {
+    let (_turn, base) = cluster_tests::exclusive_ports(3);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ports = |i: u16| {
+        let b = base + 10 * i;
+        (
+            format!("127.0.0.1:{b}"),
+            format!("127.0.0.1:{}", b + 1),
+            format!("127.0.0.1:{}", b + 3),
+        )
+    };
+    let server = |name: &str, i: u16, extra: &[String]| {
+        let (client, peer, api) = ports(i);
+        let log = std::fs::File::create(d.join(format!("{name}.log"))).unwrap();
+        tokio::process::Command::new(rkube_bin())
+            .args([
+                "server",
+                "--name",
+                name,
+                "--listen-client",
+                &client,
+                "--listen-peer",
+                &peer,
+            ])
+            .args(["--listen-api", &api])
+            .arg("--data-dir")
+            .arg(d.join(name))
+            .arg("--pki")
+            .arg(d.join(format!("{name}-pki")))
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let mut first = server("a", 0, &["--init".to_string()]);
+    let stdout = first.stdout.take().unwrap();
+    let mut procs = Procs(vec![first]);
+    // The join commands, as `--init` prints them.
+    let printed = {
+        use tokio::io::AsyncReadExt;
+        let mut out = String::new();
+        let mut stdout = stdout;
+        let mut buf = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while !out.contains("rkube agent --server") || !out.contains("--dir <dir>") {
+            let n = tokio::time::timeout_at(deadline, stdout.read(&mut buf))
+                .await
+                .expect("--init prints the join commands")
+                .unwrap();
+            assert!(n > 0, "--init ended early: {out}");
+            out.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        out
+    };
+    let word_after = |flag: &str| {
+        let words: Vec<&str> = printed.split_whitespace().collect();
+        words[words.iter().position(|w| *w == flag).expect(flag) + 1].to_string()
+    };
+    let (token, pin, key) = (
+        word_after("--token"),
+        word_after("--discovery-token-ca-cert-hash"),
+        word_after("--certificate-key"),
+    );
+    let join_url = word_after("--join");
+    // A wrong certificate key is refused with a sentence, before anything joins.
+    let bad = tokio::process::Command::new(rkube_bin())
+        .args([
+            "server",
+            "--name",
+            "x",
+            "--listen-client",
+            "127.0.0.1:1",
+            "--listen-peer",
+            "127.0.0.1:2",
+        ])
+        .args([
+            "--listen-api",
+            "127.0.0.1:3",
+            "--join",
+            &join_url,
+            "--token",
+            &token,
+        ])
+        .args([
+            "--discovery-token-ca-cert-hash",
+            &pin,
+            "--certificate-key",
+            &"ab".repeat(32),
+        ])
+        .arg("--data-dir")
+        .arg(d.join("x"))
+        .arg("--pki")
+        .arg(d.join("x-pki"))
+        .output()
+        .await
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("certificate key does not decrypt"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let join_args = |_: ()| {
+        vec![
+            "--join".to_string(),
+            join_url.clone(),
+            "--token".into(),
+            token.clone(),
+            "--discovery-token-ca-cert-hash".into(),
+            pin.clone(),
+            "--certificate-key".into(),
+            key.clone(),
+        ]
+    };
+    procs.0.push(server("b", 1, &join_args(())));
+    // One at a time, as with etcd: the second joins once the first is a voter.
+    let kubeconfig = d.join("a-pki").join("admin.kubeconfig");
+    let env = d.join("a.env");
+    std::fs::write(
+        &env,
+        format!("export KUBECONFIG={}\n", kubeconfig.display()),
+    )
+    .unwrap();
+    let k = Kubectl::from_env_file(&env, &d.join("home")).unwrap();
+    let members = || async {
+        let (client, _, _) = ports(0);
+        let out = tokio::process::Command::new(rkube_bin())
+            .args([
+                "member",
+                "list",
+                "--endpoints",
+                &format!("https://{client}"),
+            ])
+            .arg("--cacert")
+            .arg(d.join("a-pki/ca.crt"))
+            .arg("--cert")
+            .arg(d.join("a-pki/admin.crt"))
+            .arg("--key")
+            .arg(d.join("a-pki/admin.key"))
+            .output()
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let voters = |list: &str, n: usize| {
+        list.lines()
+            .filter(|l| l.trim_end().ends_with("false"))
+            .count()
+            == n
+    };
+    wait_for("b a voter", BOUND, || async {
+        voters(&members().await, 2).then_some(())
+    })
+    .await;
+    procs.0.push(server("c", 2, &join_args(())));
+    wait_for("c a voter", BOUND, || async {
+        voters(&members().await, 3).then_some(())
+    })
+    .await;
+    // Every member serves the API with the same CA and keys: a token signed by one verifies on
+    // another, and kubectl works through the joined member's own admin kubeconfig.
+    let env_c = d.join("c.env");
+    std::fs::write(
+        &env_c,
+        format!(
+            "export KUBECONFIG={}\n",
+            d.join("c-pki/admin.kubeconfig").display()
+        ),
+    )
+    .unwrap();
+    let kc = Kubectl::from_env_file(&env_c, &d.join("home-c")).unwrap();
+    wait_for("the default namespace through c", BOUND, || async {
+        kc.run(&["get", "ns", "default", "-o", "name"])
+            .await
+            .success
+            .then_some(())
+    })
+    .await;
+    k.run(&["create", "serviceaccount", "robot"]).await.ok();
+    let sa_token = k.run(&["create", "token", "robot"]).await.ok();
+    let (_, _, api_c) = ports(2);
+    let who = tokio::process::Command::new("kubectl")
+        .env("HOME", d.join("home-robot"))
+        .args([
+            "--kubeconfig",
+            "/dev/null",
+            "--server",
+            &format!("https://{api_c}"),
+        ])
+        .arg("--certificate-authority")
+        .arg(d.join("c-pki/ca.crt"))
+        .args([
+            "--token",
+            sa_token.trim(),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .output()
+        .await
+        .unwrap();
+    let who_out = String::from_utf8_lossy(&who.stdout);
+    assert!(
+        who_out.contains("system:serviceaccount:default:robot"),
+        "{who_out}{}",
+        String::from_utf8_lossy(&who.stderr)
+    );
+    // And a worker joins through the printed command, against the joined members.
+    let agent = tokio::process::Command::new(rkube_bin())
+        .args([
+            "agent",
+            "--sim",
+            "--name",
+            "w1",
+            "--token",
+            &token,
+            "--discovery-token-ca-cert-hash",
+            &pin,
+        ])
+        .args(["--server", &format!("https://{api_c},{join_url}")])
+        .arg("--dir")
+        .arg(d.join("w1"))
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    procs.0.push(agent);
+    wait_nodes_ready(&k, &["w1"]).await;
+}

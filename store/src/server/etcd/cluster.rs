@@ -76,8 +76,23 @@ impl Cluster for ClusterService {
             MembershipChange::AddVoter { id, member }
         };
         self.0.change_membership(change).await.map_err(status)?;
-        let members = self.members()?;
-        let added = members.iter().find(|m| m.id == id).cloned();
+        let mut members = self.members()?;
+        // A member that forwarded the change to the leader may not have applied it yet: the
+        // answer names the new member all the same (etcdctl builds its initial cluster from it).
+        let added = match members.iter().find(|m| m.id == id) {
+            Some(m) => m.clone(),
+            None => {
+                let m = pb::Member {
+                    id,
+                    peer_ur_ls: vec![url.clone()],
+                    is_learner: req.is_learner,
+                    ..Default::default()
+                };
+                members.push(m.clone());
+                m
+            }
+        };
+        let added = Some(added);
         Ok(Response::new(pb::MemberAddResponse {
             header: self.header(),
             member: added,

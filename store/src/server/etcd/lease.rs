@@ -141,6 +141,9 @@ impl Lease for LeaseService {
             Err(e) => return Err(status(e)),
         };
         let keys = if req.keys {
+            // The keys are read here: first catch up with the leader's commit (a key attached
+            // a moment ago through another member counts).
+            self.node.linearizable_barrier().await.map_err(status)?;
             self.node
                 .mvcc
                 .lease_keys(req.id)

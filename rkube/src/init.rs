@@ -1,0 +1,458 @@
+//! `rkube server --init` and `rkube server --join`: a control plane built host by host, as
+//! kubeadm builds one.
+//!
+//! `--init` makes the cluster CA, the service account key, this member's certificate and an
+//! admin kubeconfig, starts a one-member cluster, then creates a bootstrap token and uploads
+//! the control-plane keys (the CA key and the service account key) encrypted with a fresh
+//! certificate key, and prints the commands that join more control-plane members and workers.
+//!
+//! `--join` finds the cluster through the bootstrap token (cluster-info, pinned CA), fetches
+//! and decrypts the keys with the certificate key, issues its own certificates, is added as a
+//! learner and promotes itself once it has caught up.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use rkube_store::pki;
+use rkube_store::proto::etcdserverpb as pb;
+use serde_json::{json, Value};
+
+/// The Secret that carries the encrypted control-plane keys (kubeadm's kubeadm-certs).
+pub const CERTS_SECRET: &str = "rkube-certs";
+const CERTS_TTL: Duration = Duration::from_secs(2 * 3600);
+const ENCRYPTED: &[&str] = &[pki::CA_KEY_FILE, pki::SA_KEY_FILE];
+
+/// The certificate SANs of a member: its listen addresses (when specific), loopback, its name
+/// and host name, and any given.
+fn sans(name: &str, listens: &[Option<SocketAddr>], extra: &[String]) -> Vec<String> {
+    let mut out = vec![
+        "127.0.0.1".to_string(),
+        "localhost".to_string(),
+        name.to_string(),
+    ];
+    for a in listens.iter().flatten() {
+        if !a.ip().is_unspecified() {
+            out.push(a.ip().to_string());
+        }
+    }
+    if let Ok(h) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        out.push(h.trim().to_string());
+    }
+    out.extend(extra.iter().cloned());
+    out.sort();
+    out.dedup();
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// What a member needs in its PKI directory beyond the CA: its certificate and the admin's.
+fn issue_member(dir: &Path, name: &str, sans: &[String]) -> Result<()> {
+    pki::issue(dir, name, name, None, sans, true, true)?;
+    pki::issue(
+        dir,
+        "admin",
+        "kubernetes-admin",
+        Some("system:masters"),
+        &[],
+        false,
+        true,
+    )?;
+    Ok(())
+}
+
+/// `<pki>/admin.kubeconfig`: the admin's certificate and this member's API address.
+fn write_admin_kubeconfig(dir: &Path, server: &str) -> Result<PathBuf> {
+    let b64 = |f: &str| -> Result<String> { Ok(STANDARD.encode(std::fs::read(dir.join(f))?)) };
+    let doc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: rkube\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: rkube\n  context:\n    cluster: rkube\n    user: kubernetes-admin\ncurrent-context: rkube\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\npreferences: {{}}\n",
+        b64("ca.crt")?,
+        b64("admin.crt")?,
+        b64("admin.key")?
+    );
+    let path = dir.join("admin.kubeconfig");
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(doc.as_bytes())?;
+    Ok(path)
+}
+
+fn api_url(listen_api: Option<SocketAddr>, advertise: Option<&str>) -> Result<String> {
+    if let Some(a) = advertise {
+        return Ok(a.trim_end_matches('/').to_string());
+    }
+    let a = listen_api.ok_or_else(|| anyhow!("--init and --join need --listen-api"))?;
+    if a.ip().is_unspecified() {
+        bail!("--listen-api {a} listens on every address: give --advertise-api-url, the address the other hosts reach");
+    }
+    Ok(format!("https://{a}"))
+}
+
+pub struct InitPlan {
+    pub pki: PathBuf,
+    pub api_url: String,
+    pub client_url: String,
+    pub kubeconfig: PathBuf,
+}
+
+/// `--init`, before the server starts: the PKI and the one-member initial cluster.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_init(
+    name: &str,
+    pki_dir: &Path,
+    listen_peer: SocketAddr,
+    listen_client: SocketAddr,
+    listen_api: Option<SocketAddr>,
+    advertise_api: Option<&str>,
+    extra_sans: &[String],
+) -> Result<(InitPlan, String)> {
+    let api = api_url(listen_api, advertise_api)?;
+    pki::init_ca(pki_dir)?;
+    pki::init_service_account_key(pki_dir)?;
+    issue_member(
+        pki_dir,
+        name,
+        &sans(
+            name,
+            &[Some(listen_peer), Some(listen_client), listen_api],
+            extra_sans,
+        ),
+    )?;
+    let kubeconfig = write_admin_kubeconfig(pki_dir, &api)?;
+    let initial = format!("{name}=https://{listen_peer}");
+    Ok((
+        InitPlan {
+            pki: pki_dir.to_path_buf(),
+            api_url: api,
+            client_url: format!("https://{listen_client}"),
+            kubeconfig,
+        },
+        initial,
+    ))
+}
+
+/// AES-256-GCM with a random nonce: base64(nonce || ciphertext || tag).
+fn seal(key: &[u8; 32], plain: &[u8]) -> Result<String> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let k = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).map_err(|_| anyhow!("bad key"))?);
+    let nonce: [u8; 12] = rand::random();
+    let mut buf = plain.to_vec();
+    k.seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+        .map_err(|_| anyhow!("encryption failed"))?;
+    let mut out = nonce.to_vec();
+    out.extend(buf);
+    Ok(STANDARD.encode(out))
+}
+
+fn open(key: &[u8; 32], sealed: &str) -> Result<Vec<u8>> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let raw = STANDARD.decode(sealed)?;
+    if raw.len() < 12 + 16 {
+        bail!("the encrypted key is too short");
+    }
+    let (nonce, rest) = raw.split_at(12);
+    let k = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).map_err(|_| anyhow!("bad key"))?);
+    let mut buf = rest.to_vec();
+    let plain = k
+        .open_in_place(
+            Nonce::try_assume_unique_for_key(nonce).map_err(|_| anyhow!("bad nonce"))?,
+            Aad::empty(),
+            &mut buf,
+        )
+        .map_err(|_| anyhow!("the certificate key does not decrypt the control-plane keys: is it the one `rkube server --init` printed, and less than 2 hours old?"))?;
+    Ok(plain.to_vec())
+}
+
+fn parse_certificate_key(hex: &str) -> Result<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("--certificate-key must be 64 hex digits, as `rkube server --init` prints it");
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?;
+    }
+    Ok(out)
+}
+
+/// `--init`, once the server runs: a bootstrap token, the encrypted keys, the join commands.
+pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let token = format!("{}.{}", crate::token::random(6), crate::token::random(16));
+    let secret = crate::token::token_secret(
+        &token,
+        Duration::from_secs(24 * 3600),
+        "signing,authentication",
+        "system:bootstrappers:kubeadm:default-node-token",
+        "rkube server --init",
+    )?;
+    let created = loop {
+        match client
+            .create("/api/v1/namespaces/kube-system/secrets", &secret)
+            .await
+        {
+            Ok(s) => break s,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "creating the first bootstrap token; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => return Err(anyhow!("creating the first bootstrap token: {e}")),
+        }
+    };
+    // The keys, encrypted, owned by a short-lived token so that they go when it expires.
+    let key: [u8; 32] = rand::random();
+    let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let holder_token = format!("{}.{}", crate::token::random(6), crate::token::random(16));
+    let holder = crate::token::token_secret(
+        &holder_token,
+        CERTS_TTL,
+        "",
+        "",
+        "holds the uploaded control-plane keys",
+    )?;
+    let holder = client
+        .create("/api/v1/namespaces/kube-system/secrets", &holder)
+        .await
+        .map_err(|e| anyhow!("creating the keys' holder token: {e}"))?;
+    let mut data = serde_json::Map::new();
+    data.insert(
+        pki::CA_CERT_FILE.into(),
+        json!(STANDARD.encode(std::fs::read(plan.pki.join(pki::CA_CERT_FILE))?)),
+    );
+    for f in ENCRYPTED {
+        let sealed = seal(&key, &std::fs::read(plan.pki.join(f))?)?;
+        data.insert((*f).into(), json!(STANDARD.encode(sealed)));
+    }
+    data.insert(
+        "etcd-endpoints".into(),
+        json!(STANDARD.encode(&plan.client_url)),
+    );
+    let certs = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": CERTS_SECRET, "namespace": "kube-system",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Secret",
+                "name": holder.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
+                "uid": holder.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or(""),
+                "blockOwnerDeletion": true}]},
+        "data": data});
+    let path = format!("/api/v1/namespaces/kube-system/secrets/{CERTS_SECRET}");
+    match client.get(&path).await {
+        Ok(mut old) => {
+            old["data"] = certs["data"].clone();
+            old["metadata"]["ownerReferences"] = certs["metadata"]["ownerReferences"].clone();
+            client
+                .update(&path, &old)
+                .await
+                .map_err(|e| anyhow!("uploading the keys: {e}"))?;
+        }
+        Err(_) => {
+            client
+                .create("/api/v1/namespaces/kube-system/secrets", &certs)
+                .await
+                .map_err(|e| anyhow!("uploading the keys: {e}"))?;
+        }
+    }
+    let _ = created;
+    let pin = pki::ca_spki_sha256(&std::fs::read(plan.pki.join(pki::CA_CERT_FILE))?)?;
+    println!(
+        "\nYour rkube control plane has initialized successfully!\n\n\
+         To use kubectl:\n\n  export KUBECONFIG={}\n\n\
+         To add a control-plane member (run on its host, with its own --name, --data-dir, --pki\n\
+         and --listen-* addresses; the certificate key expires in 2 hours):\n\n  \
+         rkube server --join {api} --token {token} \\\n    --discovery-token-ca-cert-hash {pin} \\\n    --certificate-key {key_hex} ...\n\n\
+         To add a worker node:\n\n  \
+         rkube agent --server {api} --token {token} \\\n    --discovery-token-ca-cert-hash {pin} --dir <dir>\n",
+        plan.kubeconfig.display(),
+        api = plan.api_url,
+    );
+    Ok(())
+}
+
+pub struct JoinPlan {
+    pub initial_cluster: String,
+    pub member_id: u64,
+    pub target: crate::client::Target,
+}
+
+/// `--join`, before the server starts: discovery, the keys, own certificates, and the
+/// learner's MemberAdd.
+#[allow(clippy::too_many_arguments)]
+pub async fn prepare_join(
+    join: &str,
+    token: &str,
+    pin: &str,
+    certificate_key: &str,
+    name: &str,
+    pki_dir: &Path,
+    listen_peer: SocketAddr,
+    listen_client: SocketAddr,
+    listen_api: Option<SocketAddr>,
+    advertise_api: Option<&str>,
+    extra_sans: &[String],
+) -> Result<JoinPlan> {
+    let key = parse_certificate_key(certificate_key)?;
+    let ca_pem = rkube_agent::join::discover(join, token, pin)
+        .await
+        .map_err(|e| anyhow!("discovery at {join}: {e:#}"))?;
+    let client = rkube_agent::join::token_client(join, &ca_pem, token).await?;
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client, "kube-system");
+    let certs = secrets.get(CERTS_SECRET).await.map_err(|e| {
+        anyhow!(
+            "reading the uploaded control-plane keys: {} (they expire 2 hours after `rkube server --init`)",
+            rkube_agent::join::describe(&e)
+        )
+    })?;
+    let data = certs.data.unwrap_or_default();
+    let get = |k: &str| -> Result<Vec<u8>> {
+        Ok(data
+            .get(k)
+            .ok_or_else(|| anyhow!("the uploaded keys lack {k}"))?
+            .0
+            .clone())
+    };
+    std::fs::create_dir_all(pki_dir)?;
+    let ca_cert = get(pki::CA_CERT_FILE)?;
+    if pki::ca_spki_sha256(&ca_cert)? != pki::ca_spki_sha256(ca_pem.as_bytes())? {
+        bail!("the uploaded CA is not the cluster-info CA");
+    }
+    for f in ENCRYPTED {
+        let sealed = String::from_utf8(get(f)?)?;
+        let plain = open(&key, &sealed)?;
+        write_private(&pki_dir.join(f), &plain)?;
+    }
+    std::fs::write(pki_dir.join(pki::CA_CERT_FILE), &ca_cert)?;
+    issue_member(
+        pki_dir,
+        name,
+        &sans(
+            name,
+            &[Some(listen_peer), Some(listen_client), listen_api],
+            extra_sans,
+        ),
+    )?;
+    let api = api_url(listen_api, advertise_api)?;
+    write_admin_kubeconfig(pki_dir, &api)?;
+    let endpoints = String::from_utf8(get("etcd-endpoints")?)?;
+    let target = crate::client::ClusterArgs {
+        endpoints: Some(endpoints),
+        cacert: Some(pki_dir.join(pki::CA_CERT_FILE)),
+        cert: Some(pki_dir.join("admin.crt")),
+        key: Some(pki_dir.join("admin.key")),
+        dir: None,
+        insecure: false,
+    }
+    .resolve()?;
+    let ch = target.connect().await?;
+    let mut cluster = pb::cluster_client::ClusterClient::new(ch);
+    let peer_url = format!("https://{listen_peer}");
+    let list = cluster
+        .member_list(pb::MemberListRequest { linearizable: true })
+        .await?
+        .into_inner();
+    let existing = list
+        .members
+        .iter()
+        .find(|m| m.name == name || m.peer_ur_ls.contains(&peer_url));
+    let (id, members) = match existing {
+        // Added before (a join that stopped half-way): go on with it.
+        Some(m) => (m.id, list.members.clone()),
+        None => {
+            let added = cluster
+                .member_add(pb::MemberAddRequest {
+                    peer_ur_ls: vec![peer_url.clone()],
+                    is_learner: true,
+                })
+                .await
+                .context("adding this member as a learner")?
+                .into_inner();
+            (added.member.map(|m| m.id).unwrap_or(0), added.members)
+        }
+    };
+    let initial_cluster = members
+        .iter()
+        .map(|m| {
+            let n = if m.name.is_empty() {
+                name
+            } else {
+                m.name.as_str()
+            };
+            format!("{n}={}", m.peer_ur_ls.first().cloned().unwrap_or_default())
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok(JoinPlan {
+        initial_cluster,
+        member_id: id,
+        target,
+    })
+}
+
+/// The joined learner promotes itself once the cluster accepts it as caught up.
+pub async fn promote_when_ready(plan: JoinPlan) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(ch) = plan.target.connect().await else {
+            continue;
+        };
+        let mut cluster = pb::cluster_client::ClusterClient::new(ch);
+        match cluster
+            .member_promote(pb::MemberPromoteRequest { id: plan.member_id })
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(
+                    id = format!("{:x}", plan.member_id),
+                    "promoted to a voting member"
+                );
+                println!("This member has joined the control plane as a voting member.");
+                return;
+            }
+            Err(s)
+                if s.message().contains("not a learner") || s.message().contains("not found") =>
+            {
+                return;
+            }
+            Err(s) => tracing::debug!(error = %s.message(), "not promoted yet"),
+        }
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(bytes)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_keys_open_only_with_their_key() {
+        let key: [u8; 32] = rand::random();
+        let sealed = seal(&key, b"-----BEGIN PRIVATE KEY-----").unwrap();
+        assert_eq!(open(&key, &sealed).unwrap(), b"-----BEGIN PRIVATE KEY-----");
+        let other: [u8; 32] = rand::random();
+        assert!(open(&other, &sealed).is_err());
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(parse_certificate_key(&hex).unwrap(), key);
+        assert!(parse_certificate_key("abc").is_err());
+    }
+}
