@@ -170,6 +170,36 @@ pub async fn token_client(server: &str, ca_pem: &str, token: &str) -> Result<kub
     client(server, Some(ca_pem), Auth::Token(token)).await
 }
 
+/// Discovery against each server in turn until one answers, retrying what may pass (a server
+/// not ready yet, a token not signed yet) for up to `timeout`: the server and the CA.
+pub async fn discover_any(
+    servers: &[String],
+    token: &str,
+    pin: &str,
+    timeout: Duration,
+) -> Result<(String, String)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = None;
+    for server in servers.iter().cycle() {
+        if last.is_some() && tokio::time::Instant::now() > deadline {
+            break;
+        }
+        match discover(server, token, pin).await {
+            Ok(ca) => return Ok((server.clone(), ca)),
+            Err(e) if e.downcast_ref::<Retry>().is_some() => {
+                tracing::warn!(server, error = %format!("{e:#}"), "discovery failed; retrying");
+                last = Some(e);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let last = last.unwrap_or_else(|| anyhow!("no server answered"));
+    Err(anyhow!(
+        "joining failed after {timeout:?} of trying: {last:#}"
+    ))
+}
+
 /// Sends a CSR for `node`'s client certificate as the holder of `auth` and waits for the
 /// certificate.
 async fn request_certificate(client: kube::Client, node: &str) -> Result<Identity> {
@@ -264,39 +294,20 @@ impl Clients {
         let pin = pin.ok_or_else(|| {
             anyhow!("--discovery-token-ca-cert-hash is required to join: it pins the cluster CA (`rkube server --init` prints it)")
         })?;
-        let deadline = tokio::time::Instant::now() + discovery_timeout;
-        let mut last = None;
-        for server in servers.iter().cycle() {
-            if last.is_some() && tokio::time::Instant::now() > deadline {
-                break;
-            }
-            match discover(server, token, pin).await {
-                Ok(ca_pem) => {
-                    let bootstrap = client(server, Some(&ca_pem), Auth::Token(token)).await?;
-                    let id = request_certificate(bootstrap, node).await?;
-                    save(dir, &ca_pem, &id)?;
-                    let c = client(server, Some(&ca_pem), Auth::Certificate(&id)).await?;
-                    tracing::info!(node, server, "joined the cluster");
-                    return Ok(Arc::new(Clients {
-                        servers: servers.clone(),
-                        ca_pem,
-                        dir: dir.to_path_buf(),
-                        node: node.to_string(),
-                        state: RwLock::new((0, c, id)),
-                    }));
-                }
-                Err(e) if e.downcast_ref::<Retry>().is_some() => {
-                    tracing::warn!(server, error = %format!("{e:#}"), "discovery failed; retrying");
-                    last = Some(e);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let last = last.unwrap_or_else(|| anyhow!("no server answered"));
-        Err(anyhow!(
-            "joining failed after {discovery_timeout:?} of trying: {last:#}"
-        ))
+        let (server, ca_pem) = discover_any(&servers, token, pin, discovery_timeout).await?;
+        let bootstrap = client(&server, Some(&ca_pem), Auth::Token(token)).await?;
+        let id = request_certificate(bootstrap, node).await?;
+        save(dir, &ca_pem, &id)?;
+        let c = client(&server, Some(&ca_pem), Auth::Certificate(&id)).await?;
+        tracing::info!(node, server, "joined the cluster");
+        let index = servers.iter().position(|s| *s == server).unwrap_or(0);
+        Ok(Arc::new(Clients {
+            servers,
+            ca_pem,
+            dir: dir.to_path_buf(),
+            node: node.to_string(),
+            state: RwLock::new((index, c, id)),
+        }))
     }
 
     pub fn get(&self) -> kube::Client {

@@ -206,7 +206,7 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
         if phase == "Succeeded" || phase == "Failed" {
             continue;
         }
-        if phase == "Running" && s(&pod, "/status/podIP") != "" {
+        if phase == "Running" && !s(&pod, "/status/podIP").is_empty() {
             // Already running (this agent wrote it, before a restart maybe): adopt it.
             if let Some(ipam) = &shared.ipam {
                 ipam.adopt(s(&pod, "/metadata/uid"), s(&pod, "/status/podIP"));

@@ -12,7 +12,7 @@ BASE_PORT=${BASE_PORT:-62379}
 WORK=$(mktemp -d)
 cargo build --release -q -p rkube
 RKUBE=$PWD/target/release/rkube
-"$RKUBE" up --dir "$WORK/c" --base-port "$BASE_PORT" --node-monitor-grace-period 1h --detach >/dev/null
+"$RKUBE" up --dir "$WORK/c" --base-port "$BASE_PORT" --agents 0 --node-monitor-grace-period 1h --detach >/dev/null
 trap '"$RKUBE" down --dir "$WORK/c" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 # shellcheck disable=SC1091
 source "$WORK/c/env"

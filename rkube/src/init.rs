@@ -23,6 +23,9 @@ use serde_json::{json, Value};
 
 /// The Secret that carries the encrypted control-plane keys (kubeadm's kubeadm-certs).
 pub const CERTS_SECRET: &str = "rkube-certs";
+/// How long a joining member keeps trying a control plane that is not ready yet (kubeadm's
+/// discovery timeout).
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(300);
 const CERTS_TTL: Duration = Duration::from_secs(2 * 3600);
 const ENCRYPTED: &[&str] = &[pki::CA_KEY_FILE, pki::SA_KEY_FILE];
 
@@ -299,18 +302,29 @@ pub async fn prepare_join(
     extra_sans: &[String],
 ) -> Result<JoinPlan> {
     let key = parse_certificate_key(certificate_key)?;
-    let ca_pem = rkube_agent::join::discover(join, token, pin)
-        .await
-        .map_err(|e| anyhow!("discovery at {join}: {e:#}"))?;
+    let (_, ca_pem) =
+        rkube_agent::join::discover_any(&[join.to_string()], token, pin, DISCOVERY_TIMEOUT)
+            .await
+            .map_err(|e| anyhow!("discovery at {join}: {e:#}"))?;
     let client = rkube_agent::join::token_client(join, &ca_pem, token).await?;
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(client, "kube-system");
-    let certs = secrets.get(CERTS_SECRET).await.map_err(|e| {
-        anyhow!(
-            "reading the uploaded control-plane keys: {} (they expire 2 hours after `rkube server --init`)",
-            rkube_agent::join::describe(&e)
-        )
-    })?;
+    // Right after --init the policy that lets tokens read them may be a moment behind.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let certs = loop {
+        match secrets.get(CERTS_SECRET).await {
+            Ok(c) => break c,
+            Err(kube::Error::Api(e))
+                if (e.code == 403 || e.code == 404) && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => bail!(
+                "reading the uploaded control-plane keys: {} (they expire 2 hours after `rkube server --init`)",
+                rkube_agent::join::describe(&e)
+            ),
+        }
+    };
     let data = certs.data.unwrap_or_default();
     let get = |k: &str| -> Result<Vec<u8>> {
         Ok(data
