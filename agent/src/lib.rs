@@ -80,6 +80,7 @@ pub async fn run(cfg: AgentConfig) -> Result<()> {
             .collect()
     };
     let mut joins = Vec::new();
+    let mut joined = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let mut node = cfg.node.clone();
         node.name = name.clone();
@@ -106,19 +107,19 @@ pub async fn run(cfg: AgentConfig) -> Result<()> {
             let node = Arc::new(node);
             tokio::spawn(clients.clone().rotate_forever());
             tokio::spawn(node::run(clients.clone(), node.clone()));
-            tokio::spawn(pods::run(clients, node));
-            anyhow::Ok(())
+            anyhow::Ok((clients, node))
         }));
         // Many simulated nodes join a few at a time rather than all at once.
         if joins.len() % 16 == 0 {
             for j in joins.drain(..) {
-                j.await??;
+                joined.push(j.await??);
             }
         }
     }
     for j in joins {
-        j.await??;
+        joined.push(j.await??);
     }
+    tokio::spawn(pods::run(joined));
     tracing::info!(nodes = names.len(), "agent running");
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -91,8 +91,8 @@ fn kernel_version() -> String {
         .unwrap_or_default()
 }
 
-/// Creates the Node (or finds it there) and posts its status.
-async fn register(clients: &Clients, cfg: &NodeConfig) -> Result<()> {
+/// Creates the Node (or finds it there) and posts its status; returns the Node's uid.
+async fn register(clients: &Clients, cfg: &NodeConfig) -> Result<String> {
     let api: Api<Node> = Api::all(clients.get());
     let node: Node = serde_json::from_value(node_object(cfg))?;
     match api.create(&PostParams::default(), &node).await {
@@ -100,12 +100,17 @@ async fn register(clients: &Clients, cfg: &NodeConfig) -> Result<()> {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
-    post_status(clients, cfg).await
+    post_status(clients, cfg)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the node was deleted while registering"))
 }
 
-async fn post_status(clients: &Clients, cfg: &NodeConfig) -> Result<()> {
+/// Posts the Node's status; None when the Node is gone. Returns its uid.
+async fn post_status(clients: &Clients, cfg: &NodeConfig) -> Result<Option<String>> {
     let api: Api<Node> = Api::all(clients.get());
-    let current = api.get(&cfg.name).await?;
+    let Some(current) = api.get_opt(&cfg.name).await? else {
+        return Ok(None);
+    };
     // A condition's transition time stays while its status does.
     let since = current
         .status
@@ -118,43 +123,59 @@ async fn post_status(clients: &Clients, cfg: &NodeConfig) -> Result<()> {
     let patch = json!({"status": node_status(cfg, &since)});
     api.patch_status(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(())
+    Ok(current.metadata.uid)
 }
 
-async fn renew_lease(clients: &Clients, cfg: &NodeConfig, uid: &str) -> Result<()> {
+/// Renews the Lease with one write; Ok(false) when it does not exist.
+async fn renew_lease(clients: &Clients, cfg: &NodeConfig) -> Result<bool> {
     let api: Api<Lease> = Api::namespaced(clients.get(), "kube-node-lease");
     let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    match api.get_opt(&cfg.name).await? {
-        Some(_) => {
-            let patch = json!({"spec": {"holderIdentity": cfg.name, "renewTime": micro,
-                                        "leaseDurationSeconds": LEASE_DURATION_SECONDS}});
-            api.patch(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        }
-        None => {
-            let lease: Lease = serde_json::from_value(json!({
-                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": cfg.name, "namespace": "kube-node-lease",
-                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
-                                         "name": cfg.name, "uid": uid}]},
-                "spec": {"holderIdentity": cfg.name, "renewTime": micro,
-                         "leaseDurationSeconds": LEASE_DURATION_SECONDS}}))?;
-            api.create(&PostParams::default(), &lease).await?;
-        }
+    let patch = json!({"spec": {"holderIdentity": cfg.name, "renewTime": micro,
+                                "leaseDurationSeconds": LEASE_DURATION_SECONDS}});
+    match api
+        .patch(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
-/// Registers the node, then heartbeats until the process ends.
+async fn create_lease(clients: &Clients, cfg: &NodeConfig, node_uid: &str) -> Result<()> {
+    let api: Api<Lease> = Api::namespaced(clients.get(), "kube-node-lease");
+    let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let lease: Lease = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": cfg.name, "namespace": "kube-node-lease",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+                                 "name": cfg.name, "uid": node_uid}]},
+        "spec": {"holderIdentity": cfg.name, "renewTime": micro,
+                 "leaseDurationSeconds": LEASE_DURATION_SECONDS}}))?;
+    match api.create(&PostParams::default(), &lease).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Registers the node, then heartbeats until the process ends: one Lease write per interval;
+/// the Node's status when the report interval has passed or after the heartbeat failed (the
+/// node controller may have marked the node meanwhile). A Node deleted meanwhile (its Lease
+/// goes with it) is registered again.
 pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
-    let mut registered = false;
+    let mut registered: Option<String> = None;
     let mut last_status = tokio::time::Instant::now();
+    let mut stale = false;
     loop {
-        if !registered {
-            match register(&clients, &cfg).await {
-                Ok(()) => {
-                    registered = true;
+        let uid = match &registered {
+            Some(uid) => uid.clone(),
+            None => match register(&clients, &cfg).await {
+                Ok(uid) => {
                     last_status = tokio::time::Instant::now();
+                    stale = false;
+                    registered = Some(uid.clone());
+                    uid
                 }
                 Err(e) => {
                     tracing::warn!(node = %cfg.name, error = %e, "registering the node failed; retrying");
@@ -162,41 +183,50 @@ pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
-            }
-        }
-        let api: Api<Node> = Api::all(clients.get());
-        match api.get_opt(&cfg.name).await {
-            Ok(None) => {
-                tracing::info!(node = %cfg.name, "the node was deleted; registering it again");
-                registered = false;
-                continue;
-            }
-            Ok(Some(node)) => {
-                let uid = node.metadata.uid.unwrap_or_default();
-                if let Err(e) = renew_lease(&clients, &cfg, &uid).await {
-                    tracing::warn!(node = %cfg.name, error = %e, "renewing the lease failed");
-                    clients.fail_over().await;
-                }
-                // Marked NotReady or Unknown while this agent was away: say Ready at once.
-                let ready = node
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                if !ready || last_status.elapsed() >= cfg.status_report_interval {
-                    match post_status(&clients, &cfg).await {
-                        Ok(()) => last_status = tokio::time::Instant::now(),
-                        Err(e) => {
-                            tracing::warn!(node = %cfg.name, error = %e, "posting the node status failed")
+            },
+        };
+        match renew_lease(&clients, &cfg).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // No Lease: a new node, or the Node (and with it its Lease) was deleted.
+                match Api::<Node>::all(clients.get()).get_opt(&cfg.name).await {
+                    Ok(Some(n)) if n.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                        if let Err(e) = create_lease(&clients, &cfg, &uid).await {
+                            tracing::warn!(node = %cfg.name, error = %e, "creating the lease failed");
                         }
+                    }
+                    Ok(_) => {
+                        tracing::info!(node = %cfg.name, "the node was deleted; registering it again");
+                        registered = None;
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %cfg.name, error = %e, "reading the node failed");
+                        stale = true;
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(node = %cfg.name, error = %e, "reading the node failed");
+                tracing::warn!(node = %cfg.name, error = %e, "renewing the lease failed");
                 clients.fail_over().await;
+                stale = true;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
+            }
+        }
+        if stale || last_status.elapsed() >= cfg.status_report_interval {
+            match post_status(&clients, &cfg).await {
+                Ok(Some(_)) => {
+                    last_status = tokio::time::Instant::now();
+                    stale = false;
+                }
+                Ok(None) => {
+                    registered = None;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(node = %cfg.name, error = %e, "posting the node status failed")
+                }
             }
         }
         tokio::time::sleep(cfg.lease_interval).await;

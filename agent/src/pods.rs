@@ -90,19 +90,51 @@ struct Shared {
     ipam: Option<Ipam>,
 }
 
-/// Watches the node's pods and keeps a worker per pod, until the process ends.
-pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
-    let ipam = cfg.pod_cidr.as_deref().and_then(Ipam::new);
-    let shared = Arc::new(Shared { clients, cfg, ipam });
-    let mut workers: HashMap<String, mpsc::UnboundedSender<Value>> = HashMap::new();
-    let selector = format!("spec.nodeName={}", shared.cfg.name);
+/// Watches the pods of this process's nodes and keeps a worker per pod, until the process
+/// ends. One node watches `spec.nodeName=<node>`, as the kubelet does; a process simulating
+/// many nodes watches all pods once (a node may read every pod) and hands each to its node,
+/// whose own client writes its status.
+pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>) {
+    let Some(watcher) = nodes.first().map(|(c, _)| c.clone()) else {
+        return;
+    };
+    let by_name: HashMap<String, Arc<Shared>> = nodes
+        .into_iter()
+        .map(|(clients, cfg)| {
+            let ipam = cfg.pod_cidr.as_deref().and_then(Ipam::new);
+            (cfg.name.clone(), Arc::new(Shared { clients, cfg, ipam }))
+        })
+        .collect();
+    let selector = if by_name.len() == 1 {
+        by_name
+            .keys()
+            .next()
+            .map(|n| format!("spec.nodeName={n}"))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    // uid -> (the pod's node, its worker)
+    let mut workers: HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)> = HashMap::new();
+    let forget = |workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)>,
+                  uid: &str| {
+        if let Some((shared, _)) = workers.remove(uid) {
+            if let Some(ipam) = &shared.ipam {
+                ipam.release(uid);
+            }
+        }
+    };
     loop {
-        let api: Api<Pod> = Api::all(shared.clients.get());
-        let list = match api.list(&ListParams::default().fields(&selector)).await {
+        let api: Api<Pod> = Api::all(watcher.get());
+        let mut lp = ListParams::default();
+        if !selector.is_empty() {
+            lp = lp.fields(&selector);
+        }
+        let list = match api.list(&lp).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(node = %shared.cfg.name, error = %e, "listing the node's pods failed");
-                shared.clients.fail_over().await;
+                tracing::warn!(error = %e, "listing the node's pods failed");
+                watcher.fail_over().await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -112,19 +144,21 @@ pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
         for pod in list.items {
             let v = serde_json::to_value(&pod).unwrap_or_default();
             present.insert(s(&v, "/metadata/uid").to_string());
-            dispatch(&shared, &mut workers, v);
+            dispatch(&by_name, &mut workers, v);
         }
         // Pods that went while the watch was down.
-        workers.retain(|uid, _| {
-            let keep = present.contains(uid);
-            if !keep {
-                if let Some(ipam) = &shared.ipam {
-                    ipam.release(uid);
-                }
-            }
-            keep
-        });
-        let params = WatchParams::default().fields(&selector).timeout(290);
+        let gone: Vec<String> = workers
+            .keys()
+            .filter(|uid| !present.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            forget(&mut workers, &uid);
+        }
+        let mut params = WatchParams::default().timeout(290);
+        if !selector.is_empty() {
+            params = params.fields(&selector);
+        }
         loop {
             let stream = match api.watch(&params, &rv).await {
                 Ok(s) => s,
@@ -140,18 +174,14 @@ pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
                     Ok(WatchEvent::Added(p)) | Ok(WatchEvent::Modified(p)) => {
                         rv = p.metadata.resource_version.clone().unwrap_or(rv);
                         dispatch(
-                            &shared,
+                            &by_name,
                             &mut workers,
                             serde_json::to_value(&p).unwrap_or_default(),
                         );
                     }
                     Ok(WatchEvent::Deleted(p)) => {
                         rv = p.metadata.resource_version.clone().unwrap_or(rv);
-                        let uid = p.metadata.uid.unwrap_or_default();
-                        workers.remove(&uid);
-                        if let Some(ipam) = &shared.ipam {
-                            ipam.release(&uid);
-                        }
+                        forget(&mut workers, &p.metadata.uid.unwrap_or_default());
                     }
                     Ok(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
                     Ok(WatchEvent::Error(e)) => {
@@ -172,21 +202,25 @@ pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
     }
 }
 
-/// Hands a pod's new state to its worker, starting one for a pod not seen before.
+/// Hands a pod's new state to its worker, starting one for a pod of one of this process's
+/// nodes not seen before.
 fn dispatch(
-    shared: &Arc<Shared>,
-    workers: &mut HashMap<String, mpsc::UnboundedSender<Value>>,
+    by_name: &HashMap<String, Arc<Shared>>,
+    workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)>,
     pod: Value,
 ) {
     let uid = s(&pod, "/metadata/uid").to_string();
-    if let Some(tx) = workers.get(&uid) {
+    if let Some((_, tx)) = workers.get(&uid) {
         if tx.send(pod.clone()).is_ok() {
             return;
         }
     }
+    let Some(shared) = by_name.get(s(&pod, "/spec/nodeName")) else {
+        return;
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(pod);
-    workers.insert(uid, tx);
+    workers.insert(uid, (shared.clone(), tx));
     tokio::spawn(worker(shared.clone(), rx));
 }
 

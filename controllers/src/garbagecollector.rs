@@ -46,6 +46,13 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
     ("/registry/services/endpoints/", "/api/v1", "endpoints"),
     ("/registry/configmaps/", "/api/v1", "configmaps"),
     ("/registry/secrets/", "/api/v1", "secrets"),
+    // Nodes own their Leases in kube-node-lease.
+    ("/registry/minions/", "/api/v1", "nodes"),
+    (
+        "/registry/leases/",
+        "/apis/coordination.k8s.io/v1",
+        "leases",
+    ),
 ];
 
 fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {

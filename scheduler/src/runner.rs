@@ -195,7 +195,46 @@ impl Scheduler {
         }
     }
 
-    async fn schedule_one(&self, key: &str) -> Outcome {
+    /// Writes the binding of an assumed placement; on failure the placement is forgotten and
+    /// the pod comes back to the queue.
+    async fn bind(self: Arc<Self>, key: &str, pod: &Value, node: &str) {
+        let (ns, name) = (s(pod, "/metadata/namespace"), s(pod, "/metadata/name"));
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": s(pod, "/metadata/uid")},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}/binding");
+        match self.client.create(&path, &binding).await {
+            Ok(_) => {
+                self.unschedulable
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(key);
+                let msg = format!("Successfully assigned {ns}/{name} to {node}");
+                self.recorder
+                    .event(pod, "Pod", NORMAL, "Scheduled", &msg)
+                    .await;
+            }
+            // Gone, or bound by someone else meanwhile: the informer tells where.
+            Err(e) if e.code == 404 || e.code == 409 => {
+                self.cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unplace(key);
+            }
+            Err(e) => {
+                tracing::debug!(pod = key, error = %e, "binding failed; retrying");
+                self.cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unplace(key);
+                self.queue.retry(key);
+            }
+        }
+    }
+
+    async fn schedule_one(self: &Arc<Self>, key: &str) -> Outcome {
         let Some(pod) = self.pods.get(key) else {
             return Ok(None);
         };
@@ -224,40 +263,13 @@ impl Scheduler {
         let (ns, name) = (s(&pod, "/metadata/namespace"), s(&pod, "/metadata/name"));
         match decision {
             Ok(node) => {
-                let binding = json!({
-                    "apiVersion": "v1", "kind": "Binding",
-                    "metadata": {"name": name, "namespace": ns, "uid": s(&pod, "/metadata/uid")},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-                });
-                let path = format!("/api/v1/namespaces/{ns}/pods/{name}/binding");
-                match self.client.create(&path, &binding).await {
-                    Ok(_) => {
-                        self.unschedulable
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(key);
-                        let msg = format!("Successfully assigned {ns}/{name} to {node}");
-                        self.recorder
-                            .event(&pod, "Pod", NORMAL, "Scheduled", &msg)
-                            .await;
-                        Ok(None)
-                    }
-                    // Gone, or bound by someone else meanwhile: the informer tells where.
-                    Err(e) if e.code == 404 || e.code == 409 => {
-                        self.cache
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .unplace(key);
-                        Ok(None)
-                    }
-                    Err(e) => {
-                        self.cache
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .unplace(key);
-                        Err(e)
-                    }
-                }
+                // The binding cycle runs on its own, as in kube-scheduler: the next decision
+                // does not wait for this write (the assumed placement already counts), and
+                // bindings in flight share the store's group commits.
+                let this = self.clone();
+                let key = key.to_string();
+                tokio::spawn(async move { this.bind(&key, &pod, &node).await });
+                Ok(None)
             }
             Err(fit) => {
                 if let Some(c) = candidate {

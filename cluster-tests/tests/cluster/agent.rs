@@ -168,6 +168,21 @@ async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
     agent1.run(&["label", "node", "agent1", "x=y"]).await.ok();
     let del = agent1.run(&["delete", "pod", "uses-s2"]).await;
     assert!(!del.success, "a node deleted another node's pod");
+
+    // `kubectl delete node` removes the object only: the running agent registers it again.
+    let uid = || async {
+        k.run(&["get", "node", "agent2", "-o", "jsonpath={.metadata.uid}"])
+            .await
+            .stdout
+    };
+    let before = uid().await;
+    k.run(&["delete", "node", "agent2"]).await.ok();
+    wait_for("agent2 registered again", BOUND, || async {
+        let now = uid().await;
+        (!now.is_empty() && now != before).then_some(())
+    })
+    .await;
+    wait_nodes_ready(&k, &["agent2"]).await;
 }
 
 /// `rkube token create --print-join-command --dir DIR`, retried until the API takes it: the

@@ -54,26 +54,34 @@ pub async fn run(dir: &std::path::Path, args: PodsBenchArgs) -> Result<()> {
         let pods = pods.clone();
         let running = running.clone();
         let want = args.pods;
-        let mut stream = Box::pin(
-            pods.watch(&WatchParams::default().timeout(3600), "0")
-                .await?,
-        );
         tokio::spawn(async move {
-            while let Some(ev) = stream.next().await {
-                if let Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) = ev {
-                    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                    if phase == Some("Running") {
-                        let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
-                        r.entry(p.metadata.name.unwrap_or_default())
-                            .or_insert_with(Instant::now);
-                        if r.len() >= want {
-                            return;
+            // A watch lasts under 5 minutes (the API's limit): go on from the last version.
+            let mut rv = "0".to_string();
+            loop {
+                let Ok(stream) = pods.watch(&WatchParams::default().timeout(290), &rv).await else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let mut stream = Box::pin(stream);
+                while let Some(ev) = stream.next().await {
+                    if let Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) = ev {
+                        rv = p.metadata.resource_version.clone().unwrap_or(rv);
+                        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                        if phase == Some("Running") {
+                            let mut r = running.lock().unwrap_or_else(|e| e.into_inner());
+                            r.entry(p.metadata.name.unwrap_or_default())
+                                .or_insert_with(Instant::now);
+                            if r.len() >= want {
+                                return;
+                            }
                         }
                     }
                 }
             }
         })
     };
+    // The watch is open before the first create (a moment for its request to land).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let begin = Instant::now();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut creators = Vec::new();
