@@ -222,7 +222,7 @@ struct ServerArgs {
     #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
     compaction_interval: Duration,
     /// How long the certificates the cluster CA signs for nodes last (kube-controller-manager's
-    /// --cluster-signing-duration); agents renew theirs when 80% of it has passed.
+    /// --cluster-signing-duration; at least 10m); agents renew theirs when 80% of it has passed.
     #[arg(long, default_value = "8760h", value_parser = flags::parse_duration)]
     cluster_signing_duration: Duration,
     /// The API address written into kube-public/cluster-info for joining nodes (default:
@@ -366,7 +366,8 @@ fn certificate_settings(
         signer: std::sync::Arc::new(rkube_store::pki::CsrSigner::load(&args.pki)?),
         ca_pem,
         server_url,
-        signing_duration: args.cluster_signing_duration.max(Duration::from_secs(60)),
+        // Kubernetes' shortest: 10 minutes (certificates are backdated 5 minutes for clock skew).
+        signing_duration: args.cluster_signing_duration.max(Duration::from_secs(600)),
     }))
 }
 
