@@ -47,7 +47,7 @@ fn from_list(list: Option<&Value>) -> Resources {
 /// init container's if that is more, plus one pod.
 pub fn pod_requests(pod: &Value) -> Resources {
     let sum = |field: &str| {
-        pod.pointer(&format!("/spec/{field}"))
+        at(pod, &["spec", field])
             .and_then(Value::as_array)
             .map(|cs| {
                 cs.iter()
@@ -185,7 +185,11 @@ pub struct NodeInfo {
     pub node: Arc<Value>,
     pub pods: Vec<Arc<Value>>,
     /// The node's labels, copied out of the object once (plugins read them for every pod).
-    pub label_map: Option<serde_json::Map<String, Value>>,
+    /// Never changed after construction: a changed Node is a new NodeInfo.
+    label_map: Option<serde_json::Map<String, Value>>,
+    /// Unique to this NodeInfo's labels (a process-wide counter), so that what is derived
+    /// from the labels of a set of nodes can be remembered until one of them changes.
+    label_gen: u64,
     /// The images the node holds: (normalized name, size in bytes).
     pub images: Vec<(String, i64)>,
     /// What label selectors read of each pod in `pods` (same order), decoded once.
@@ -232,6 +236,8 @@ pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
         .collect()
 }
 
+static LABEL_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 impl NodeInfo {
     pub fn new(node: Arc<Value>) -> NodeInfo {
         let allocatable = crate::snapshot::at(&node, &["status", "allocatable"])
@@ -251,6 +257,7 @@ impl NodeInfo {
                 .to_string(),
             node,
             label_map,
+            label_gen: LABEL_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             images,
             pods: Vec::new(),
             pod_meta: Vec::new(),
@@ -316,6 +323,11 @@ impl NodeInfo {
 
     pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {
         self.label_map.as_ref()
+    }
+
+    /// See `label_gen`: equal only for the same NodeInfo (or a clone of it).
+    pub fn label_generation(&self) -> u64 {
+        self.label_gen
     }
 }
 

@@ -15,12 +15,15 @@ fn s<'a>(v: &'a Value, f: &str) -> &'a str {
 }
 
 fn terms<'a>(pod: &'a Value, kind: &str, when: &str) -> Vec<&'a Value> {
-    pod.pointer(&format!(
-        "/spec/affinity/{kind}/{when}DuringSchedulingIgnoredDuringExecution"
-    ))
-    .and_then(Value::as_array)
-    .map(|a| a.iter().collect())
-    .unwrap_or_default()
+    let field = if when == "required" {
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    } else {
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    };
+    crate::snapshot::at(pod, &["spec", "affinity", kind, field])
+        .and_then(Value::as_array)
+        .map(|a| a.iter().collect())
+        .unwrap_or_default()
 }
 
 /// Whether `pod` matches a PodAffinityTerm written by a pod of namespace `owner_ns`.

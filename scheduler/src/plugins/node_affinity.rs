@@ -70,8 +70,15 @@ impl FilterPlugin for NodeAffinity {
                 sel.iter()
                     .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
             });
-        let required = pod.pointer(
-            "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+        let required = crate::snapshot::at(
+            pod,
+            &[
+                "spec",
+                "affinity",
+                "nodeAffinity",
+                "requiredDuringSchedulingIgnoredDuringExecution",
+                "nodeSelectorTerms",
+            ],
         );
         let affinity_ok = required
             .and_then(Value::as_array)

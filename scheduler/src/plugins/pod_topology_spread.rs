@@ -83,9 +83,57 @@ impl std::hash::Hasher for FnvHasher {
 }
 
 /// Per constraint: matching pods per domain value, over the nodes the pod could go to.
+/// The number of distinct values of a label over a set of nodes, remembered for the set (by a
+/// fingerprint of its nodes' label generations) until a node is added, removed or changed.
+type DomainMemo = (u64, usize, HashMap<String, usize>);
+static DOMAINS: std::sync::Mutex<Option<DomainMemo>> = std::sync::Mutex::new(None);
+
+fn fingerprint(nodes: &[NodeInfo]) -> u64 {
+    // splitmix64 of each generation, summed: order-free, and two different sets collide with
+    // probability 2^-64.
+    nodes.iter().fold(0u64, |acc, n| {
+        let mut z = n.label_generation().wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        acc.wrapping_add(z ^ (z >> 31))
+    })
+}
+
+fn domain_count(nodes: &[NodeInfo], key: &str) -> usize {
+    let fp = fingerprint(nodes);
+    let mut memo = DOMAINS.lock().unwrap_or_else(|e| e.into_inner());
+    if !matches!(&*memo, Some((f, len, _)) if *f == fp && *len == nodes.len()) {
+        *memo = Some((fp, nodes.len(), HashMap::new()));
+    }
+    let Some((_, _, by_key)) = memo.as_mut() else {
+        return 0;
+    };
+    if let Some(n) = by_key.get(key) {
+        return *n;
+    }
+    let distinct: HashSet<&str, Fnv> = nodes
+        .iter()
+        .filter_map(|n| n.labels()?.get(key)?.as_str())
+        .collect();
+    by_key.insert(key.to_string(), distinct.len());
+    distinct.len()
+}
+
+/// One constraint, read out of the pod once per decision.
+struct Constraint {
+    soft: bool,
+    key: String,
+    max_skew: i64,
+    /// Whether the pod itself matches the constraint's selector (it adds one where it goes).
+    self_match: i64,
+    /// Matching pods per domain that has any.
+    counts: HashMap<String, i64, Fnv>,
+    /// The smallest count of a domain.
+    min: i64,
+}
+
 struct State {
-    /// (constraint, matching pods per domain that has any, the smallest count of a domain).
-    constraints: Vec<(Value, HashMap<String, i64, Fnv>, i64)>,
+    constraints: Vec<Constraint>,
 }
 
 pub struct PodTopologySpread;
@@ -143,11 +191,19 @@ impl PreFilterPlugin for PodTopologySpread {
                         .count() as i64;
                 }
                 for (i, key) in keys.iter().enumerate() {
+                    let n = matched[which[i]];
+                    // Without node affinity every node's domain counts: their number comes
+                    // from the node set (remembered), so only nodes with matching pods are
+                    // looked at here.
+                    if n == 0 && !constrained {
+                        continue;
+                    }
                     let Some(v) = labels.get(*key).and_then(Value::as_str) else {
                         continue;
                     };
-                    domains[i].insert(v);
-                    let n = matched[which[i]];
+                    if constrained {
+                        domains[i].insert(v);
+                    }
                     if n > 0 {
                         *counts[i].entry(v.to_string()).or_default() += n;
                     }
@@ -176,15 +232,28 @@ impl PreFilterPlugin for PodTopologySpread {
         } else {
             count(nodes)
         };
+        let key_names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
         let mut out = Vec::new();
-        for ((c, counts), domains) in cs.into_iter().zip(counts).zip(domains) {
+        for (i, ((c, counts), domains)) in cs.into_iter().zip(counts).zip(domains).enumerate() {
+            let domains = if constrained {
+                domains.len()
+            } else {
+                domain_count(nodes, &key_names[i])
+            };
             // A domain without matching pods makes the minimum zero.
-            let min = if counts.len() < domains.len() {
+            let min = if counts.len() < domains {
                 0
             } else {
                 counts.values().copied().min().unwrap_or(0)
             };
-            out.push((c, counts, min));
+            out.push(Constraint {
+                soft: s(&c, "whenUnsatisfiable") == "ScheduleAnyway",
+                key: s(&c, "topologyKey").to_string(),
+                max_skew: c.get("maxSkew").and_then(Value::as_i64).unwrap_or(1),
+                self_match: i64::from(selects(&c, pod)),
+                counts,
+                min,
+            });
         }
         state.insert(State { constraints: out });
     }
@@ -195,27 +264,25 @@ impl FilterPlugin for PodTopologySpread {
         "PodTopologySpread"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+    fn filter(&self, _: &Value, node: &NodeInfo, state: &CycleState) -> Status {
         let Some(st) = state.get::<State>() else {
             return Status::success();
         };
-        for (c, counts, min) in &st.constraints {
-            if s(c, "whenUnsatisfiable") == "ScheduleAnyway" {
+        for c in &st.constraints {
+            if c.soft {
                 continue;
             }
-            let key = s(c, "topologyKey");
             let Some(v) = node
                 .labels()
-                .and_then(|l| l.get(key))
+                .and_then(|l| l.get(&c.key))
                 .and_then(Value::as_str)
             else {
                 return Status::unresolvable(
                     "node(s) didn't match pod topology spread constraints (missing required label)",
                 );
             };
-            let here = counts.get(v).copied().unwrap_or(0) + i64::from(selects(c, pod));
-            let max_skew = c.get("maxSkew").and_then(Value::as_i64).unwrap_or(1);
-            if here - *min > max_skew {
+            let here = c.counts.get(v).copied().unwrap_or(0) + c.self_match;
+            if here - c.min > c.max_skew {
                 return Status::unschedulable(
                     "node(s) didn't match pod topology spread constraints",
                 );
@@ -235,12 +302,13 @@ impl ScorePlugin for PodTopologySpread {
         let Some(st) = state.get::<State>() else {
             return 0;
         };
+        let labels = node.labels();
         st.constraints
             .iter()
-            .filter(|(c, _, _)| s(c, "whenUnsatisfiable") == "ScheduleAnyway")
-            .filter_map(|(c, counts, _)| {
-                let v = node.labels()?.get(s(c, "topologyKey"))?.as_str()?;
-                Some(counts.get(v).copied().unwrap_or(0))
+            .filter(|c| c.soft)
+            .filter_map(|c| {
+                let v = labels?.get(&c.key)?.as_str()?;
+                Some(c.counts.get(v).copied().unwrap_or(0))
             })
             .sum()
     }
@@ -305,8 +373,8 @@ mod tests {
             .is_success());
         assert!(PodTopologySpread.filter(&pod, &nodes[7], &st).is_success());
         let state = st.get::<State>().expect("state");
-        assert_eq!(state.constraints[0].1.values().sum::<i64>(), 2);
-        assert_eq!(state.constraints[0].2, 0);
+        assert_eq!(state.constraints[0].counts.values().sum::<i64>(), 2);
+        assert_eq!(state.constraints[0].min, 0);
     }
 
     #[test]
@@ -332,5 +400,25 @@ mod tests {
             .collect();
         PodTopologySpread.normalize(&mut scores);
         assert!(scores[1] > scores[0], "{scores:?}");
+    }
+
+    #[test]
+    fn remembered_domain_counts_follow_node_changes() {
+        let node = |name: &str, zone: &str| {
+            NodeInfo::new(Arc::new(json!({"metadata": {"name": name,
+                "labels": {"topology.kubernetes.io/zone": zone}}})))
+        };
+        let key = "topology.kubernetes.io/zone";
+        let mut nodes = vec![node("n1", "a"), node("n2", "b")];
+        assert_eq!(domain_count(&nodes, key), 2);
+        assert_eq!(domain_count(&nodes, key), 2);
+        nodes[1] = nodes[1].with_node(Arc::new(json!({"metadata": {"name": "n2",
+            "labels": {"topology.kubernetes.io/zone": "a"}}})));
+        assert_eq!(domain_count(&nodes, key), 1, "a relabelled node is seen");
+        nodes.push(node("n3", "c"));
+        assert_eq!(domain_count(&nodes, key), 2, "an added node is seen");
+        nodes.remove(0);
+        assert_eq!(domain_count(&nodes, key), 2);
+        assert_eq!(domain_count(&nodes, "missing"), 0);
     }
 }
