@@ -520,6 +520,54 @@ impl Api {
         Err(a.forbidden(user))
     }
 
+    /// pods/log, exec, attach and portforward are served by the pod's node agent, which this
+    /// API server does not reach yet: the answer says so (and why a simulated node never has
+    /// them), instead of a bare 404.
+    async fn node_stream_unavailable(&self, t: &Target, sub: &str) -> ApiError {
+        let pod = match self.get(t, &Query::default()).await {
+            Ok(p) => p.object,
+            Err(e) => return e,
+        };
+        let node = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if node.is_empty() {
+            return ApiError::bad_request(format!(
+                "pod {} is not scheduled to a node yet: no {sub} until it runs",
+                t.name()
+            ));
+        }
+        let res = resources::find("", "v1", "nodes").expect("nodes are served");
+        let runtime = self
+            .store
+            .get(&res.key(None, node), Freshness::Any)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| {
+                n.object
+                    .pointer("/status/nodeInfo/containerRuntimeVersion")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        if runtime.starts_with("sim://") {
+            return ApiError::bad_request(format!(
+                "pod {} runs on node {node:?} with the simulated runtime: its containers are not processes, so there is no {sub}",
+                t.name()
+            ));
+        }
+        ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!(
+                "pods/{sub} is not available: this API server does not proxy to node agents yet (pod {} on node {node:?})",
+                t.name()
+            ),
+        )
+    }
+
     /// Authorization: a 403 in Kubernetes' words unless RBAC allows the request.
     fn check(&self, user: &User, a: &Attributes) -> Result<(), ApiError> {
         if self.authz.authorize(user, a).allowed {
@@ -588,6 +636,9 @@ impl Api {
             }
             _ => Vec::new(),
         };
+        if let Some(sub @ ("log" | "exec" | "attach" | "portforward")) = t.sub.as_deref() {
+            return Err(self.node_stream_unavailable(&t, sub).await);
+        }
         let resp = match (method, t.name.is_some(), t.sub.as_deref()) {
             (Method::GET, false, None) => {
                 if q.flag("watch") {

@@ -124,6 +124,22 @@ async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
         assert!(parts[1].starts_with("10.244."), "{l}");
     }
 
+    // Simulated containers are not processes: logs and exec say so in a sentence.
+    let pod = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=myapp",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .await
+        .ok();
+    let logs = k.run(&["logs", pod.trim()]).await;
+    assert!(!logs.success);
+    assert!(logs.stderr.contains("simulated runtime"), "{}", logs.stderr);
+
     // The Node authorizer: a node reads pods, but only the secrets its own pods use, and it
     // changes only its own Node.
     let agent1 = as_node(&k, c.path(), "agent1");
