@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
+pub mod cri;
+pub mod cri_pods;
 pub mod join;
 pub mod node;
 pub mod pods;
@@ -48,6 +50,28 @@ pub struct AgentConfig {
     pub node: NodeConfig,
     /// How long discovery keeps trying a server that is not ready or has not signed the token.
     pub discovery_timeout: Duration,
+    /// The CRI runtime's socket; None: the simulated runtime.
+    pub cri_socket: Option<PathBuf>,
+    /// With the CRI runtime: where to write the CNI network for the node's pod CIDR (a bridge
+    /// and host-local addresses), and the bridge's name.
+    pub cni_conf_dir: Option<PathBuf>,
+    pub cni_bridge: String,
+}
+
+/// The CNI network of a node: its pods on a bridge (the bridge's address the gateway), with
+/// addresses from the node's pod CIDR.
+pub fn cni_conflist(bridge: &str, pod_cidr: &str) -> String {
+    serde_json::json!({
+        "cniVersion": "1.0.0", "name": "rkube",
+        "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
+             "hairpinMode": true,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]],
+                      "routes": [{"dst": "0.0.0.0/0"}]}},
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    })
+    .to_string()
 }
 
 /// The pod CIDR of the `i`-th of `n` nodes: `cidr` itself for one node, else its `i`-th /24.
@@ -68,10 +92,35 @@ pub fn pod_cidr_of(cidr: &str, i: u32, n: u32) -> Result<String> {
 }
 
 /// Joins and runs every node until the process is stopped.
-pub async fn run(cfg: AgentConfig) -> Result<()> {
+pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     if cfg.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    let cri = match &cfg.cri_socket {
+        Some(socket) => {
+            if cfg.nodes > 1 {
+                bail!("--nodes needs the simulated runtime: one containerd runs one node");
+            }
+            let c = cri::Cri::connect(socket, &cfg.dir.join("pods")).await?;
+            let version = c.version().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "the container runtime at {} does not answer the CRI: {e}",
+                    socket.display()
+                )
+            })?;
+            tracing::info!(runtime = %version, "container runtime ready");
+            cfg.node.runtime_version = version;
+            if let (Some(dir), Some(cidr)) = (&cfg.cni_conf_dir, &cfg.node.pod_cidr) {
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(
+                    dir.join("10-rkube.conflist"),
+                    cni_conflist(&cfg.cni_bridge, cidr),
+                )?;
+            }
+            Some(c)
+        }
+        None => None,
+    };
     let names: Vec<String> = if cfg.nodes == 1 {
         vec![cfg.name.clone()]
     } else {
@@ -119,7 +168,7 @@ pub async fn run(cfg: AgentConfig) -> Result<()> {
     for j in joins {
         joined.push(j.await??);
     }
-    tokio::spawn(pods::run(joined));
+    tokio::spawn(pods::run(joined, cri));
     tracing::info!(nodes = names.len(), "agent running");
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

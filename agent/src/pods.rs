@@ -88,13 +88,15 @@ struct Shared {
     clients: Arc<Clients>,
     cfg: Arc<NodeConfig>,
     ipam: Option<Ipam>,
+    /// The container runtime; None: the simulated one.
+    cri: Option<crate::cri::Cri>,
 }
 
 /// Watches the pods of this process's nodes and keeps a worker per pod, until the process
 /// ends. One node watches `spec.nodeName=<node>`, as the kubelet does; a process simulating
 /// many nodes watches all pods once (a node may read every pod) and hands each to its node,
 /// whose own client writes its status.
-pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>) {
+pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>, cri: Option<crate::cri::Cri>) {
     let Some(watcher) = nodes.first().map(|(c, _)| c.clone()) else {
         return;
     };
@@ -102,7 +104,16 @@ pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>) {
         .into_iter()
         .map(|(clients, cfg)| {
             let ipam = cfg.pod_cidr.as_deref().and_then(Ipam::new);
-            (cfg.name.clone(), Arc::new(Shared { clients, cfg, ipam }))
+            let cri = cri.clone();
+            (
+                cfg.name.clone(),
+                Arc::new(Shared {
+                    clients,
+                    cfg,
+                    ipam,
+                    cri,
+                }),
+            )
         })
         .collect();
     let selector = if by_name.len() == 1 {
@@ -221,7 +232,19 @@ fn dispatch(
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(pod);
     workers.insert(uid, (shared.clone(), tx));
-    tokio::spawn(worker(shared.clone(), rx));
+    match &shared.cri {
+        Some(cri) => {
+            tokio::spawn(crate::cri_pods::worker(
+                shared.clients.clone(),
+                shared.cfg.clone(),
+                cri.clone(),
+                rx,
+            ));
+        }
+        None => {
+            tokio::spawn(worker(shared.clone(), rx));
+        }
+    }
 }
 
 /// One pod's worker: takes the newest state of the pod and acts on it.
@@ -351,10 +374,19 @@ async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
 /// A pod being deleted: stop its containers (a `Killing` event each), report them
 /// terminated, then delete the pod for good.
 async fn terminate(shared: &Shared, pod: &Value) {
+    finish_deletion(&shared.clients, &shared.cfg, pod).await;
+    if let Some(ipam) = &shared.ipam {
+        ipam.release(s(pod, "/metadata/uid"));
+    }
+}
+
+/// After a pod's containers stopped: a `Killing` event each (recorded as the kubelet does when
+/// it stops them), then the pod deleted for good.
+pub(crate) async fn finish_deletion(clients: &Clients, cfg: &NodeConfig, pod: &Value) {
     let ns = s(pod, "/metadata/namespace");
     let name = s(pod, "/metadata/name");
     let uid = s(pod, "/metadata/uid");
-    let client = shared.clients.get();
+    let client = clients.get();
     for c in pod
         .pointer("/spec/containers")
         .and_then(Value::as_array)
@@ -367,7 +399,7 @@ async fn terminate(shared: &Shared, pod: &Value) {
             "Killing",
             &format!("Stopping container {}", s(c, "/name")),
             "Normal",
-            &shared.cfg.name,
+            &cfg.name,
         )
         .await;
     }
@@ -384,9 +416,6 @@ async fn terminate(shared: &Shared, pod: &Value) {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
         Err(e) => tracing::warn!(pod = name, error = %e, "deleting the terminated pod failed"),
-    }
-    if let Some(ipam) = &shared.ipam {
-        ipam.release(uid);
     }
 }
 

@@ -117,6 +117,16 @@ struct AgentArgs {
     /// Simulated runtime: no processes; containers run after --sim-start-delay and stay so.
     #[arg(long)]
     sim: bool,
+    /// Without --sim: the CRI socket of the container runtime (containerd's).
+    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    container_runtime_endpoint: PathBuf,
+    /// Without --sim: write the node's CNI network (bridge + host-local over --pod-cidr) into
+    /// this directory, the runtime's CNI configuration directory.
+    #[arg(long)]
+    cni_conf_dir: Option<PathBuf>,
+    /// The bridge of the node's CNI network.
+    #[arg(long, default_value = "cni0")]
+    cni_bridge: String,
     /// Simulated nodes this process runs (with --sim).
     #[arg(long, default_value_t = 1)]
     nodes: u32,
@@ -151,9 +161,6 @@ struct AgentArgs {
 }
 
 async fn run_agent(a: AgentArgs) -> Result<()> {
-    if !a.sim {
-        anyhow::bail!("only the simulated runtime exists yet: pass --sim (the containerd runtime is not built)");
-    }
     let name = match a.name {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -168,6 +175,9 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
         name: name.clone(),
         nodes: a.nodes,
         discovery_timeout: a.discovery_timeout,
+        cri_socket: (!a.sim).then(|| a.container_runtime_endpoint.clone()),
+        cni_conf_dir: a.cni_conf_dir.clone(),
+        cni_bridge: a.cni_bridge.clone(),
         node: rkube_agent::NodeConfig {
             name,
             node_ip: a.node_ip,
@@ -176,7 +186,11 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
             memory: a.memory,
             max_pods: a.max_pods,
             control_plane: a.control_plane,
-            runtime_version: "sim://0.1.0".into(),
+            runtime_version: if a.sim {
+                "sim://0.1.0".into()
+            } else {
+                String::new()
+            },
             lease_interval: a.lease_interval.max(Duration::from_millis(100)),
             status_report_interval: a.status_report_interval,
             sim_start_delay: a.sim_start_delay,

@@ -772,3 +772,294 @@ async fn a_control_plane_built_host_by_host_with_init_and_join() {
     procs.0.push(agent);
     wait_nodes_ready(&k, &["w1"]).await;
 }
+
+/// A containerd of the test's own (root, state and socket in a temporary directory, never the
+/// system's), with the CRI plugin set up for rkube's locally built images, and the test's CNI
+/// bridge; everything it made is removed when dropped.
+struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+    bridge: String,
+}
+
+impl Containerd {
+    fn socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("c.sock")
+    }
+
+    fn cni_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("cni")
+    }
+
+    async fn start() -> Containerd {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("cni")).unwrap();
+        let config = format!(
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n[grpc]\n  address = \"{sock}\"\n\
+             [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"rkube.local/pause:1\"\n  \
+             restrict_oom_score_adj = true\n  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n    \
+             bin_dir = \"/usr/lib/cni\"\n    conf_dir = \"{cni}\"\n",
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            sock = d.join("c.sock").display(),
+            cni = d.join("cni").display(),
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let child = std::process::Command::new("containerd")
+            .arg("--config")
+            .arg(d.join("config.toml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd runs (Debian's containerd package)");
+        let me = Containerd {
+            bridge: format!("rkt{:x}", rand::random::<u32>() & 0xfffff),
+            dir,
+            child: Some(child),
+        };
+        let images = me.dir.path().join("images");
+        let built = std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"),
+        )
+        .arg(&images)
+        .output()
+        .unwrap();
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let sock = me.socket();
+        wait_for("containerd's socket", BOUND, || async {
+            sock.exists().then_some(())
+        })
+        .await;
+        for image in ["busybox.tar", "pause.tar"] {
+            let out = std::process::Command::new("ctr")
+                .args(["-n", "k8s.io", "--address"])
+                .arg(me.socket())
+                .args(["images", "import"])
+                .arg(images.join(image))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ctr import: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        me
+    }
+
+    fn containers(&self) -> usize {
+        let out = std::process::Command::new("ctr")
+            .args(["-n", "k8s.io", "--address"])
+            .arg(self.socket())
+            .args(["containers", "ls", "-q"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // The shims outlive containerd: stop them by the socket they name.
+        let _ = std::process::Command::new("pkill")
+            .arg("-f")
+            .arg(self.socket())
+            .status();
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+        // Mounts of the snapshots and the sandboxes' network namespaces.
+        if let Ok(mounts) = std::fs::read_to_string("/proc/mounts") {
+            let root = self.dir.path().display().to_string();
+            let mut points: Vec<&str> = mounts
+                .lines()
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .filter(|p| p.starts_with(&root))
+                .collect();
+            points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+            for p in points {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(p)
+                    .status();
+            }
+        }
+    }
+}
+
+/// HTTP GET / from the test to a pod's address (a container the test itself runs).
+async fn http_get(ip: &str, port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::net::TcpStream::connect((ip, port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    Some(body)
+}
+
+#[tokio::test]
+async fn an_agent_runs_real_containers_through_containerd() {
+    let ctd = Containerd::start().await;
+    let (c, k) = cluster_with(0, &[]).await;
+    let words = join_command(&c).await;
+    let pod_cidr = format!("10.251.{}.0/24", rand::random::<u8>());
+    let agent = tokio::process::Command::new(rkube_bin())
+        .args(&words[1..])
+        .args([
+            "--name",
+            "cri1",
+            "--pod-cidr",
+            &pod_cidr,
+            "--cni-bridge",
+            &ctd.bridge,
+        ])
+        .arg("--container-runtime-endpoint")
+        .arg(ctd.socket())
+        .arg("--cni-conf-dir")
+        .arg(ctd.cni_dir())
+        .arg("--dir")
+        .arg(c.path().join("cri1"))
+        .stderr(std::fs::File::create(c.path().join("cri1.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let _procs = Procs(vec![agent]);
+    wait_nodes_ready(&k, &["cri1"]).await;
+    let runtime = k
+        .run(&[
+            "get",
+            "node",
+            "cri1",
+            "-o",
+            "jsonpath={.status.nodeInfo.containerRuntimeVersion}",
+        ])
+        .await
+        .ok();
+    assert!(runtime.starts_with("containerd://"), "{runtime}");
+
+    let deploy = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},
+      "spec":{"replicas":2,"selector":{"matchLabels":{"app":"web"}},
+      "template":{"metadata":{"labels":{"app":"web"}},"spec":{
+        "terminationGracePeriodSeconds":2,
+        "containers":[{"name":"httpd","image":"rkube.local/busybox:1","command":["sh","-c",
+          "echo hello from $(hostname) > /www/index.html; exec httpd -f -p 8080 -h /www"]}]}}}}"#;
+    k.run_with_input(&["apply", "-f", "-"], deploy).await.ok();
+    let status = k
+        .run(&["rollout", "status", "deployment/web", "--timeout=90s"])
+        .await;
+    assert!(status.success, "{}{}", status.stdout, status.stderr);
+    let pods = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{\"\\n\"}{end}",
+        ])
+        .await
+        .ok();
+    for line in pods.lines() {
+        let (name, ip) = line.split_once(' ').unwrap();
+        let net = &pod_cidr[..pod_cidr.len() - 4];
+        assert!(ip.starts_with(net), "{ip} is not in {pod_cidr}");
+        let body = wait_for(&format!("{name} answering"), BOUND, || async {
+            http_get(ip, 8080).await
+        })
+        .await;
+        assert!(body.contains(&format!("hello from {name}")), "{body}");
+    }
+    let image_id = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[0].status.containerStatuses[0].imageID}",
+        ])
+        .await
+        .ok();
+    assert!(image_id.starts_with("sha256:"), "{image_id}");
+
+    // A crashing container is restarted with back-off; an image that cannot be pulled waits.
+    k.run(&[
+        "run",
+        "crash",
+        "--image=rkube.local/busybox:1",
+        "--command",
+        "--",
+        "sh",
+        "-c",
+        "exit 3",
+    ])
+    .await
+    .ok();
+    k.run(&["run", "nowhere", "--image=127.0.0.1:1/none:1"])
+        .await
+        .ok();
+    wait_for("crash in CrashLoopBackOff after a restart", BOUND, || async {
+        let out = k
+            .run(&["get", "pod", "crash", "-o",
+                   "jsonpath={.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].lastState.terminated.exitCode}"])
+            .await
+            .stdout;
+        let parts: Vec<&str> = out.split_whitespace().collect();
+        (parts.len() == 3
+            && parts[0].parse::<u32>().unwrap_or(0) >= 1
+            && parts[1] == "CrashLoopBackOff"
+            && parts[2] == "3")
+            .then_some(())
+    })
+    .await;
+    wait_for("nowhere waiting on its image", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "pod",
+                "nowhere",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.reason}",
+            ])
+            .await
+            .stdout;
+        (out == "ErrImagePull" || out == "ImagePullBackOff").then_some(())
+    })
+    .await;
+
+    // Deleted pods are stopped and removed from the runtime.
+    k.run(&["delete", "deployment", "web"]).await.ok();
+    k.run(&["delete", "pod", "crash", "nowhere", "--grace-period=1"])
+        .await
+        .ok();
+    wait_for("no pods left", BOUND, || async {
+        let out = k.run(&["get", "pods", "--no-headers"]).await.stdout;
+        out.trim().is_empty().then_some(())
+    })
+    .await;
+    wait_for("no containers left in containerd", BOUND, || async {
+        (ctd.containers() == 0).then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,411 @@
+//! The `cri` runtime: pods run by a CRI runtime (containerd's cri plugin) over its unix socket.
+//! A pod is a sandbox (its network namespace set up by the runtime's CNI plugins) holding one
+//! container per spec container; the agent creates and starts them, reads their state back,
+//! restarts exited containers as the pod's restartPolicy says (with the kubelet's back-off,
+//! 10 s doubling to 5 minutes), and stops and removes them when the pod is deleted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::Value;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub mod pb {
+    tonic::include_proto!("runtime.v1");
+}
+
+use pb::image_service_client::ImageServiceClient;
+use pb::runtime_service_client::RuntimeServiceClient;
+
+/// Labels that tie the runtime's objects to their pod, as the kubelet sets them.
+pub const POD_UID: &str = "io.kubernetes.pod.uid";
+const POD_NAME: &str = "io.kubernetes.pod.name";
+const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+
+#[derive(Clone)]
+pub struct Cri {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    /// Where container logs go (`<dir>/<ns>_<name>_<uid>/<container>/<attempt>.log`).
+    log_root: PathBuf,
+}
+
+fn s<'a>(v: &'a Value, p: &str) -> &'a str {
+    v.pointer(p).and_then(Value::as_str).unwrap_or("")
+}
+
+/// A container's state as the pod status reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerView {
+    pub name: String,
+    pub id: String,
+    pub image: String,
+    pub image_ref: String,
+    pub state: i32,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    pub reason: String,
+}
+
+impl ContainerView {
+    pub fn running(&self) -> bool {
+        self.state == pb::ContainerState::ContainerRunning as i32
+    }
+    pub fn exited(&self) -> bool {
+        self.state == pb::ContainerState::ContainerExited as i32
+    }
+}
+
+impl Cri {
+    /// Connects to the runtime's unix socket.
+    pub async fn connect(socket: &Path, log_root: &Path) -> Result<Cri> {
+        let path = socket.to_path_buf();
+        // The URI is not used: every connection goes to the socket.
+        let channel = Endpoint::try_from("http://cri.local")?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to the container runtime at {}",
+                    socket.display()
+                )
+            })?;
+        std::fs::create_dir_all(log_root)?;
+        Ok(Cri {
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+            log_root: log_root.to_path_buf(),
+        })
+    }
+
+    /// `<runtime name>://<version>`, as the Node's containerRuntimeVersion says it.
+    pub async fn version(&self) -> Result<String> {
+        let v = self
+            .runtime
+            .clone()
+            .version(pb::VersionRequest {
+                version: "v1".into(),
+            })
+            .await?
+            .into_inner();
+        Ok(format!("{}://{}", v.runtime_name, v.runtime_version))
+    }
+
+    fn sandbox_config(&self, pod: &Value) -> pb::PodSandboxConfig {
+        let (ns, name, uid) = (
+            s(pod, "/metadata/namespace"),
+            s(pod, "/metadata/name"),
+            s(pod, "/metadata/uid"),
+        );
+        let labels: HashMap<String, String> =
+            [(POD_UID, uid), (POD_NAME, name), (POD_NAMESPACE, ns)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        pb::PodSandboxConfig {
+            metadata: Some(pb::PodSandboxMetadata {
+                name: name.into(),
+                uid: uid.into(),
+                namespace: ns.into(),
+                attempt: 0,
+            }),
+            hostname: name.chars().take(63).collect(),
+            log_directory: self
+                .log_root
+                .join(format!("{ns}_{name}_{uid}"))
+                .display()
+                .to_string(),
+            labels,
+            linux: Some(pb::LinuxPodSandboxConfig {
+                cgroup_parent: String::new(),
+                security_context: Some(pb::LinuxSandboxSecurityContext {
+                    namespace_options: Some(pb::NamespaceOption {
+                        network: pb::NamespaceMode::Pod as i32,
+                        pid: pb::NamespaceMode::Container as i32,
+                        ipc: pb::NamespaceMode::Pod as i32,
+                        target_id: String::new(),
+                    }),
+                }),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The pod's sandbox (made now unless one is ready already): its id and IP.
+    pub async fn sandbox(&self, pod: &Value) -> Result<(String, String)> {
+        let uid = s(pod, "/metadata/uid");
+        let mut rt = self.runtime.clone();
+        let existing = rt
+            .list_pod_sandbox(pb::ListPodSandboxRequest {
+                filter: Some(pb::PodSandboxFilter {
+                    label_selector: [(POD_UID.to_string(), uid.to_string())].into(),
+                    state: Some(pb::PodSandboxStateValue {
+                        state: pb::PodSandboxState::SandboxReady as i32,
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .items;
+        let id = match existing.into_iter().next() {
+            Some(sb) => sb.id,
+            None => {
+                rt.run_pod_sandbox(pb::RunPodSandboxRequest {
+                    config: Some(self.sandbox_config(pod)),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .map_err(|e| anyhow!("creating the pod sandbox: {}", e.message()))?
+                .into_inner()
+                .pod_sandbox_id
+            }
+        };
+        let status = rt
+            .pod_sandbox_status(pb::PodSandboxStatusRequest {
+                pod_sandbox_id: id.clone(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status;
+        let ip = status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default();
+        Ok((id, ip))
+    }
+
+    /// Makes sure the image is present: pulled when missing. The error is the pull's.
+    pub async fn ensure_image(&self, image: &str) -> Result<String> {
+        let mut images = self.images.clone();
+        let spec = pb::ImageSpec {
+            image: image.to_string(),
+        };
+        let have = images
+            .image_status(pb::ImageStatusRequest {
+                image: Some(spec.clone()),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .image;
+        if let Some(img) = have {
+            return Ok(img.id);
+        }
+        let pulled = images
+            .pull_image(pb::PullImageRequest {
+                image: Some(spec),
+                sandbox_config: None,
+            })
+            .await
+            .map_err(|e| anyhow!("{}", e.message()))?;
+        Ok(pulled.into_inner().image_ref)
+    }
+
+    /// Creates and starts one container of the pod (attempt `attempt`).
+    pub async fn start_container(
+        &self,
+        pod: &Value,
+        sandbox: &str,
+        container: &Value,
+        attempt: u32,
+    ) -> Result<String> {
+        let name = s(container, "/name");
+        let envs = container
+            .get("env")
+            .and_then(Value::as_array)
+            .map(|es| {
+                es.iter()
+                    .filter(|e| e.get("value").is_some() || e.get("valueFrom").is_none())
+                    .map(|e| pb::KeyValue {
+                        key: s(e, "/name").to_string(),
+                        value: s(e, "/value").to_string(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let strings = |key: &str| -> Vec<String> {
+            container
+                .get(key)
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let config = pb::ContainerConfig {
+            metadata: Some(pb::ContainerMetadata {
+                name: name.to_string(),
+                attempt,
+            }),
+            image: Some(pb::ImageSpec {
+                image: s(container, "/image").to_string(),
+            }),
+            command: strings("command"),
+            args: strings("args"),
+            working_dir: s(container, "/workingDir").to_string(),
+            envs,
+            labels: [
+                (POD_UID.to_string(), s(pod, "/metadata/uid").to_string()),
+                (CONTAINER_NAME.to_string(), name.to_string()),
+            ]
+            .into(),
+            log_path: format!("{name}/{attempt}.log"),
+            ..Default::default()
+        };
+        let mut rt = self.runtime.clone();
+        let id = rt
+            .create_container(pb::CreateContainerRequest {
+                pod_sandbox_id: sandbox.to_string(),
+                config: Some(config),
+                sandbox_config: Some(self.sandbox_config(pod)),
+            })
+            .await
+            .map_err(|e| anyhow!("creating container {name}: {}", e.message()))?
+            .into_inner()
+            .container_id;
+        rt.start_container(pb::StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .map_err(|e| anyhow!("starting container {name}: {}", e.message()))?;
+        Ok(id)
+    }
+
+    pub async fn container(&self, id: &str) -> Result<ContainerView> {
+        let st = self
+            .runtime
+            .clone()
+            .container_status(pb::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .ok_or_else(|| anyhow!("the runtime has no status for container {id}"))?;
+        Ok(ContainerView {
+            name: st.metadata.map(|m| m.name).unwrap_or_default(),
+            id: st.id,
+            image: st.image.map(|i| i.image).unwrap_or_default(),
+            image_ref: st.image_ref,
+            state: st.state,
+            started_at: st.started_at,
+            finished_at: st.finished_at,
+            exit_code: st.exit_code,
+            reason: st.reason,
+        })
+    }
+
+    /// Removes one (exited) container; a container already gone is not an error.
+    pub async fn remove_container(&self, id: &str) -> Result<()> {
+        match self
+            .runtime
+            .clone()
+            .remove_container(pb::RemoveContainerRequest {
+                container_id: id.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(anyhow!("removing container {id}: {}", s.message())),
+        }
+    }
+
+    /// The pod's containers the runtime holds (after an agent restart: to adopt them).
+    pub async fn containers_of(&self, uid: &str) -> Result<Vec<pb::Container>> {
+        Ok(self
+            .runtime
+            .clone()
+            .list_containers(pb::ListContainersRequest {
+                filter: Some(pb::ContainerFilter {
+                    label_selector: [(POD_UID.to_string(), uid.to_string())].into(),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .containers)
+    }
+
+    /// Stops every container of the pod (SIGTERM, then SIGKILL after `grace` seconds) and its
+    /// sandbox, and removes them.
+    pub async fn stop_pod(&self, uid: &str, grace: i64) -> Result<()> {
+        let mut rt = self.runtime.clone();
+        for c in self.containers_of(uid).await? {
+            rt.stop_container(pb::StopContainerRequest {
+                container_id: c.id.clone(),
+                timeout: grace,
+            })
+            .await?;
+            rt.remove_container(pb::RemoveContainerRequest { container_id: c.id })
+                .await?;
+        }
+        let sandboxes = rt
+            .list_pod_sandbox(pb::ListPodSandboxRequest {
+                filter: Some(pb::PodSandboxFilter {
+                    label_selector: [(POD_UID.to_string(), uid.to_string())].into(),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .items;
+        for sb in sandboxes {
+            rt.stop_pod_sandbox(pb::StopPodSandboxRequest {
+                pod_sandbox_id: sb.id.clone(),
+            })
+            .await?;
+            rt.remove_pod_sandbox(pb::RemovePodSandboxRequest {
+                pod_sandbox_id: sb.id,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Uids of every pod the runtime holds a sandbox for.
+    pub async fn pod_uids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .runtime
+            .clone()
+            .list_pod_sandbox(pb::ListPodSandboxRequest { filter: None })
+            .await?
+            .into_inner()
+            .items
+            .into_iter()
+            .filter_map(|sb| sb.labels.get(POD_UID).cloned())
+            .collect())
+    }
+}
+
+/// The kubelet's restart back-off: 10 s, doubling, at most 5 minutes.
+pub fn backoff(restarts: u32) -> Duration {
+    let secs = 10u64.saturating_mul(1u64 << restarts.min(5));
+    Duration::from_secs(secs.min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_from_ten_seconds_to_five_minutes() {
+        let b: Vec<u64> = (0..7).map(|r| backoff(r).as_secs()).collect();
+        assert_eq!(b, vec![10, 20, 40, 80, 160, 300, 300]);
+    }
+}
