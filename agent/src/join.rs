@@ -310,6 +310,11 @@ impl Clients {
         }))
     }
 
+    /// The cluster CA (PEM) this node trusts.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
     pub fn get(&self) -> kube::Client {
         self.state
             .read()

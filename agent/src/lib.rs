@@ -17,6 +17,7 @@ pub mod cri_pods;
 pub mod join;
 pub mod node;
 pub mod pods;
+pub mod server;
 
 /// The Kubernetes version the agent reports as its kubelet's.
 pub const KUBELET_VERSION: &str = "v1.32.0";
@@ -35,6 +36,8 @@ pub struct NodeConfig {
     pub lease_interval: Duration,
     pub status_report_interval: Duration,
     pub sim_start_delay: Duration,
+    /// The agent's HTTPS port for the API server (container logs); 0: none.
+    pub kubelet_port: u16,
 }
 
 /// What `rkube agent` was asked to run.
@@ -167,6 +170,21 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     }
     for j in joins {
         joined.push(j.await??);
+    }
+    // The port the API server reaches for logs: one node per process.
+    if let [(clients, node)] = joined.as_slice() {
+        if node.kubelet_port != 0 {
+            let ip: std::net::IpAddr = node.node_ip.parse().unwrap_or([127, 0, 0, 1].into());
+            let addr = std::net::SocketAddr::new(ip, node.kubelet_port);
+            let ca = clients.ca_pem().to_string();
+            let logs = cri.as_ref().map(|_| cfg.dir.join("pods"));
+            let name = node.name.clone();
+            tokio::spawn(async move {
+                if let Err(e) = server::serve(addr, ca, name, logs).await {
+                    tracing::warn!(%addr, error = %format!("{e:#}"), "the agent's HTTPS port is not served: kubectl logs cannot reach this node");
+                }
+            });
+        }
     }
     tokio::spawn(pods::run(joined, cri));
     tracing::info!(nodes = names.len(), "agent running");

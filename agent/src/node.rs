@@ -69,7 +69,7 @@ fn node_status(cfg: &NodeConfig, transitions: &str) -> Value {
         "capacity": resources, "allocatable": resources,
         "addresses": [{"type": "InternalIP", "address": cfg.node_ip},
                       {"type": "Hostname", "address": cfg.name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
         "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "",
                      "kernelVersion": kernel_version(), "osImage": "rkube agent",
                      "containerRuntimeVersion": cfg.runtime_version,

@@ -48,6 +48,8 @@ pub struct Api {
     writes: tokio::sync::Semaphore,
     pub(crate) authz: Arc<crate::rbac::Authorizer>,
     pub(crate) tokens: crate::token::SigningKey,
+    /// How this server reaches node agents (its kubelet client certificate), when it has one.
+    pub(crate) kubelet_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 pub const MAX_READS_INFLIGHT: usize = 400;
@@ -366,6 +368,7 @@ impl Api {
             port,
             reads: tokio::sync::Semaphore::new(MAX_READS_INFLIGHT),
             writes: tokio::sync::Semaphore::new(MAX_WRITES_INFLIGHT),
+            kubelet_tls: None,
         }
     }
 
@@ -523,11 +526,118 @@ impl Api {
     /// pods/log, exec, attach and portforward are served by the pod's node agent, which this
     /// API server does not reach yet: the answer says so (and why a simulated node never has
     /// them), instead of a bare 404.
-    async fn node_stream_unavailable(&self, t: &Target, sub: &str) -> ApiError {
-        let pod = match self.get(t, &Query::default()).await {
-            Ok(p) => p.object,
-            Err(e) => return e,
+    async fn node_stream(&self, t: &Target, sub: &str, q: &Query) -> Result<Resp, ApiError> {
+        let pod = self.get(t, &Query::default()).await?.object;
+        let node = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let res = resources::find("", "v1", "nodes").expect("nodes are served");
+        let node_obj = self
+            .store
+            .get(&res.key(None, node), Freshness::Any)
+            .await?
+            .map(|n| n.object);
+        let runtime = node_obj
+            .as_ref()
+            .and_then(|n| n.pointer("/status/nodeInfo/containerRuntimeVersion"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if let (Some(tls), Some(n), "log") = (&self.kubelet_tls, &node_obj, sub) {
+            if !runtime.is_empty() && !runtime.starts_with("sim://") {
+                return self.proxy_log(tls.clone(), t, &pod, n, q).await;
+            }
+        }
+        Err(self.node_stream_unavailable(t, sub, &pod).await)
+    }
+
+    /// `kubectl logs`: the container's log from its node's agent, streamed.
+    async fn proxy_log(
+        &self,
+        tls: Arc<rustls::ClientConfig>,
+        t: &Target,
+        pod: &Value,
+        node: &Value,
+        q: &Query,
+    ) -> Result<Resp, ApiError> {
+        let containers: Vec<String> = pod
+            .pointer("/spec/containers")
+            .and_then(Value::as_array)
+            .map(|cs| {
+                cs.iter()
+                    .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let container = match q.get("container") {
+            Some(c) if !c.is_empty() => {
+                if !containers.iter().any(|x| x == c) {
+                    return Err(ApiError::bad_request(format!(
+                        "container {c} is not valid for pod {}",
+                        t.name()
+                    )));
+                }
+                c.to_string()
+            }
+            _ if containers.len() == 1 => containers[0].clone(),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "a container name must be specified for pod {}, choose one of: [{}]",
+                    t.name(),
+                    containers.join(" ")
+                )))
+            }
         };
+        let host = node
+            .pointer("/status/addresses")
+            .and_then(Value::as_array)
+            .and_then(|a| {
+                a.iter()
+                    .find(|x| x.get("type").and_then(Value::as_str) == Some("InternalIP"))
+            })
+            .and_then(|x| x.get("address"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let port = node
+            .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+            .and_then(Value::as_u64)
+            .unwrap_or(10250) as u16;
+        let mut query = Vec::new();
+        for k in ["follow", "previous", "tailLines", "timestamps"] {
+            if let Some(v) = q.get(k) {
+                query.push(format!("{k}={v}"));
+            }
+        }
+        let path = format!(
+            "/containerLogs/{}/{}/{container}?{}",
+            t.ns.as_deref().unwrap_or("default"),
+            t.name(),
+            query.join("&")
+        );
+        let resp = crate::nodeproxy::get(tls, &host, port, &path).await?;
+        if resp.status().as_u16() >= 400 {
+            let code = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(ApiError::new(
+                code,
+                if code == 404 {
+                    "NotFound"
+                } else {
+                    "BadRequest"
+                },
+                String::from_utf8_lossy(&bytes).trim().to_string(),
+            ));
+        }
+        Ok(resp)
+    }
+
+    async fn node_stream_unavailable(&self, t: &Target, sub: &str, pod: &Value) -> ApiError {
         let node = pod
             .pointer("/spec/nodeName")
             .and_then(Value::as_str)
@@ -637,7 +747,7 @@ impl Api {
             _ => Vec::new(),
         };
         if let Some(sub @ ("log" | "exec" | "attach" | "portforward")) = t.sub.as_deref() {
-            return Err(self.node_stream_unavailable(&t, sub).await);
+            return self.node_stream(&t, sub, &q).await;
         }
         let resp = match (method, t.name.is_some(), t.sub.as_deref()) {
             (Method::GET, false, None) => {

@@ -26,6 +26,7 @@ pub mod fieldvalidation;
 pub mod handler;
 pub mod limitrange;
 pub mod node_authz;
+pub mod nodeproxy;
 pub mod openapi;
 pub mod patch;
 pub mod protobuf;

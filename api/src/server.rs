@@ -25,6 +25,8 @@ pub struct ApiConfig {
     pub service_net: crate::services::ServiceNet,
     /// Signs and checks service account tokens.
     pub service_account_key: crate::token::SigningKey,
+    /// The client certificate and key (PEM) this server presents to node agents.
+    pub kubelet_client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,12 +103,17 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
             addr: cfg.listen,
             source,
         })?;
-    let api = Arc::new(Api::new(
+    let mut api = Api::new(
         node.clone(),
         cfg.service_net,
         addr.port(),
         cfg.service_account_key,
-    ));
+    );
+    if let Some((cert, key)) = &cfg.kubelet_client {
+        api.kubelet_tls =
+            Some(crate::nodeproxy::client_config(cert, key).map_err(ApiServerError::Tls)?);
+    }
+    let api = Arc::new(api);
     api.authz.start(node);
     let api_handle = api.clone();
     api.clone().start_background();

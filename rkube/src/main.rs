@@ -127,6 +127,9 @@ struct AgentArgs {
     /// The bridge of the node's CNI network.
     #[arg(long, default_value = "cni0")]
     cni_bridge: String,
+    /// The HTTPS port the API server reaches for container logs (the kubelet's 10250); 0: none.
+    #[arg(long, default_value_t = 10250)]
+    port: u16,
     /// Simulated nodes this process runs (with --sim).
     #[arg(long, default_value_t = 1)]
     nodes: u32,
@@ -194,6 +197,7 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
             lease_interval: a.lease_interval.max(Duration::from_millis(100)),
             status_report_interval: a.status_report_interval,
             sim_start_delay: a.sim_start_delay,
+            kubelet_port: a.port,
         },
     })
     .await
@@ -441,6 +445,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         certificates: certificate_settings(&args)?,
     };
     let cfg = server_config(args)?;
+    let kubelet_client_dir = cfg.pki_dir.clone();
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
     let server = rkube_store::server::start(cfg).await?;
     let api = match listen_api {
@@ -461,6 +466,16 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
                         &sa_private,
                         &sa_public,
                     )?,
+                    kubelet_client: {
+                        let stem = kubelet_client_dir.join(rkube_store::pki::KUBELET_CLIENT);
+                        match (
+                            std::fs::read(stem.with_extension("crt")),
+                            std::fs::read(stem.with_extension("key")),
+                        ) {
+                            (Ok(c), Ok(k)) => Some((c, k)),
+                            _ => None,
+                        }
+                    },
                 },
             )
             .await?;

@@ -332,6 +332,7 @@ fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
         false,
         true,
     )?;
+    pki::issue_kubelet_client(&pki_dir)?;
     Ok(())
 }
 
@@ -668,6 +669,22 @@ async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     Ok(())
 }
 
+/// Agent i's HTTPS port: above the last server's ports.
+fn agent_port(cluster: &LocalCluster, i: usize) -> u16 {
+    let top = cluster
+        .members
+        .iter()
+        .filter_map(|m| {
+            m.api_addr()
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .max()
+        .unwrap_or(2402);
+    top.saturating_add(10 + i as u16)
+}
+
 fn agent_name(i: usize) -> String {
     format!("agent{i}")
 }
@@ -709,6 +726,8 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
             .arg(&agent_dir)
             .args(["--name", &name])
             .args(["--pod-cidr", &format!("10.244.{i}.0/24")])
+            // All agents share 127.0.0.1: each its own port, after the servers' ports.
+            .args(["--port", &agent_port(cluster, i).to_string()])
             .args(&cluster.agent_flags);
         if let Some(t) = &token {
             command.env("RKUBE_JOIN_TOKEN", t);

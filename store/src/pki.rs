@@ -335,6 +335,23 @@ pub fn issue(
     write_file(&cert_path, cert.pem().as_bytes(), CERT_MODE, "certificate")
 }
 
+/// File stem of the certificate the API servers present to node agents (kubeadm's).
+pub const KUBELET_CLIENT: &str = "apiserver-kubelet-client";
+
+/// `dir/apiserver-kubelet-client.{crt,key}`: CN kube-apiserver-kubelet-client, the identity
+/// every API server uses toward node agents, which accept only it.
+pub fn issue_kubelet_client(dir: &Path) -> Result<(), PkiError> {
+    issue(
+        dir,
+        KUBELET_CLIENT,
+        "kube-apiserver-kubelet-client",
+        Some("system:masters"),
+        &[],
+        false,
+        true,
+    )
+}
+
 /// Returns `"sha256:<hex>"`, the SHA-256 of the CA certificate's DER SubjectPublicKeyInfo, the
 /// same value as kubeadm's `--discovery-token-ca-cert-hash`. Only the first certificate in
 /// `ca_pem` counts.

@@ -963,7 +963,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
       "template":{"metadata":{"labels":{"app":"web"}},"spec":{
         "terminationGracePeriodSeconds":2,
         "containers":[{"name":"httpd","image":"rkube.local/busybox:1","command":["sh","-c",
-          "echo hello from $(hostname) > /www/index.html; exec httpd -f -p 8080 -h /www"]}]}}}}"#;
+          "echo hello from $(hostname) > /www/index.html; echo serving as $(hostname); exec httpd -f -p 8080 -h /www"]}]}}}}"#;
     k.run_with_input(&["apply", "-f", "-"], deploy).await.ok();
     let status = k
         .run(&["rollout", "status", "deployment/web", "--timeout=90s"])
@@ -989,6 +989,13 @@ async fn an_agent_runs_real_containers_through_containerd() {
         })
         .await;
         assert!(body.contains(&format!("hello from {name}")), "{body}");
+        // kubectl logs reaches the agent through the API server.
+        let logs = wait_for(&format!("{name}'s log"), BOUND, || async {
+            let out = k.run(&["logs", name]).await;
+            out.stdout.contains("serving as").then_some(out.stdout)
+        })
+        .await;
+        assert_eq!(logs.trim(), format!("serving as {name}"));
     }
     let image_id = k
         .run(&[
@@ -1012,7 +1019,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
         "--",
         "sh",
         "-c",
-        "exit 3",
+        "echo bye; exit 3",
     ])
     .await
     .ok();
@@ -1033,6 +1040,8 @@ async fn an_agent_runs_real_containers_through_containerd() {
             .then_some(())
     })
     .await;
+    let previous = k.run(&["logs", "crash", "--previous"]).await.ok();
+    assert_eq!(previous.trim(), "bye");
     wait_for("nowhere waiting on its image", BOUND, || async {
         let out = k
             .run(&[

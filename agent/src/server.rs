@@ -1,0 +1,264 @@
+//! The agent's HTTPS port (the kubelet's 10250): container logs for `kubectl logs`, reached by
+//! the API server only. The agent serves with a self-signed certificate (kube-apiserver does
+//! not check a kubelet's serving certificate unless told to) and requires a client certificate
+//! of the cluster CA naming the API server (`kube-apiserver-kubelet-client`).
+//!
+//! `GET /containerLogs/<namespace>/<pod>/<container>?follow=&tailLines=&previous=` reads the
+//! CRI log files (`<time> <stream> <P|F> <text>` lines) the runtime writes for the pod.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response, StatusCode};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+/// The user the API server's client certificate names (kubeadm's apiserver-kubelet-client).
+pub const API_SERVER_CLIENT: &str = "kube-apiserver-kubelet-client";
+
+type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn text(code: StatusCode, msg: impl Into<String>) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(msg.into()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = code;
+    r
+}
+
+/// Serves on `addr` until the process ends; `logs` is where the runtime writes pod logs, or
+/// None for the simulated runtime (whose containers write nothing).
+pub async fn serve(
+    addr: SocketAddr,
+    ca_pem: String,
+    node: String,
+    logs: Option<PathBuf>,
+) -> Result<()> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut params = rcgen::CertificateParams::new(vec![node.clone(), addr.ip().to_string()])?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("{node}@rkube-agent"));
+    let cert = params.self_signed(&key)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        let c: CertificateDer<'static> = c?;
+        roots.add(c)?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()?;
+    let key_der = PrivateKeyDer::try_from(key.serialize_der()).map_err(|e| anyhow!("{e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert.der().clone()], key_der)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving container logs to the API server");
+    let logs = Arc::new(logs);
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::debug!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let (acceptor, logs) = (acceptor.clone(), logs.clone());
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let allowed = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| common_name(c.as_ref()))
+                .is_some_and(|cn| cn == API_SERVER_CLIENT);
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let logs = logs.clone();
+                async move {
+                    if !allowed {
+                        return Ok::<_, Infallible>(text(
+                            StatusCode::FORBIDDEN,
+                            "only the API server may use this port",
+                        ));
+                    }
+                    Ok(route(req, logs.as_ref().as_deref()).await)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.to_string())
+}
+
+async fn route(req: Request<hyper::body::Incoming>, logs: Option<&Path>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let query: std::collections::HashMap<String, String> =
+        form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    match parts.as_slice() {
+        ["containerLogs", ns, pod, container] => {
+            let Some(root) = logs else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "this node runs the simulated runtime: its containers write no logs",
+                );
+            };
+            let flag = |k: &str| query.get(k).is_some_and(|v| v == "true" || v == "1");
+            let tail = query.get("tailLines").and_then(|v| v.parse::<usize>().ok());
+            match log_file(root, ns, pod, container, flag("previous")) {
+                Ok(file) => stream_log(file, tail, flag("follow")).await,
+                Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found"),
+    }
+}
+
+/// The log file of a container's newest run (or the one before it).
+fn log_file(root: &Path, ns: &str, pod: &str, container: &str, previous: bool) -> Result<PathBuf> {
+    let prefix = format!("{ns}_{pod}_");
+    let pod_dir = std::fs::read_dir(root)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .ok_or_else(|| anyhow!("pod \"{pod}\" has no logs on this node"))?
+        .path();
+    let mut runs: Vec<(u32, PathBuf)> = std::fs::read_dir(pod_dir.join(container))
+        .map_err(|_| anyhow!("container \"{container}\" in pod \"{pod}\" has not started yet"))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let n = name.strip_suffix(".log")?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    runs.sort();
+    let pick = if previous {
+        runs.len().checked_sub(2)
+    } else {
+        runs.len().checked_sub(1)
+    };
+    pick.and_then(|i| runs.get(i).map(|(_, p)| p.clone()))
+        .ok_or_else(|| {
+            if previous {
+                anyhow!("previous terminated container \"{container}\" in pod \"{pod}\" not found")
+            } else {
+                anyhow!("container \"{container}\" in pod \"{pod}\" has no logs yet")
+            }
+        })
+}
+
+/// The text of CRI log lines: `<time> <stream> <P|F> <text>`; P lines continue on the next.
+pub fn cri_text(raw: &str) -> String {
+    let mut out = String::new();
+    for line in raw.lines() {
+        let mut it = line.splitn(4, ' ');
+        let (_time, _stream, tag, rest) = (it.next(), it.next(), it.next(), it.next());
+        match (tag, rest) {
+            (Some("P"), Some(t)) => out.push_str(t),
+            (Some(_), Some(t)) => {
+                out.push_str(t);
+                out.push('\n');
+            }
+            (Some(_), None) => out.push('\n'),
+            _ => {}
+        }
+    }
+    out
+}
+
+async fn stream_log(file: PathBuf, tail: Option<usize>, follow: bool) -> Response<Body> {
+    let mut f = match tokio::fs::File::open(&file).await {
+        Ok(f) => f,
+        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mut raw = String::new();
+    if let Err(e) = f.read_to_string(&mut raw).await {
+        return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    }
+    // Only whole lines now; a partial last line comes with the next read.
+    let whole = raw.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let mut offset = whole as u64;
+    let mut first = cri_text(&raw[..whole]);
+    if let Some(n) = tail {
+        let lines: Vec<&str> = first.split_inclusive('\n').collect();
+        first = lines[lines.len().saturating_sub(n)..].concat();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(16);
+    let _ = tx.send(Ok(Frame::data(Bytes::from(first)))).await;
+    if follow {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if tx.is_closed() {
+                    return;
+                }
+                let mut more = String::new();
+                if f.seek(std::io::SeekFrom::Start(offset)).await.is_err()
+                    || f.read_to_string(&mut more).await.is_err()
+                {
+                    return;
+                }
+                let whole = more.rfind('\n').map(|i| i + 1).unwrap_or(0);
+                if whole == 0 {
+                    continue;
+                }
+                offset += whole as u64;
+                if tx
+                    .send(Ok(Frame::data(Bytes::from(cri_text(&more[..whole])))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    } else {
+        drop(tx);
+    }
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    r.headers_mut().insert(
+        "content-type",
+        "text/plain".parse().expect("a valid header"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_log_lines_become_the_container_s_text() {
+        let raw = "2026-12-04T06:30:00.1Z stdout F hello\n2026-12-04T06:30:00.2Z stderr P par\n2026-12-04T06:30:00.3Z stderr F tial\n2026-12-04T06:30:00.4Z stdout F\n";
+        assert_eq!(cri_text(raw), "hello\npartial\n\n");
+    }
+}
