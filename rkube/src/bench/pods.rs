@@ -27,6 +27,9 @@ pub struct PodsBenchArgs {
     /// The admin kubeconfig (default: DIR/admin.kubeconfig).
     #[arg(long)]
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// The pods' image (with the cri runtime: one the nodes hold, e.g. rkube.local/busybox:1).
+    #[arg(long, default_value = "busybox")]
+    pub image: String,
     /// Give up after this long.
     #[arg(long, default_value = "10m", value_parser = crate::flags::parse_duration)]
     pub timeout: Duration,
@@ -87,6 +90,7 @@ pub async fn run(dir: &std::path::Path, args: PodsBenchArgs) -> Result<()> {
     let mut creators = Vec::new();
     for _ in 0..args.clients.max(1) {
         let (pods, started, next, total) = (pods.clone(), started.clone(), next.clone(), args.pods);
+        let image = args.image.clone();
         creators.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -96,7 +100,8 @@ pub async fn run(dir: &std::path::Path, args: PodsBenchArgs) -> Result<()> {
                 let name = format!("p{i}");
                 let pod: Pod = serde_json::from_value(json!({
                     "metadata": {"name": name, "labels": {"bench": "pods"}},
-                    "spec": {"containers": [{"name": "c", "image": "busybox",
+                    "spec": {"terminationGracePeriodSeconds": 1,
+                             "containers": [{"name": "c", "image": image, "command": ["sleep", "3600"],
                              "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}))?;
                 started
                     .lock()
