@@ -88,6 +88,14 @@ impl Cri {
         })
     }
 
+    /// Where pods' volumes are made (`<root>/<uid>/volumes/<name>`).
+    pub fn volume_root(&self) -> PathBuf {
+        self.log_root
+            .parent()
+            .unwrap_or(&self.log_root)
+            .join("volumes")
+    }
+
     /// `<runtime name>://<version>`, as the Node's containerRuntimeVersion says it.
     pub async fn version(&self) -> Result<String> {
         let v = self
@@ -220,21 +228,10 @@ impl Cri {
         sandbox: &str,
         container: &Value,
         attempt: u32,
+        envs: Vec<pb::KeyValue>,
+        mounts: Vec<pb::Mount>,
     ) -> Result<String> {
         let name = s(container, "/name");
-        let envs = container
-            .get("env")
-            .and_then(Value::as_array)
-            .map(|es| {
-                es.iter()
-                    .filter(|e| e.get("value").is_some() || e.get("valueFrom").is_none())
-                    .map(|e| pb::KeyValue {
-                        key: s(e, "/name").to_string(),
-                        value: s(e, "/value").to_string(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
         let strings = |key: &str| -> Vec<String> {
             container
                 .get(key)
@@ -258,6 +255,7 @@ impl Cri {
             args: strings("args"),
             working_dir: s(container, "/workingDir").to_string(),
             envs,
+            mounts,
             labels: [
                 (POD_UID.to_string(), s(pod, "/metadata/uid").to_string()),
                 (CONTAINER_NAME.to_string(), name.to_string()),

@@ -74,6 +74,7 @@ pub async fn worker(
     };
     let uid = s(&pod, "/metadata/uid").to_string();
     let mut sandbox: Option<(String, String)> = None;
+    let mut volumes: Option<std::collections::HashMap<String, std::path::PathBuf>> = None;
     let mut slots: Vec<Slot> = pod
         .pointer("/spec/containers")
         .and_then(Value::as_array)
@@ -121,12 +122,21 @@ pub async fn worker(
                 tokio::time::sleep(TICK).await;
                 continue;
             }
+            let _ = std::fs::remove_dir_all(cri.volume_root().join(&uid));
             crate::pods::finish_deletion(&clients, &cfg, &pod).await;
             return;
         }
         let phase = s(&pod, "/status/phase");
         if phase != "Succeeded" && phase != "Failed" {
-            step(&cri, &pod, &mut sandbox, &mut slots).await;
+            step(
+                &cri,
+                &clients.get(),
+                &pod,
+                &mut sandbox,
+                &mut volumes,
+                &mut slots,
+            )
+            .await;
             let status = pod_status(&pod, &cfg, &sandbox, &slots, &started);
             if status != last_status {
                 let api: Api<Pod> = Api::namespaced(clients.get(), s(&pod, "/metadata/namespace"));
@@ -160,7 +170,14 @@ pub async fn worker(
 }
 
 /// One pass: sandbox, images, containers started or restarted, states read.
-async fn step(cri: &Cri, pod: &Value, sandbox: &mut Option<(String, String)>, slots: &mut [Slot]) {
+async fn step(
+    cri: &Cri,
+    client: &kube::Client,
+    pod: &Value,
+    sandbox: &mut Option<(String, String)>,
+    volumes: &mut Option<std::collections::HashMap<String, std::path::PathBuf>>,
+    slots: &mut [Slot],
+) {
     if sandbox.is_none() {
         match cri.sandbox(pod).await {
             Ok(sb) => *sandbox = Some(sb),
@@ -252,8 +269,35 @@ async fn step(cri: &Cri, pod: &Value, sandbox: &mut Option<(String, String)>, sl
             continue;
         }
         slot.pull_failures = 0;
+        // Volumes once per pod; what a container needs from them and its env, per start.
+        if volumes.is_none() {
+            match crate::podspec::volumes(client, pod, &cri.volume_root()).await {
+                Ok(v) => *volumes = Some(v),
+                Err(e) => {
+                    slot.waiting = Some(("CreateContainerConfigError".into(), format!("{e:#}")));
+                    continue;
+                }
+            }
+        }
+        let ip = sandbox
+            .as_ref()
+            .map(|(_, ip)| ip.clone())
+            .unwrap_or_default();
+        let prepared = async {
+            let envs = crate::podspec::env(client, pod, &slot.spec, &ip).await?;
+            let mounts = crate::podspec::mounts(&slot.spec, volumes.as_ref().expect("made above"))?;
+            anyhow::Ok((envs, mounts))
+        }
+        .await;
+        let (envs, mounts) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                slot.waiting = Some(("CreateContainerConfigError".into(), format!("{e:#}")));
+                continue;
+            }
+        };
         match cri
-            .start_container(pod, &sb, &slot.spec, slot.restarts)
+            .start_container(pod, &sb, &slot.spec, slot.restarts, envs, mounts)
             .await
         {
             Ok(id) => {

@@ -17,6 +17,7 @@ pub mod cri_pods;
 pub mod join;
 pub mod node;
 pub mod pods;
+pub mod podspec;
 pub mod server;
 
 /// The Kubernetes version the agent reports as its kubelet's.

@@ -1010,6 +1010,66 @@ async fn an_agent_runs_real_containers_through_containerd() {
         .ok();
     assert!(image_id.starts_with("sha256:"), "{image_id}");
 
+    // Volumes (configMap, emptyDir) and environment from a Secret and the downward API.
+    k.run(&[
+        "create",
+        "configmap",
+        "settings",
+        "--from-literal=greeting=hi",
+    ])
+    .await
+    .ok();
+    k.run(&[
+        "create",
+        "secret",
+        "generic",
+        "creds",
+        "--from-literal=password=s3cret",
+    ])
+    .await
+    .ok();
+    let wired = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"wired"},
+      "spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"rkube.local/busybox:1",
+        "command":["sh","-c","touch /scratch/ok; echo cm=$(cat /cfg/greeting) pw=$PASSWORD pod=$POD ns=$NS ip=$IP $(ls /scratch); sleep 3600"],
+        "env":[{"name":"PASSWORD","valueFrom":{"secretKeyRef":{"name":"creds","key":"password"}}},
+               {"name":"POD","valueFrom":{"fieldRef":{"fieldPath":"metadata.name"}}},
+               {"name":"NS","valueFrom":{"fieldRef":{"fieldPath":"metadata.namespace"}}},
+               {"name":"IP","valueFrom":{"fieldRef":{"fieldPath":"status.podIP"}}}],
+        "volumeMounts":[{"name":"cfg","mountPath":"/cfg"},{"name":"scratch","mountPath":"/scratch"}]}],
+        "volumes":[{"name":"cfg","configMap":{"name":"settings"}},{"name":"scratch","emptyDir":{}}]}}"#;
+    k.run_with_input(&["create", "-f", "-"], wired).await.ok();
+    let line = wait_for("wired's log", BOUND, || async {
+        let out = k.run(&["logs", "wired"]).await;
+        out.stdout.contains("cm=").then_some(out.stdout)
+    })
+    .await;
+    let ip = k
+        .run(&["get", "pod", "wired", "-o", "jsonpath={.status.podIP}"])
+        .await
+        .ok();
+    assert_eq!(
+        line.trim(),
+        format!("cm=hi pw=s3cret pod=wired ns=default ip={ip} ok")
+    );
+    let orphan = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"orphan"},
+      "spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"rkube.local/busybox:1",
+        "command":["sleep","3600"],"envFrom":[{"configMapRef":{"name":"missing"}}]}]}}"#;
+    k.run_with_input(&["create", "-f", "-"], orphan).await.ok();
+    wait_for("orphan waiting on its ConfigMap", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "pod",
+                "orphan",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.waiting.reason}",
+            ])
+            .await
+            .stdout;
+        (out == "CreateContainerConfigError").then_some(())
+    })
+    .await;
+
     // A crashing container is restarted with back-off; an image that cannot be pulled waits.
     k.run(&[
         "run",
@@ -1059,9 +1119,17 @@ async fn an_agent_runs_real_containers_through_containerd() {
 
     // Deleted pods are stopped and removed from the runtime.
     k.run(&["delete", "deployment", "web"]).await.ok();
-    k.run(&["delete", "pod", "crash", "nowhere", "--grace-period=1"])
-        .await
-        .ok();
+    k.run(&[
+        "delete",
+        "pod",
+        "crash",
+        "nowhere",
+        "wired",
+        "orphan",
+        "--grace-period=1",
+    ])
+    .await
+    .ok();
     wait_for("no pods left", BOUND, || async {
         let out = k.run(&["get", "pods", "--no-headers"]).await.stdout;
         out.trim().is_empty().then_some(())
