@@ -410,23 +410,16 @@ fn load(dir: &Path) -> Result<Option<(String, Identity)>> {
 }
 
 fn save(dir: &Path, ca_pem: &str, id: &Identity) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     std::fs::write(dir.join(CA_FILE), ca_pem)?;
-    // Written aside and renamed: a crash never leaves half a key.
-    let tmp = dir.join(format!("{IDENTITY_FILE}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(id.cert_pem.as_bytes())?;
-    if !id.cert_pem.ends_with('\n') {
-        f.write_all(b"\n")?;
+    let mut both = id.cert_pem.clone();
+    if !both.ends_with('\n') {
+        both.push('\n');
     }
-    f.write_all(id.key_pem.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(IDENTITY_FILE))?;
+    both.push_str(&id.key_pem);
+    rkube_store::pki::write_private(
+        &dir.join(IDENTITY_FILE),
+        both.as_bytes(),
+        "node client certificate",
+    )?;
     Ok(())
 }

@@ -77,15 +77,7 @@ fn write_admin_kubeconfig(dir: &Path, server: &str) -> Result<PathBuf> {
         b64("admin.key")?
     );
     let path = dir.join("admin.kubeconfig");
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)?;
-    f.write_all(doc.as_bytes())?;
+    pki::write_private(&path, doc.as_bytes(), "admin kubeconfig")?;
     Ok(path)
 }
 
@@ -341,7 +333,7 @@ pub async fn prepare_join(
     for f in ENCRYPTED {
         let sealed = String::from_utf8(get(f)?)?;
         let plain = open(&key, &sealed)?;
-        write_private(&pki_dir.join(f), &plain)?;
+        pki::write_private(&pki_dir.join(f), &plain, "control-plane key")?;
     }
     std::fs::write(pki_dir.join(pki::CA_CERT_FILE), &ca_cert)?;
     issue_member(
@@ -438,20 +430,6 @@ pub async fn promote_when_ready(plan: JoinPlan) {
             Err(s) => tracing::debug!(error = %s.message(), "not promoted yet"),
         }
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(bytes)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -751,6 +751,12 @@ fn read_file(path: &Path, what: &'static str) -> Result<Vec<u8>, PkiError> {
 
 /// Writes `contents` to `path` with `mode` through a temporary file and a rename, so readers see
 /// either the old file or the whole new one, never a torn key.
+/// Writes a private file (mode 0600) through a temporary file and a rename, so that a crash
+/// never leaves half a key.
+pub fn write_private(path: &Path, contents: &[u8], what: &'static str) -> Result<(), PkiError> {
+    write_file(path, contents, KEY_MODE, what)
+}
+
 fn write_file(path: &Path, contents: &[u8], mode: u32, what: &'static str) -> Result<(), PkiError> {
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
