@@ -308,6 +308,34 @@ impl Cri {
         })
     }
 
+    /// Runs a command in a container (exec probes): its exit code.
+    pub async fn exec_sync(&self, id: &str, cmd: Vec<String>, timeout: i64) -> Result<i32> {
+        let r = self
+            .runtime
+            .clone()
+            .exec_sync(pb::ExecSyncRequest {
+                container_id: id.to_string(),
+                cmd,
+                timeout,
+            })
+            .await
+            .map_err(|e| anyhow!("{}", e.message()))?;
+        Ok(r.into_inner().exit_code)
+    }
+
+    /// Stops one container: SIGTERM, then SIGKILL after `grace` seconds.
+    pub async fn stop_container(&self, id: &str, grace: i64) -> Result<()> {
+        self.runtime
+            .clone()
+            .stop_container(pb::StopContainerRequest {
+                container_id: id.to_string(),
+                timeout: grace,
+            })
+            .await
+            .map_err(|e| anyhow!("stopping container {id}: {}", e.message()))?;
+        Ok(())
+    }
+
     /// Removes one (exited) container; a container already gone is not an error.
     pub async fn remove_container(&self, id: &str) -> Result<()> {
         match self

@@ -47,6 +47,8 @@ struct Slot {
     pull_failures: u32,
     /// The container of the run before this one (kept for its logs).
     previous: Option<String>,
+    readiness: Option<crate::probe::Probe>,
+    liveness: Option<crate::probe::Probe>,
     view: Option<ContainerView>,
 }
 
@@ -89,6 +91,8 @@ pub async fn worker(
                     retry_at: None,
                     pull_failures: 0,
                     previous: None,
+                    readiness: None,
+                    liveness: None,
                     view: None,
                 })
                 .collect()
@@ -131,6 +135,7 @@ pub async fn worker(
             step(
                 &cri,
                 &clients.get(),
+                &cfg.name,
                 &pod,
                 &mut sandbox,
                 &mut volumes,
@@ -173,6 +178,7 @@ pub async fn worker(
 async fn step(
     cri: &Cri,
     client: &kube::Client,
+    node: &str,
     pod: &Value,
     sandbox: &mut Option<(String, String)>,
     volumes: &mut Option<std::collections::HashMap<String, std::path::PathBuf>>,
@@ -236,6 +242,13 @@ async fn step(
                     } else {
                         slot.waiting = None;
                         slot.retry_at = None;
+                        let ip = sandbox
+                            .as_ref()
+                            .map(|(_, ip)| ip.clone())
+                            .unwrap_or_default();
+                        if v.running() {
+                            probe(cri, client, node, pod, slot, &v.id, &ip).await;
+                        }
                         slot.view = Some(v);
                     }
                 }
@@ -304,9 +317,76 @@ async fn step(
                 slot.id = Some(id);
                 slot.waiting = None;
                 slot.retry_at = None;
+                let started = Instant::now();
+                slot.readiness = slot
+                    .spec
+                    .get("readinessProbe")
+                    .map(|p| crate::probe::Probe::new(p, started, false));
+                slot.liveness = slot
+                    .spec
+                    .get("livenessProbe")
+                    .map(|p| crate::probe::Probe::new(p, started, true));
             }
             Err(e) => {
                 slot.waiting = Some(("CreateContainerError".into(), format!("{e:#}")));
+            }
+        }
+    }
+}
+
+/// Runs the container's due probes: a failed liveness probe stops the container (the restart
+/// policy and back-off bring it back), a readiness probe sets whether it is ready.
+async fn probe(
+    cri: &Cri,
+    client: &kube::Client,
+    node: &str,
+    pod: &Value,
+    slot: &mut Slot,
+    id: &str,
+    ip: &str,
+) {
+    let name = s(&slot.spec, "/name").to_string();
+    if let Some(p) = slot.readiness.as_mut() {
+        if let Some(Err(why)) = p.tick(cri, id, ip).await {
+            crate::pods::record(
+                client,
+                pod,
+                "Unhealthy",
+                &format!("Readiness probe failed: {why}"),
+                "Warning",
+                node,
+            )
+            .await;
+        }
+    }
+    if let Some(p) = slot.liveness.as_mut() {
+        if let Some(Err(why)) = p.tick(cri, id, ip).await {
+            crate::pods::record(
+                client,
+                pod,
+                "Unhealthy",
+                &format!("Liveness probe failed: {why}"),
+                "Warning",
+                node,
+            )
+            .await;
+            if !p.ok {
+                crate::pods::record(
+                    client,
+                    pod,
+                    "Killing",
+                    &format!("Container {name} failed liveness probe, will be restarted"),
+                    "Normal",
+                    node,
+                )
+                .await;
+                let grace = pod
+                    .pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(30);
+                if let Err(e) = cri.stop_container(id, grace).await {
+                    tracing::warn!(container = %name, error = %e, "stopping a container that failed its liveness probe failed");
+                }
             }
         }
     }
@@ -326,7 +406,8 @@ fn pod_status(
     let mut any_failed = false;
     for slot in slots {
         let name = s(&slot.spec, "/name");
-        let running = slot.view.as_ref().is_some_and(ContainerView::running);
+        let running = slot.view.as_ref().is_some_and(ContainerView::running)
+            && slot.readiness.as_ref().is_none_or(|p| p.ok);
         let state = match (&slot.waiting, &slot.view) {
             (Some((reason, message)), _) => {
                 json!({"waiting": {"reason": reason, "message": message}})

@@ -18,6 +18,7 @@ pub mod join;
 pub mod node;
 pub mod pods;
 pub mod podspec;
+pub mod probe;
 pub mod server;
 
 /// The Kubernetes version the agent reports as its kubelet's.

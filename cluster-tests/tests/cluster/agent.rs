@@ -1070,6 +1070,55 @@ async fn an_agent_runs_real_containers_through_containerd() {
     })
     .await;
 
+    // Probes: ready once its readiness probe passes; restarted when its liveness probe fails.
+    let probed = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probed"},
+      "spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"rkube.local/busybox:1",
+        "command":["sh","-c","touch /tmp/alive; (sleep 3; echo ok > /www/ready; sleep 4; rm /tmp/alive) & exec httpd -f -p 8080 -h /www"],
+        "readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":1,"failureThreshold":1},
+        "livenessProbe":{"exec":{"command":["test","-f","/tmp/alive"]},"periodSeconds":1,"failureThreshold":1}}]}}"#;
+    k.run_with_input(&["create", "-f", "-"], probed).await.ok();
+    let probed_state = || async {
+        k.run(&["get", "pod", "probed", "-o",
+                "jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}"])
+            .await
+            .stdout
+    };
+    wait_for("probed running but not ready", BOUND, || async {
+        let st = k
+            .run(&["get", "pod", "probed", "-o", "jsonpath={.status.phase}"])
+            .await
+            .stdout;
+        (st == "Running" && probed_state().await.starts_with("false")).then_some(())
+    })
+    .await;
+    wait_for("probed ready", BOUND, || async {
+        (probed_state().await == "true 0").then_some(())
+    })
+    .await;
+    wait_for(
+        "probed restarted by its liveness probe",
+        Duration::from_secs(90),
+        || async {
+            let st = probed_state().await;
+            let restarts: u32 = st
+                .split_whitespace()
+                .nth(1)
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            (restarts >= 1).then_some(())
+        },
+    )
+    .await;
+    let events = k
+        .run(&[
+            "get",
+            "events",
+            "--field-selector=involvedObject.name=probed,reason=Unhealthy",
+        ])
+        .await
+        .ok();
+    assert!(events.contains("Liveness probe failed"), "{events}");
+
     // A crashing container is restarted with back-off; an image that cannot be pulled waits.
     k.run(&[
         "run",
@@ -1126,6 +1175,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
         "nowhere",
         "wired",
         "orphan",
+        "probed",
         "--grace-period=1",
     ])
     .await
