@@ -548,7 +548,7 @@ impl Api {
                 return self.proxy_log(tls.clone(), t, &pod, n, q).await;
             }
         }
-        Err(self.node_stream_unavailable(t, sub, &pod).await)
+        Err(Self::node_stream_unavailable(t, sub, node, runtime))
     }
 
     /// `kubectl logs`: the container's log from its node's agent, streamed.
@@ -637,31 +637,15 @@ impl Api {
         Ok(resp)
     }
 
-    async fn node_stream_unavailable(&self, t: &Target, sub: &str, pod: &Value) -> ApiError {
-        let node = pod
-            .pointer("/spec/nodeName")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+    /// Why pods/{sub} cannot be served: the pod has no node yet, its node runs the simulated
+    /// runtime, or only logs are proxied to agents.
+    fn node_stream_unavailable(t: &Target, sub: &str, node: &str, runtime: &str) -> ApiError {
         if node.is_empty() {
             return ApiError::bad_request(format!(
                 "pod {} is not scheduled to a node yet: no {sub} until it runs",
                 t.name()
             ));
         }
-        let res = resources::find("", "v1", "nodes").expect("nodes are served");
-        let runtime = self
-            .store
-            .get(&res.key(None, node), Freshness::Any)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|n| {
-                n.object
-                    .pointer("/status/nodeInfo/containerRuntimeVersion")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
-            .unwrap_or_default();
         if runtime.starts_with("sim://") {
             return ApiError::bad_request(format!(
                 "pod {} runs on node {node:?} with the simulated runtime: its containers are not processes, so there is no {sub}",
@@ -672,7 +656,7 @@ impl Api {
             503,
             "ServiceUnavailable",
             format!(
-                "pods/{sub} is not available: this API server does not proxy to node agents yet (pod {} on node {node:?})",
+                "pods/{sub} is not available: this API server proxies only logs to node agents (pod {} on node {node:?})",
                 t.name()
             ),
         )

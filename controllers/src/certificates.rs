@@ -185,12 +185,11 @@ impl CsrController {
         }
         let now = rkube_api::handler::now();
         let mut approved = csr.clone();
-        let conditions = approved
+        let mut conditions = approved
             .pointer("/status/conditions")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        let mut conditions = conditions;
         conditions.push(json!({
             "type": "Approved", "status": "True", "reason": "AutoApproved",
             "message": "Auto approving kubelet client certificate after SubjectAccessReview.",

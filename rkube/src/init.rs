@@ -92,6 +92,37 @@ fn api_url(listen_api: Option<SocketAddr>, advertise: Option<&str>) -> Result<St
     Ok(format!("https://{a}"))
 }
 
+/// The member being set up: its name, PKI directory and addresses.
+pub struct Member<'a> {
+    pub name: &'a str,
+    pub pki: &'a Path,
+    pub listen_peer: SocketAddr,
+    pub listen_client: SocketAddr,
+    pub listen_api: Option<SocketAddr>,
+    pub advertise_api: Option<&'a str>,
+    pub extra_sans: &'a [String],
+}
+
+impl Member<'_> {
+    fn api_url(&self) -> Result<String> {
+        api_url(self.listen_api, self.advertise_api)
+    }
+
+    /// This member's serving/peer certificate and the admin's and kubelet client's.
+    fn issue_certificates(&self) -> Result<()> {
+        let listens = [
+            Some(self.listen_peer),
+            Some(self.listen_client),
+            self.listen_api,
+        ];
+        issue_member(
+            self.pki,
+            self.name,
+            &sans(self.name, &listens, self.extra_sans),
+        )
+    }
+}
+
 pub struct InitPlan {
     pub pki: PathBuf,
     pub api_url: String,
@@ -100,35 +131,18 @@ pub struct InitPlan {
 }
 
 /// `--init`, before the server starts: the PKI and the one-member initial cluster.
-#[allow(clippy::too_many_arguments)]
-pub fn prepare_init(
-    name: &str,
-    pki_dir: &Path,
-    listen_peer: SocketAddr,
-    listen_client: SocketAddr,
-    listen_api: Option<SocketAddr>,
-    advertise_api: Option<&str>,
-    extra_sans: &[String],
-) -> Result<(InitPlan, String)> {
-    let api = api_url(listen_api, advertise_api)?;
-    pki::init_ca(pki_dir)?;
-    pki::init_service_account_key(pki_dir)?;
-    issue_member(
-        pki_dir,
-        name,
-        &sans(
-            name,
-            &[Some(listen_peer), Some(listen_client), listen_api],
-            extra_sans,
-        ),
-    )?;
-    let kubeconfig = write_admin_kubeconfig(pki_dir, &api)?;
-    let initial = format!("{name}=https://{listen_peer}");
+pub fn prepare_init(m: &Member) -> Result<(InitPlan, String)> {
+    let api = m.api_url()?;
+    pki::init_ca(m.pki)?;
+    pki::init_service_account_key(m.pki)?;
+    m.issue_certificates()?;
+    let kubeconfig = write_admin_kubeconfig(m.pki, &api)?;
+    let initial = format!("{}=https://{}", m.name, m.listen_peer);
     Ok((
         InitPlan {
-            pki: pki_dir.to_path_buf(),
+            pki: m.pki.to_path_buf(),
             api_url: api,
-            client_url: format!("https://{listen_client}"),
+            client_url: format!("https://{}", m.listen_client),
             kubeconfig,
         },
         initial,
@@ -190,19 +204,19 @@ pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan)
         "system:bootstrappers:kubeadm:default-node-token",
         "rkube server --init",
     )?;
-    let created = loop {
+    loop {
         match client
             .create("/api/v1/namespaces/kube-system/secrets", &secret)
             .await
         {
-            Ok(s) => break s,
+            Ok(_) => break,
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!(error = %e, "creating the first bootstrap token; retrying");
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             Err(e) => return Err(anyhow!("creating the first bootstrap token: {e}")),
         }
-    };
+    }
     // The keys, encrypted, owned by a short-lived token so that they go when it expires.
     let key: [u8; 32] = rand::random();
     let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
@@ -255,7 +269,6 @@ pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan)
                 .map_err(|e| anyhow!("uploading the keys: {e}"))?;
         }
     }
-    let _ = created;
     let pin = pki::ca_spki_sha256(&std::fs::read(plan.pki.join(pki::CA_CERT_FILE))?)?;
     println!(
         "\nYour rkube control plane has initialized successfully!\n\n\
@@ -279,19 +292,12 @@ pub struct JoinPlan {
 
 /// `--join`, before the server starts: discovery, the keys, own certificates, and the
 /// learner's MemberAdd.
-#[allow(clippy::too_many_arguments)]
 pub async fn prepare_join(
     join: &str,
     token: &str,
     pin: &str,
     certificate_key: &str,
-    name: &str,
-    pki_dir: &Path,
-    listen_peer: SocketAddr,
-    listen_client: SocketAddr,
-    listen_api: Option<SocketAddr>,
-    advertise_api: Option<&str>,
-    extra_sans: &[String],
+    m: &Member<'_>,
 ) -> Result<JoinPlan> {
     let key = parse_certificate_key(certificate_key)?;
     let (_, ca_pem) =
@@ -325,7 +331,7 @@ pub async fn prepare_join(
             .0
             .clone())
     };
-    std::fs::create_dir_all(pki_dir)?;
+    std::fs::create_dir_all(m.pki)?;
     let ca_cert = get(pki::CA_CERT_FILE)?;
     if pki::ca_spki_sha256(&ca_cert)? != pki::ca_spki_sha256(ca_pem.as_bytes())? {
         bail!("the uploaded CA is not the cluster-info CA");
@@ -333,33 +339,24 @@ pub async fn prepare_join(
     for f in ENCRYPTED {
         let sealed = String::from_utf8(get(f)?)?;
         let plain = open(&key, &sealed)?;
-        pki::write_private(&pki_dir.join(f), &plain, "control-plane key")?;
+        pki::write_private(&m.pki.join(f), &plain, "control-plane key")?;
     }
-    std::fs::write(pki_dir.join(pki::CA_CERT_FILE), &ca_cert)?;
-    issue_member(
-        pki_dir,
-        name,
-        &sans(
-            name,
-            &[Some(listen_peer), Some(listen_client), listen_api],
-            extra_sans,
-        ),
-    )?;
-    let api = api_url(listen_api, advertise_api)?;
-    write_admin_kubeconfig(pki_dir, &api)?;
+    std::fs::write(m.pki.join(pki::CA_CERT_FILE), &ca_cert)?;
+    m.issue_certificates()?;
+    write_admin_kubeconfig(m.pki, &m.api_url()?)?;
     let endpoints = String::from_utf8(get("etcd-endpoints")?)?;
     let target = crate::client::ClusterArgs {
         endpoints: Some(endpoints),
-        cacert: Some(pki_dir.join(pki::CA_CERT_FILE)),
-        cert: Some(pki_dir.join("admin.crt")),
-        key: Some(pki_dir.join("admin.key")),
+        cacert: Some(m.pki.join(pki::CA_CERT_FILE)),
+        cert: Some(m.pki.join("admin.crt")),
+        key: Some(m.pki.join("admin.key")),
         dir: None,
         insecure: false,
     }
     .resolve()?;
     let ch = target.connect().await?;
     let mut cluster = pb::cluster_client::ClusterClient::new(ch);
-    let peer_url = format!("https://{listen_peer}");
+    let peer_url = format!("https://{}", m.listen_peer);
     let list = cluster
         .member_list(pb::MemberListRequest { linearizable: true })
         .await?
@@ -367,7 +364,7 @@ pub async fn prepare_join(
     let existing = list
         .members
         .iter()
-        .find(|m| m.name == name || m.peer_ur_ls.contains(&peer_url));
+        .find(|x| x.name == m.name || x.peer_ur_ls.contains(&peer_url));
     let (id, members) = match existing {
         // Added before (a join that stopped half-way): go on with it.
         Some(m) => (m.id, list.members.clone()),
@@ -385,13 +382,13 @@ pub async fn prepare_join(
     };
     let initial_cluster = members
         .iter()
-        .map(|m| {
-            let n = if m.name.is_empty() {
-                name
+        .map(|x| {
+            let n = if x.name.is_empty() {
+                m.name
             } else {
-                m.name.as_str()
+                x.name.as_str()
             };
-            format!("{n}={}", m.peer_ur_ls.first().cloned().unwrap_or_default())
+            format!("{n}={}", x.peer_ur_ls.first().cloned().unwrap_or_default())
         })
         .collect::<Vec<_>>()
         .join(",");

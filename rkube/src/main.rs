@@ -393,16 +393,20 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     // --init / --join: PKI and membership first, as kubeadm does them.
     let mut init_plan = None;
     let mut join_plan = None;
+    let pki = args.pki.clone();
+    let advertise = args.advertise_api_url.clone();
+    let sans = args.cert_sans.clone();
+    let member = init::Member {
+        name: &args.name.clone(),
+        pki: &pki,
+        listen_peer: args.listen_peer,
+        listen_client: args.listen_client,
+        listen_api: args.listen_api,
+        advertise_api: advertise.as_deref(),
+        extra_sans: &sans,
+    };
     if args.init && !args.data_dir.join("member.json").exists() {
-        let (plan, initial) = init::prepare_init(
-            &args.name,
-            &args.pki,
-            args.listen_peer,
-            args.listen_client,
-            args.listen_api,
-            args.advertise_api_url.as_deref(),
-            &args.cert_sans,
-        )?;
+        let (plan, initial) = init::prepare_init(&member)?;
         args.initial_cluster.get_or_insert(initial);
         init_plan = Some(plan);
     } else if args.init {
@@ -416,13 +420,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
             args.token.as_deref().unwrap_or(""),
             args.discovery_token_ca_cert_hash.as_deref().unwrap_or(""),
             args.certificate_key.as_deref().unwrap_or(""),
-            &args.name,
-            &args.pki,
-            args.listen_peer,
-            args.listen_client,
-            args.listen_api,
-            args.advertise_api_url.as_deref(),
-            &args.cert_sans,
+            &member,
         )
         .await?;
         args.initial_cluster = Some(plan.initial_cluster.clone());

@@ -189,7 +189,7 @@ pub async fn run(args: TokenArgs, command: TokenCommand) -> Result<()> {
         } => {
             let token = create(client, token, ttl, &usages, &groups, &description).await?;
             if print_join_command {
-                let ca = ca_hash(&args, &server).await?;
+                let ca = ca_hash(&args)?;
                 println!("rkube agent --server {server} --token {token} --discovery-token-ca-cert-hash {ca}");
             } else {
                 println!("{token}");
@@ -265,7 +265,7 @@ pub async fn run(args: TokenArgs, command: TokenCommand) -> Result<()> {
 
 /// The CA pin of the cluster the kubeconfig reaches: from DIR/pki/ca.crt, or the kubeconfig's
 /// own certificate-authority-data.
-async fn ca_hash(args: &TokenArgs, _server: &str) -> Result<String> {
+fn ca_hash(args: &TokenArgs) -> Result<String> {
     if let Some(dir) = &args.dir {
         let pem = std::fs::read(dir.join("pki").join(rkube_store::pki::CA_CERT_FILE))?;
         return Ok(rkube_store::pki::ca_spki_sha256(&pem)?);
