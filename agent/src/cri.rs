@@ -258,6 +258,11 @@ impl Cri {
             mounts,
             labels: [
                 (POD_UID.to_string(), s(pod, "/metadata/uid").to_string()),
+                (POD_NAME.to_string(), s(pod, "/metadata/name").to_string()),
+                (
+                    POD_NAMESPACE.to_string(),
+                    s(pod, "/metadata/namespace").to_string(),
+                ),
                 (CONTAINER_NAME.to_string(), name.to_string()),
             ]
             .into(),
@@ -404,6 +409,111 @@ impl Cri {
         Ok(())
     }
 
+    /// The URL of the runtime's streaming server where `kubectl exec`, `attach` or
+    /// `port-forward` on a running pod is served.
+    pub async fn stream_url(&self, ns: &str, pod: &str, req: StreamRequest) -> Result<String> {
+        let mut rt = self.runtime.clone();
+        let sandbox = rt
+            .list_pod_sandbox(pb::ListPodSandboxRequest {
+                filter: Some(pb::PodSandboxFilter {
+                    state: Some(pb::PodSandboxStateValue {
+                        state: pb::PodSandboxState::SandboxReady as i32,
+                    }),
+                    label_selector: [
+                        (POD_NAMESPACE.to_string(), ns.to_string()),
+                        (POD_NAME.to_string(), pod.to_string()),
+                    ]
+                    .into(),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .items
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow!("pod {pod:?} has no running sandbox on this node"))?
+            .id;
+        let running = |name: String| {
+            let mut rt = rt.clone();
+            let sandbox = sandbox.clone();
+            async move {
+                rt.list_containers(pb::ListContainersRequest {
+                    filter: Some(pb::ContainerFilter {
+                        state: Some(pb::ContainerStateValue {
+                            state: pb::ContainerState::ContainerRunning as i32,
+                        }),
+                        pod_sandbox_id: sandbox,
+                        label_selector: [(CONTAINER_NAME.to_string(), name.clone())].into(),
+                        ..Default::default()
+                    }),
+                })
+                .await?
+                .into_inner()
+                .containers
+                .into_iter()
+                .next()
+                .map(|c| c.id)
+                .ok_or_else(|| anyhow!("container not found ({name:?})"))
+            }
+        };
+        let url = match req {
+            StreamRequest::Exec {
+                container,
+                cmd,
+                tty,
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                let container_id = running(container).await?;
+                rt.exec(pb::ExecRequest {
+                    container_id,
+                    cmd,
+                    tty,
+                    stdin,
+                    stdout,
+                    stderr,
+                })
+                .await
+                .map_err(|e| anyhow!("{}", e.message()))?
+                .into_inner()
+                .url
+            }
+            StreamRequest::Attach {
+                container,
+                tty,
+                stdin,
+                stdout,
+                stderr,
+            } => {
+                let container_id = running(container).await?;
+                rt.attach(pb::AttachRequest {
+                    container_id,
+                    stdin,
+                    tty,
+                    stdout,
+                    stderr,
+                })
+                .await
+                .map_err(|e| anyhow!("{}", e.message()))?
+                .into_inner()
+                .url
+            }
+            StreamRequest::PortForward { ports } => {
+                rt.port_forward(pb::PortForwardRequest {
+                    pod_sandbox_id: sandbox,
+                    port: ports,
+                })
+                .await
+                .map_err(|e| anyhow!("{}", e.message()))?
+                .into_inner()
+                .url
+            }
+        };
+        Ok(url)
+    }
+
     /// Uids of every pod the runtime holds a sandbox for.
     pub async fn pod_uids(&self) -> Result<Vec<String>> {
         Ok(self
@@ -417,6 +527,29 @@ impl Cri {
             .filter_map(|sb| sb.labels.get(POD_UID).cloned())
             .collect())
     }
+}
+
+/// A streaming request on a pod: what the runtime is asked to serve.
+#[derive(Debug, Clone)]
+pub enum StreamRequest {
+    Exec {
+        container: String,
+        cmd: Vec<String>,
+        tty: bool,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    },
+    Attach {
+        container: String,
+        tty: bool,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+    },
+    PortForward {
+        ports: Vec<i32>,
+    },
 }
 
 /// The kubelet's restart back-off: 10 s, doubling, at most 5 minutes.

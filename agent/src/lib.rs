@@ -179,10 +179,10 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             let ip: std::net::IpAddr = node.node_ip.parse().unwrap_or([127, 0, 0, 1].into());
             let addr = std::net::SocketAddr::new(ip, node.kubelet_port);
             let ca = clients.ca_pem().to_string();
-            let logs = cri.as_ref().map(|_| cfg.dir.join("pods"));
+            let runtime = cri.clone().map(|c| (c, cfg.dir.join("pods")));
             let name = node.name.clone();
             tokio::spawn(async move {
-                if let Err(e) = server::serve(addr, ca, name, logs).await {
+                if let Err(e) = server::serve(addr, ca, name, runtime).await {
                     tracing::warn!(%addr, error = %format!("{e:#}"), "the agent's HTTPS port is not served: kubectl logs cannot reach this node");
                 }
             });

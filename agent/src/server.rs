@@ -5,6 +5,10 @@
 //!
 //! `GET /containerLogs/<namespace>/<pod>/<container>?follow=&tailLines=&previous=` reads the
 //! CRI log files (`<time> <stream> <P|F> <text>` lines) the runtime writes for the pod.
+//! `/exec/<namespace>/<pod>/<container>?command=&stdin=&stdout=&stderr=&tty=`,
+//! `/attach/<namespace>/<pod>/<container>` and `/portForward/<namespace>/<pod>` ask the runtime
+//! for a stream (CRI Exec, Attach, PortForward) and join the API server's upgraded connection
+//! with the runtime's streaming server.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,6 +23,8 @@ use hyper::body::Frame;
 use hyper::{Request, Response, StatusCode};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use crate::cri::StreamRequest;
 
 /// The user the API server's client certificate names (kubeadm's apiserver-kubelet-client).
 pub const API_SERVER_CLIENT: &str = "kube-apiserver-kubelet-client";
@@ -41,7 +47,7 @@ pub async fn serve(
     addr: SocketAddr,
     ca_pem: String,
     node: String,
-    logs: Option<PathBuf>,
+    runtime: Option<(crate::cri::Cri, PathBuf)>,
 ) -> Result<()> {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut params = rcgen::CertificateParams::new(vec![node.clone(), addr.ip().to_string()])?;
@@ -69,7 +75,7 @@ pub async fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving container logs to the API server");
-    let logs = Arc::new(logs);
+    let runtime = Arc::new(runtime);
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
@@ -78,7 +84,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let (acceptor, logs) = (acceptor.clone(), logs.clone());
+        let (acceptor, runtime) = (acceptor.clone(), runtime.clone());
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
@@ -91,7 +97,7 @@ pub async fn serve(
                 .and_then(|c| common_name(c.as_ref()))
                 .is_some_and(|cn| cn == API_SERVER_CLIENT);
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let logs = logs.clone();
+                let runtime = runtime.clone();
                 async move {
                     if !allowed {
                         return Ok::<_, Infallible>(text(
@@ -99,11 +105,12 @@ pub async fn serve(
                             "only the API server may use this port",
                         ));
                     }
-                    Ok(route(req, logs.as_ref().as_deref()).await)
+                    Ok(route(req, runtime.as_ref().as_ref()).await)
                 }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .with_upgrades()
                 .await;
         });
     }
@@ -115,7 +122,10 @@ fn common_name(der: &[u8]) -> Option<String> {
     Some(cn.to_string())
 }
 
-async fn route(req: Request<hyper::body::Incoming>, logs: Option<&Path>) -> Response<Body> {
+async fn route(
+    req: Request<hyper::body::Incoming>,
+    runtime: Option<&(crate::cri::Cri, PathBuf)>,
+) -> Response<Body> {
     let path = req.uri().path().to_string();
     let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let query: std::collections::HashMap<String, String> =
@@ -124,7 +134,7 @@ async fn route(req: Request<hyper::body::Incoming>, logs: Option<&Path>) -> Resp
             .collect();
     match parts.as_slice() {
         ["containerLogs", ns, pod, container] => {
-            let Some(root) = logs else {
+            let Some((_, root)) = runtime else {
                 return text(
                     StatusCode::BAD_REQUEST,
                     "this node runs the simulated runtime: its containers write no logs",
@@ -137,7 +147,81 @@ async fn route(req: Request<hyper::body::Incoming>, logs: Option<&Path>) -> Resp
                 Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
             }
         }
+        [kind @ ("exec" | "attach" | "portForward"), ns, pod, rest @ ..] => {
+            let Some((cri, _)) = runtime else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "this node runs the simulated runtime: its containers are not processes",
+                );
+            };
+            let flag = |k: &str| query.get(k).is_some_and(|v| v == "true" || v == "1");
+            let container = rest.first().map(|c| c.to_string()).unwrap_or_default();
+            let request = match *kind {
+                "exec" => StreamRequest::Exec {
+                    container,
+                    cmd: form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+                        .filter(|(k, _)| k == "command")
+                        .map(|(_, v)| v.into_owned())
+                        .collect(),
+                    tty: flag("tty"),
+                    stdin: flag("stdin"),
+                    stdout: flag("stdout"),
+                    stderr: flag("stderr"),
+                },
+                "attach" => StreamRequest::Attach {
+                    container,
+                    tty: flag("tty"),
+                    stdin: flag("stdin"),
+                    stdout: flag("stdout"),
+                    stderr: flag("stderr"),
+                },
+                _ => StreamRequest::PortForward {
+                    ports: query
+                        .get("ports")
+                        .map(|p| p.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+                        .unwrap_or_default(),
+                },
+            };
+            let (ns, pod) = (ns.to_string(), pod.to_string());
+            match cri.stream_url(&ns, &pod, request).await {
+                Ok(url) => stream(url, req).await,
+                Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "not found"),
+    }
+}
+
+/// Passes the API server's upgrade request on to the runtime's streaming server at `url` and
+/// joins the two connections once both are upgraded.
+async fn stream(url: String, mut req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let failed = |e: &dyn std::fmt::Display| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the runtime's streaming server at {url}: {e}"),
+        )
+    };
+    let uri: hyper::Uri = match url.parse() {
+        Ok(u) => u,
+        Err(e) => return failed(&e),
+    };
+    let (Some(authority), Some(path)) = (uri.authority(), uri.path_and_query()) else {
+        return failed(&"not an http URL");
+    };
+    let tcp = match tokio::net::TcpStream::connect(authority.as_str()).await {
+        Ok(t) => t,
+        Err(e) => return failed(&e),
+    };
+    let client = hyper::upgrade::on(&mut req);
+    let upgrade = rkube_api::nodeproxy::UpgradeRequest {
+        method: req.method(),
+        path_and_query: path.as_str(),
+        headers: req.headers(),
+        client,
+    };
+    match rkube_api::nodeproxy::upgrade_through(tcp, authority.as_str(), upgrade).await {
+        Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed()),
+        Err(e) => failed(&e),
     }
 }
 

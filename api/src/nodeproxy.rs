@@ -1,4 +1,5 @@
-//! Reaching a node's agent (its kubelet port) for `kubectl logs`: HTTPS to the node's
+//! Reaching a node's agent (its kubelet port) for `kubectl logs`, `exec`, `attach` and
+//! `port-forward` (upgraded streams passed through): HTTPS to the node's
 //! InternalIP and `daemonEndpoints.kubeletEndpoint.Port`, with the API server's own client
 //! certificate (`kube-apiserver-kubelet-client`). As kube-apiserver does by default, the
 //! agent's serving certificate is not checked (`--kubelet-certificate-authority` unset); the
@@ -79,6 +80,32 @@ pub fn client_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<rustls::Clie
     Ok(Arc::new(config))
 }
 
+/// A TLS connection to the agent at `host:port`; errors are the API's 502 in Kubernetes' words.
+async fn connect(
+    tls: Arc<rustls::ClientConfig>,
+    host: &str,
+    port: u16,
+    path_and_query: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, ApiError> {
+    let tcp = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| unreachable(host, port, path_and_query, &e))?;
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|e| unreachable(host, port, path_and_query, &e))?;
+    tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| unreachable(host, port, path_and_query, &e))
+}
+
+fn unreachable(host: &str, port: u16, path_and_query: &str, e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::new(
+        502,
+        "BadGateway",
+        format!("Get \"https://{host}:{port}{path_and_query}\": {e}"),
+    )
+}
+
 /// GET `path_and_query` on the agent at `host:port`; its answer (status, body streamed) as the
 /// API's response.
 pub async fn get(
@@ -87,36 +114,93 @@ pub async fn get(
     port: u16,
     path_and_query: &str,
 ) -> Result<hyper::Response<Body>, ApiError> {
-    let unreachable = |e: &dyn std::fmt::Display| {
-        ApiError::new(
-            502,
-            "BadGateway",
-            format!("Get \"https://{host}:{port}{path_and_query}\": {e}"),
-        )
-    };
-    let tcp = tokio::net::TcpStream::connect((host, port))
-        .await
-        .map_err(|e| unreachable(&e))?;
-    let name = ServerName::try_from(host.to_string()).map_err(|e| unreachable(&e))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| unreachable(&e))?;
+    let stream = connect(tls, host, port, path_and_query).await?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(|e| unreachable(&e))?;
+            .map_err(|e| unreachable(host, port, path_and_query, &e))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
     let req = hyper::Request::get(path_and_query)
         .header("host", format!("{host}:{port}"))
         .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .map_err(|e| unreachable(&e))?;
+        .map_err(|e| unreachable(host, port, path_and_query, &e))?;
     let resp = sender
         .send_request(req)
         .await
-        .map_err(|e| unreachable(&e))?;
+        .map_err(|e| unreachable(host, port, path_and_query, &e))?;
     let (parts, body) = resp.into_parts();
     Ok(hyper::Response::from_parts(parts, Body::new(body)))
+}
+
+/// `kubectl exec`, `attach` and `port-forward` on the agent at `host:port`: the client's
+/// upgrade request is sent on, and the two upgraded connections are joined.
+pub async fn upgrade(
+    tls: Arc<rustls::ClientConfig>,
+    host: &str,
+    port: u16,
+    request: UpgradeRequest<'_>,
+) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+    let stream = connect(tls, host, port, request.path_and_query).await?;
+    let path = request.path_and_query.to_string();
+    upgrade_through(stream, &format!("{host}:{port}"), request)
+        .await
+        .map_err(|e| unreachable(host, port, &path, &e))
+}
+
+/// The headers that carry a streaming upgrade and its protocol negotiation.
+const UPGRADE_HEADERS: [&str; 3] = ["connection", "upgrade", "x-stream-protocol-version"];
+
+/// An upgrade request to pass on: the client's method, headers and (once answered) connection.
+pub struct UpgradeRequest<'a> {
+    pub method: &'a hyper::Method,
+    pub path_and_query: &'a str,
+    pub headers: &'a hyper::HeaderMap,
+    pub client: hyper::upgrade::OnUpgrade,
+}
+
+/// Sends an upgrade request over `io` (the API server toward an agent, an agent toward its
+/// runtime's streaming server) and, when the far side switches protocols, joins its upgraded
+/// connection with the client's. The far side's answer is returned either way: a 101 to pass
+/// on, or its refusal.
+pub async fn upgrade_through<IO>(
+    io: IO,
+    host: &str,
+    request: UpgradeRequest<'_>,
+) -> Result<hyper::Response<hyper::body::Incoming>, hyper::Error>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut req = hyper::Request::builder()
+        .method(request.method)
+        .uri(request.path_and_query)
+        .header("host", host);
+    for (k, v) in request.headers {
+        if UPGRADE_HEADERS.contains(&k.as_str()) {
+            req = req.header(k, v);
+        }
+    }
+    let req = req
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("a request of parts already parsed");
+    let mut resp = sender.send_request(req).await?;
+    if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
+        let far = hyper::upgrade::on(&mut resp);
+        let client = request.client;
+        tokio::spawn(async move {
+            let (Ok(far), Ok(client)) = tokio::join!(far, client) else {
+                return;
+            };
+            let mut far = hyper_util::rt::TokioIo::new(far);
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let _ = tokio::io::copy_bidirectional(&mut far, &mut client).await;
+        });
+    }
+    Ok(resp)
 }

@@ -162,7 +162,8 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
                     }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), service);
+                    .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades();
                 tokio::select! {
                     r = conn => if let Err(e) = r {
                         tracing::debug!(error = %e, "API connection ended");

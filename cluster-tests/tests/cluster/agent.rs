@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cluster_tests::kubectl::Kubectl;
+use cluster_tests::kubectl::{self, Kubectl};
 use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -996,7 +996,60 @@ async fn an_agent_runs_real_containers_through_containerd() {
         })
         .await;
         assert_eq!(logs.trim(), format!("serving as {name}"));
+        // kubectl exec runs a command in it (SPDY through the API server and the agent).
+        let out = k
+            .run(&["exec", name, "--", "cat", "/www/index.html"])
+            .await
+            .ok();
+        assert_eq!(out.trim(), format!("hello from {name}"));
     }
+    let first = pods.lines().next().unwrap().split(' ').next().unwrap();
+    // Standard input reaches the command; its exit code comes back.
+    let out = k
+        .run_with_input(
+            &[
+                "exec",
+                "-i",
+                first,
+                "--",
+                "sh",
+                "-c",
+                "read x; echo got $x; exit 7",
+            ],
+            "abc\n",
+        )
+        .await;
+    assert!(!out.success);
+    assert_eq!(out.stdout.trim(), "got abc");
+    assert!(
+        out.stderr.contains("command terminated with exit code 7"),
+        "{}",
+        out.stderr
+    );
+    let missing = k
+        .run(&["exec", first, "-c", "nope", "--", "true"])
+        .await
+        .err();
+    assert!(
+        missing.contains("container nope is not valid for pod"),
+        "{missing}"
+    );
+    // kubectl port-forward: a local port reaches the pod's 8080.
+    let (mut forward, mut lines) =
+        k.spawn_lines(&["port-forward", &format!("pod/{first}"), ":8080"]);
+    let line = kubectl::wait_line(&mut lines, &["Forwarding from 127.0.0.1:"], BOUND).await;
+    let local: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let body = wait_for("the forwarded port answering", BOUND, || async {
+        http_get("127.0.0.1", local).await
+    })
+    .await;
+    assert!(body.contains(&format!("hello from {first}")), "{body}");
+    let _ = forward.kill().await;
     let image_id = k
         .run(&[
             "get",
