@@ -188,8 +188,21 @@ async fn step(
         match cri.sandbox(pod).await {
             Ok(sb) => *sandbox = Some(sb),
             Err(e) => {
+                let why = format!("{e:#}");
+                // Once per distinct failure, as the kubelet's event would be counted.
+                if slots.first().and_then(|s| s.waiting.as_ref()).map(|w| &w.1) != Some(&why) {
+                    crate::pods::record(
+                        client,
+                        pod,
+                        "FailedCreatePodSandBox",
+                        &format!("Failed to create pod sandbox: {why}"),
+                        "Warning",
+                        node,
+                    )
+                    .await;
+                }
                 for slot in slots.iter_mut() {
-                    slot.waiting = Some(("ContainerCreating".into(), format!("{e:#}")));
+                    slot.waiting = Some(("ContainerCreating".into(), why.clone()));
                 }
                 return;
             }

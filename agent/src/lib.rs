@@ -64,14 +64,15 @@ pub struct AgentConfig {
 }
 
 /// The CNI network of a node: its pods on a bridge (the bridge's address the gateway), with
-/// addresses from the node's pod CIDR.
-pub fn cni_conflist(bridge: &str, pod_cidr: &str) -> String {
+/// addresses from the node's pod CIDR, recorded under `ipam_dir` (not shared with other nodes).
+pub fn cni_conflist(bridge: &str, pod_cidr: &str, ipam_dir: &std::path::Path) -> String {
     serde_json::json!({
         "cniVersion": "1.0.0", "name": "rkube",
         "plugins": [
             {"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
              "hairpinMode": true,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]],
+                      "dataDir": ipam_dir,
                       "routes": [{"dst": "0.0.0.0/0"}]}},
             {"type": "portmap", "capabilities": {"portMappings": true}}
         ]
@@ -119,7 +120,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
                 std::fs::create_dir_all(dir)?;
                 std::fs::write(
                     dir.join("10-rkube.conflist"),
-                    cni_conflist(&cfg.cni_bridge, cidr),
+                    cni_conflist(&cfg.cni_bridge, cidr, &cfg.dir.join("ipam")),
                 )?;
             }
             Some(c)

@@ -99,7 +99,8 @@ pub struct Options {
     /// Serve the Kubernetes API too; store scenarios run the store alone (`--store-only`), so
     /// that the API's own objects do not show up in their keys and revisions.
     pub kubernetes_api: bool,
-    /// Node agents `rkube up` starts (simulated runtime); 0 for tests that make their own nodes.
+    /// Node agents `rkube up` starts (simulated runtime unless up_args has --runtime cri); 0
+    /// for tests that make their own nodes.
     pub agents: usize,
 }
 
@@ -237,6 +238,13 @@ impl Cluster {
                 "100",
             ])
             .args(["--agents", &opts.agents.to_string()])
+            // Simulated agents unless the test asks for containerd hosts.
+            .args(
+                (opts.agents > 0 && !opts.up_args.iter().any(|a| a.starts_with("--runtime")))
+                    .then_some(["--runtime", "sim"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&opts.up_args)
             .args((!opts.kubernetes_api).then_some("--store-only"))
             .stdin(Stdio::null())
@@ -698,6 +706,20 @@ impl Drop for Cluster {
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 );
             }
+        }
+        // Containerd hosts: `rkube down` stops their pods and containerds and removes the
+        // namespaces, bridge and routes `up` made.
+        let layout: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(self.path().join("cluster.json")).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        if !layout["network"].is_null() {
+            let _ = Command::new(crate::rkube_bin())
+                .arg("down")
+                .arg("--dir")
+                .arg(self.path())
+                .stdout(Stdio::null())
+                .status();
         }
         for a in self.agent_names() {
             if let Some(pid) = self.agent_pid(&a) {

@@ -4,6 +4,8 @@
 mod bench;
 mod client;
 mod flags;
+mod hosts;
+mod image;
 mod init;
 mod kv;
 mod member;
@@ -36,10 +38,12 @@ struct Cli {
 enum Command {
     /// Run one control-plane server.
     Server(Box<ServerArgs>),
-    /// Start a local HA cluster on loopback.
+    /// Start a local HA cluster: servers on this machine, agents as hosts of their own.
     Up(up::UpArgs),
-    /// Stop a local cluster started with `up --detach`.
+    /// Stop a local cluster started with `up --detach` (and remove its hosts' network).
     Down(up::DownArgs),
+    /// Images on the local cluster's nodes.
+    Image(image::ImageArgs),
     /// Read and write keys of the store.
     Kv {
         #[command(flatten)]
@@ -551,6 +555,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Agent(args) => run_agent(*args).await,
         Command::Token { args, command } => token::run(args, command).await,
         Command::Down(args) => up::down(args).await,
+        Command::Image(args) => image::run(args),
         Command::Kv { cluster, command } => {
             let ch = cluster.resolve()?.connect().await?;
             kv::run(ch, command).await

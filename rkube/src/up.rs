@@ -85,10 +85,12 @@ pub struct UpArgs {
     /// Node agents to run (for a new DIR), each joined with a bootstrap token as a worker.
     #[arg(long, default_value_t = 2)]
     pub agents: usize,
-    /// The agents' container runtime: sim (kwok-style simulated pods). The containerd (cri)
-    /// runtime is not built yet.
-    #[arg(long, default_value = "sim")]
-    pub runtime: String,
+    /// The agents' container runtime (for a new DIR): cri, real containers through a containerd
+    /// per agent, each agent a host of its own (network namespace, address, pod CIDR); or sim,
+    /// kwok-style simulated pods. Default: cri where containerd, runc, the CNI plugins and root
+    /// are at hand, else sim (and `up` says why).
+    #[arg(long, value_parser = ["cri", "sim"])]
+    pub runtime: Option<String>,
     /// More flags for every agent (e.g. --agent-args=--lease-interval=1s).
     #[arg(long = "agent-args", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
@@ -131,6 +133,10 @@ pub struct LocalCluster {
     pub agents: usize,
     #[serde(default)]
     pub agent_flags: Vec<String>,
+    /// The agents run containers through containerd, each a host on this network (absent: the
+    /// simulated runtime).
+    #[serde(default)]
+    pub network: Option<crate::hosts::HostNetwork>,
 }
 
 fn default_retain() -> usize {
@@ -267,14 +273,36 @@ pub fn running_pid(dir: &Path, name: &str) -> Option<i32> {
     // Signal 0 checks existence; the command line check guards against a reused pid.
     let alive = unsafe { libc::kill(pid, 0) } == 0;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let ours = String::from_utf8_lossy(&cmdline).contains(&format!("{name}\0"));
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    let ours = cmdline.contains(&format!("{name}\0")) || cmdline.contains(&format!("/{name}/"));
     (alive && ours).then_some(pid)
+}
+
+/// The agents' runtime for a new DIR: the containerd hosts' network, or None (simulated).
+fn choose_runtime(args: &UpArgs) -> Result<Option<crate::hosts::HostNetwork>> {
+    if args.store_only || args.agents == 0 || args.runtime.as_deref() == Some("sim") {
+        return Ok(None);
+    }
+    match crate::hosts::cri_unavailable() {
+        Some(why) => {
+            println!("the agents use the simulated runtime (sim): the containerd runtime (cri) cannot run here, {why}");
+            Ok(None)
+        }
+        None => Ok(Some(crate::hosts::HostNetwork::choose()?)),
+    }
 }
 
 fn create(args: &UpArgs) -> Result<LocalCluster> {
     if args.servers == 0 {
         bail!("--servers must be at least 1");
     }
+    let network = choose_runtime(args)?;
+    // With containerd hosts, the API listens on the bridge's address, which both this machine
+    // and the agents' namespaces reach.
+    let api_host = network
+        .as_ref()
+        .map(|n| n.host_ip())
+        .unwrap_or_else(|| "127.0.0.1".into());
     let members = (1..=args.servers)
         .map(|i| {
             let base = args.base_port as usize + 10 * (i - 1);
@@ -290,7 +318,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
                 client: format!("127.0.0.1:{base}"),
                 peer: format!("127.0.0.1:{}", base + 1),
                 metrics: format!("127.0.0.1:{}", base + 2),
-                api: format!("127.0.0.1:{}", base + 3),
+                api: format!("{api_host}:{}", base + 3),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -309,6 +337,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         controller_flags: Vec::new(),
         agents: if args.store_only { 0 } else { args.agents },
         agent_flags: args.agent_args.clone(),
+        network,
     })
 }
 
@@ -317,7 +346,10 @@ fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let pki_dir = dir.join("pki");
     pki::init_ca(&pki_dir)?;
     pki::init_service_account_key(&pki_dir)?;
-    let sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    if let Some(net) = &cluster.network {
+        sans.push(net.host_ip());
+    }
     for m in &cluster.members {
         let mut sans = sans.clone();
         sans.push(m.name.clone());
@@ -476,12 +508,6 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
 }
 
 pub async fn up(args: UpArgs) -> Result<()> {
-    if args.runtime != "sim" {
-        bail!(
-            "--runtime {}: only the simulated runtime (sim) exists yet; the containerd (cri) runtime is not built",
-            args.runtime
-        );
-    }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("cannot create {}", args.dir.display()))?;
     let (mut cluster, fresh) = match LocalCluster::load(&args.dir) {
@@ -542,6 +568,27 @@ pub async fn up(args: UpArgs) -> Result<()> {
         write_kubeconfig(&args.dir, &cluster)?;
     }
     write_env(&args.dir, &cluster)?;
+    match (&cluster.network, args.runtime.as_deref()) {
+        (Some(_), Some("sim")) | (None, Some("cri")) if !fresh => println!(
+            "{} keeps the runtime it was made with ({}); --runtime applies to a new DIR",
+            args.dir.display(),
+            if cluster.network.is_some() { "cri" } else { "sim" }
+        ),
+        _ => {}
+    }
+    if let (Some(net), true) = (&cluster.network, cluster.agents > 0) {
+        let agents: Vec<String> = (1..=cluster.agents).map(agent_name).collect();
+        net.set_up(&agents)
+            .context("setting up the hosts' network (bridge, namespaces, routes)")?;
+        println!(
+            "hosts' network: bridge {} at {}/24, nodes {}..{}, pods in 10.{}.<node>.0/24",
+            net.bridge,
+            net.host_ip(),
+            net.node_ip(1),
+            net.node_ip(cluster.agents),
+            net.octet
+        );
+    }
     let mut started = Vec::new();
     for m in &cluster.members {
         match running_pid(&args.dir, &m.name) {
@@ -638,19 +685,43 @@ pub async fn down(args: DownArgs) -> Result<()> {
 }
 
 async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
+    let agents: Vec<String> = (1..=cluster.agents).map(agent_name).collect();
+    stop(dir, &agents).await;
+    if let Some(net) = &cluster.network {
+        // Containers stop with their node: sandboxes first (their addresses are released),
+        // then each containerd and its shims, then the namespaces and the bridge.
+        let abs = std::fs::canonicalize(dir)?;
+        for agent in &agents {
+            match net.stop_pods(&abs, agent).await {
+                Ok(0) => {}
+                Ok(n) => println!("stopped {n} pod(s) on {agent}"),
+                Err(e) => println!("could not stop {agent}'s pods: {e:#}"),
+            }
+        }
+        let containerds: Vec<String> = agents
+            .iter()
+            .map(|a| crate::hosts::HostNetwork::containerd_name(a))
+            .collect();
+        stop(dir, &containerds).await;
+        for agent in &agents {
+            net.stop_shims(&abs, agent);
+        }
+        for e in net.tear_down(&agents) {
+            println!("cleaning up the hosts' network: {e}");
+        }
+    }
+    let members: Vec<String> = cluster.members.iter().map(|m| m.name.clone()).collect();
+    stop(dir, &members).await;
+    Ok(())
+}
+
+/// SIGTERM to the named processes of DIR, SIGKILL to those still running after 10 s.
+async fn stop(dir: &Path, names: &[String]) {
     let mut pids = Vec::new();
-    let agents = (1..=cluster.agents).map(agent_name);
-    for name in agents.chain(cluster.members.iter().map(|m| m.name.clone())) {
-        let m = LocalMember {
-            name,
-            client: String::new(),
-            peer: String::new(),
-            metrics: String::new(),
-            api: String::new(),
-        };
-        if let Some(pid) = running_pid(dir, &m.name) {
+    for name in names {
+        if let Some(pid) = running_pid(dir, name) {
             unsafe { libc::kill(pid, libc::SIGTERM) };
-            pids.push((m.name.clone(), pid));
+            pids.push((name.clone(), pid));
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -666,7 +737,6 @@ async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
         let _ = std::fs::remove_file(pid_path(dir, &name));
         println!("stopped {name} (pid {pid})");
     }
-    Ok(())
 }
 
 /// Agent i's HTTPS port: above the last server's ports.
@@ -685,7 +755,7 @@ fn agent_port(cluster: &LocalCluster, i: usize) -> u16 {
     top.saturating_add(10 + i as u16)
 }
 
-fn agent_name(i: usize) -> String {
+pub fn agent_name(i: usize) -> String {
     format!("agent{i}")
 }
 
@@ -716,18 +786,52 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
             .append(true)
             .open(dir.join(format!("{name}.log")))?;
         let exe = std::env::current_exe().context("cannot find the rkube executable")?;
-        let mut command = std::process::Command::new(exe);
+        let mut netns = None;
+        let (mut command, what) = match &cluster.network {
+            Some(net) => {
+                // The agent's own host: its namespace, its containerd, its address.
+                let containerd = crate::hosts::HostNetwork::containerd_name(&name);
+                if running_pid(dir, &containerd).is_none() {
+                    let pid = net.start_containerd(dir, &abs, &name)?;
+                    println!(
+                        "started {containerd} (pid {pid}) in network namespace {}, log {}",
+                        net.netns(&name),
+                        dir.join(format!("{containerd}.log")).display()
+                    );
+                }
+                let mut c = std::process::Command::new(exe);
+                netns = Some(net.enter(&mut c, &name)?);
+                c.arg("agent")
+                    .arg("--container-runtime-endpoint")
+                    .arg(net.containerd_socket(&abs, &name))
+                    .arg("--cni-conf-dir")
+                    .arg(net.cni_dir(&abs, &name))
+                    .args(["--node-ip", &net.node_ip(i)])
+                    .args(["--pod-cidr", &net.pod_cidr(i)]);
+                let what = format!(
+                    "containerd runtime, host {} in network namespace {}, pods {}",
+                    net.node_ip(i),
+                    net.netns(&name),
+                    net.pod_cidr(i)
+                );
+                (c, what)
+            }
+            None => {
+                let mut c = std::process::Command::new(exe);
+                c.arg("agent")
+                    .arg("--sim")
+                    .args(["--pod-cidr", &format!("10.244.{i}.0/24")])
+                    // All agents share 127.0.0.1: each its own port, after the servers' ports.
+                    .args(["--port", &agent_port(cluster, i).to_string()]);
+                (c, "simulated runtime".to_string())
+            }
+        };
         command
-            .arg("agent")
-            .arg("--sim")
             .args(["--server", &servers.join(",")])
             .args(["--discovery-token-ca-cert-hash", &ca_hash])
             .arg("--dir")
             .arg(&agent_dir)
             .args(["--name", &name])
-            .args(["--pod-cidr", &format!("10.244.{i}.0/24")])
-            // All agents share 127.0.0.1: each its own port, after the servers' ports.
-            .args(["--port", &agent_port(cluster, i).to_string()])
             .args(&cluster.agent_flags);
         if let Some(t) = &token {
             command.env("RKUBE_JOIN_TOKEN", t);
@@ -740,10 +844,11 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
             .process_group(0)
             .spawn()
             .with_context(|| format!("cannot start {name}"))?;
+        drop(netns);
         let pid = child.id() as i32;
         std::fs::write(pid_path(dir, &name), pid.to_string())?;
         println!(
-            "started {name} (pid {pid}, simulated runtime: the containerd runtime is not built yet), log {}",
+            "started {name} (pid {pid}, {what}), log {}",
             dir.join(format!("{name}.log")).display()
         );
     }
