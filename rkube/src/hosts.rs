@@ -43,9 +43,7 @@ pub fn cri_unavailable() -> Option<String> {
         return Some("ip (iproute2) is not installed".into());
     }
     if unsafe { libc::geteuid() } != 0 {
-        return Some(
-            "it makes network namespaces, a bridge and routes, which needs root".into(),
-        );
+        return Some("it makes network namespaces, a bridge and routes, which needs root".into());
     }
     None
 }
@@ -189,8 +187,7 @@ impl HostNetwork {
                 run(
                     "ip",
                     &[
-                        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
-                        &ns,
+                        "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
                     ],
                 )?;
                 run("ip", &["link", "set", &veth, "master", &self.bridge, "up"])?;
@@ -210,10 +207,7 @@ impl HostNetwork {
             }
             for j in (1..=agents.len()).filter(|j| *j != i) {
                 let (cidr, via) = (self.pod_cidr(j), self.node_ip(j));
-                run(
-                    "ip",
-                    &["-n", &ns, "route", "replace", &cidr, "via", &via],
-                )?;
+                run("ip", &["-n", &ns, "route", "replace", &cidr, "via", &via])?;
             }
             let (cidr, via) = (self.pod_cidr(i), self.node_ip(i));
             run("ip", &["route", "replace", &cidr, "via", &via])?;
@@ -221,7 +215,15 @@ impl HostNetwork {
         // With bridge netfilter on (Docker turns it on), frames crossing the bridge pass the
         // FORWARD chain, whose policy Docker sets to DROP: let the hosts' traffic through.
         if which("iptables").is_some() {
-            let rule = ["FORWARD", "-i", &self.bridge, "-o", &self.bridge, "-j", "ACCEPT"];
+            let rule = [
+                "FORWARD",
+                "-i",
+                &self.bridge,
+                "-o",
+                &self.bridge,
+                "-j",
+                "ACCEPT",
+            ];
             let check: Vec<&str> = ["-C"].into_iter().chain(rule).collect();
             if run("iptables", &check).is_err() {
                 let insert: Vec<&str> = ["-I"].into_iter().chain(rule).collect();
@@ -249,7 +251,15 @@ impl HostNetwork {
             }
         }
         if which("iptables").is_some() {
-            let rule = ["FORWARD", "-i", &self.bridge, "-o", &self.bridge, "-j", "ACCEPT"];
+            let rule = [
+                "FORWARD",
+                "-i",
+                &self.bridge,
+                "-o",
+                &self.bridge,
+                "-j",
+                "ACCEPT",
+            ];
             let check: Vec<&str> = ["-C"].into_iter().chain(rule).collect();
             while run("iptables", &check).is_ok() {
                 let delete: Vec<&str> = ["-D"].into_iter().chain(rule).collect();
@@ -353,8 +363,9 @@ impl HostNetwork {
         if !socket.exists() {
             return Ok(0);
         }
-        let cri = rkube_agent::cri::Cri::connect(&socket, &abs.join("agents").join(agent).join("pods"))
-            .await?;
+        let cri =
+            rkube_agent::cri::Cri::connect(&socket, &abs.join("agents").join(agent).join("pods"))
+                .await?;
         let uids = cri.pod_uids().await?;
         for uid in &uids {
             cri.stop_pod(uid, 0).await?;

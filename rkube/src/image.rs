@@ -152,7 +152,10 @@ pub fn import(socket: &Path, archive: &Path) -> Result<Vec<String>> {
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     Ok(text
         .lines()
-        .filter_map(|l| l.split_whitespace().find(|w| w.contains(':') && !w.starts_with("(sha256")))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|w| w.contains(':') && !w.starts_with("(sha256"))
+        })
         .map(str::to_string)
         .collect())
 }
@@ -225,7 +228,11 @@ mod tests {
             return;
         }
         let archive = pause_archive().unwrap();
-        assert_eq!(archive, pause_archive().unwrap(), "the same bytes every time");
+        assert_eq!(
+            archive,
+            pause_archive().unwrap(),
+            "the same bytes every time"
+        );
         let mut files = std::collections::HashMap::new();
         for e in tar::Archive::new(&archive[..]).entries().unwrap() {
             let mut e = e.unwrap();
@@ -241,10 +248,8 @@ mod tests {
         }
         let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
         let manifest = index["manifests"][0]["digest"].as_str().unwrap();
-        let manifest: serde_json::Value = serde_json::from_slice(
-            &files[&format!("blobs/sha256/{}", &manifest[7..])],
-        )
-        .unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&files[&format!("blobs/sha256/{}", &manifest[7..])]).unwrap();
         let layer = manifest["layers"][0]["digest"].as_str().unwrap();
         let layer = &files[&format!("blobs/sha256/{}", &layer[7..])];
         let mut program = Vec::new();

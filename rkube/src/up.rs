@@ -572,7 +572,11 @@ pub async fn up(args: UpArgs) -> Result<()> {
         (Some(_), Some("sim")) | (None, Some("cri")) if !fresh => println!(
             "{} keeps the runtime it was made with ({}); --runtime applies to a new DIR",
             args.dir.display(),
-            if cluster.network.is_some() { "cri" } else { "sim" }
+            if cluster.network.is_some() {
+                "cri"
+            } else {
+                "sim"
+            }
         ),
         _ => {}
     }

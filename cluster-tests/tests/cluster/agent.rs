@@ -1243,3 +1243,294 @@ async fn an_agent_runs_real_containers_through_containerd() {
     })
     .await;
 }
+
+/// Containers in the containerd of a `rkube up --runtime cri` agent (sandboxes and exited
+/// containers kept for `logs --previous` included), and how many of them run.
+fn host_containers(c: &Cluster, agent: &str) -> (usize, usize) {
+    let ctr = |what: &str| {
+        let out = std::process::Command::new("ctr")
+            .args(["-n", "k8s.io", "--address"])
+            .arg(
+                c.path()
+                    .join("agents")
+                    .join(format!("{agent}-containerd"))
+                    .join("c.sock"),
+            )
+            .args([what, "ls"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let all = ctr("containers").lines().skip(1).count();
+    let running = ctr("tasks")
+        .lines()
+        .filter(|l| l.contains("RUNNING"))
+        .count();
+    (all, running)
+}
+
+/// SIGKILL to the pod's main process, found on this machine by the HOSTNAME the runtime gives
+/// it (the test's own containers).
+fn kill_pod_process(pod: &str, comm: &str) -> bool {
+    let mut killed = false;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let marker = format!("HOSTNAME={pod}\0");
+        if name.trim() == comm
+            && environ
+                .windows(marker.len())
+                .any(|w| w == marker.as_bytes())
+        {
+            killed |= unsafe { libc::kill(pid, libc::SIGKILL) } == 0;
+        }
+    }
+    killed
+}
+
+/// The issue's acceptance, as a new user meets it: `rkube up --runtime cri` makes each agent a
+/// host of its own (namespace, address, containerd, pod CIDR); an image built here is loaded
+/// with `rkube image load`; a Deployment's pods answer HTTP from this machine and from each
+/// other across nodes; logs and exec work; a killed container is restarted; a failing readiness
+/// probe takes a pod out of its Service's endpoints; a restarted agent adopts its containers; a
+/// killed agent's pods move and, when it is back, its old containers are removed.
+#[tokio::test]
+async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
+    let images = tempfile::tempdir().unwrap();
+    let built = std::process::Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"),
+    )
+    .arg(images.path())
+    .output()
+    .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let (c, k) = cluster_with(
+        2,
+        &[
+            "--runtime",
+            "cri",
+            "--node-monitor-period",
+            "500ms",
+            "--node-monitor-grace-period",
+            "4s",
+            "--node-eviction-rate",
+            "100",
+            "--agent-args=--lease-interval=1s",
+        ],
+    )
+    .await;
+    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    let nodes = k
+        .run(&["get", "nodes", "-o",
+               "jsonpath={range .items[*]}{.status.addresses[0].address} {.status.nodeInfo.containerRuntimeVersion}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    let lines: Vec<&str> = nodes.lines().collect();
+    assert_eq!(lines.len(), 2, "{nodes}");
+    assert_ne!(
+        lines[0].split(' ').next(),
+        lines[1].split(' ').next(),
+        "an address each: {nodes}"
+    );
+    for l in &lines {
+        assert!(
+            l.contains(" containerd://") && !l.starts_with("127."),
+            "{nodes}"
+        );
+    }
+    let load = std::process::Command::new(rkube_bin())
+        .args(["image", "load", "--dir"])
+        .arg(c.path())
+        .arg(images.path().join("busybox.tar"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&load.stdout).to_string();
+    assert!(
+        load.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    assert!(
+        said.contains("agent1: loaded rkube.local/busybox:1"),
+        "{said}"
+    );
+    assert!(
+        said.contains("agent2: loaded rkube.local/busybox:1"),
+        "{said}"
+    );
+
+    let app = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},
+       "spec":{"replicas":3,"selector":{"matchLabels":{"app":"web"}},
+       "template":{"metadata":{"labels":{"app":"web"}},"spec":{
+         "terminationGracePeriodSeconds":2,
+         "tolerations":[{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":2},
+                        {"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":2}],
+         "containers":[{"name":"httpd","image":"rkube.local/busybox:1","command":["sh","-c",
+           "echo hello from $(hostname) > /www/index.html; echo ok > /www/ready; echo serving as $(hostname); exec httpd -f -p 8080 -h /www"],
+           "readinessProbe":{"httpGet":{"path":"/ready","port":8080},"periodSeconds":1,"failureThreshold":1}}]}}}},
+      {"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},
+       "spec":{"selector":{"app":"web"},"ports":[{"port":80,"targetPort":8080}]}}]}"#;
+    k.run_with_input(&["apply", "-f", "-"], app).await.ok();
+    let status = k
+        .run(&["rollout", "status", "deployment/web", "--timeout=90s"])
+        .await;
+    assert!(status.success, "{}{}", status.stdout, status.stderr);
+    // (name, ip, node, restarts, containerID) of the live pods.
+    let pods = || async {
+        k.run(&["get", "pods", "-l", "app=web", "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.podIP} {.spec.nodeName} {.status.containerStatuses[0].restartCount} {.status.containerStatuses[0].containerID} {.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+            .await
+            .ok()
+            .lines()
+            .map(|l| l.split(' ').map(str::to_string).collect::<Vec<_>>())
+            .filter(|p| p.len() == 6 && p[5].is_empty())
+            .map(|p| p[..5].to_vec())
+            .collect::<Vec<_>>()
+    };
+    let running = pods().await;
+    assert_eq!(running.len(), 3, "{running:?}");
+    for p in &running {
+        let (name, ip) = (&p[0], &p[1]);
+        let body = wait_for(&format!("{name} answering at {ip}"), BOUND, || async {
+            http_get(ip, 8080).await
+        })
+        .await;
+        assert!(body.contains(&format!("hello from {name}")), "{body}");
+        let logs = k.run(&["logs", name]).await.ok();
+        assert_eq!(logs.trim(), format!("serving as {name}"));
+        let out = k.run(&["exec", name, "--", "hostname"]).await.ok();
+        assert_eq!(out.trim(), *name);
+    }
+    // Pods on different nodes reach each other at their own addresses.
+    let a = running
+        .iter()
+        .find(|p| p[2] == "agent1")
+        .expect("a pod on agent1");
+    let b = running
+        .iter()
+        .find(|p| p[2] == "agent2")
+        .expect("a pod on agent2");
+    let across = k
+        .run(&[
+            "exec",
+            &a[0],
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {} 8080",
+                b[1]
+            ),
+        ])
+        .await
+        .ok();
+    assert!(across.contains(&format!("hello from {}", b[0])), "{across}");
+
+    // A failing readiness probe: NotReady, out of the Service's endpoints.
+    let endpoints = || async {
+        let out = k
+            .run(&[
+                "get",
+                "endpoints",
+                "web",
+                "-o",
+                "jsonpath={.subsets[*].addresses[*].ip}",
+            ])
+            .await
+            .stdout;
+        let mut ips: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        ips.sort();
+        ips
+    };
+    wait_for("3 endpoints", BOUND, || async {
+        (endpoints().await.len() == 3).then_some(())
+    })
+    .await;
+    k.run(&["exec", &a[0], "--", "rm", "/www/ready"]).await.ok();
+    wait_for("the unready pod out of the endpoints", BOUND, || async {
+        let ips = endpoints().await;
+        (ips.len() == 2 && !ips.contains(&a[1])).then_some(())
+    })
+    .await;
+    let ready = k
+        .run(&[
+            "get",
+            "pod",
+            &a[0],
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ])
+        .await
+        .ok();
+    assert_eq!(ready, "False");
+
+    // A killed container process is restarted by the agent.
+    assert!(kill_pod_process(&b[0], "httpd"), "found {}'s httpd", b[0]);
+    wait_for("the killed container restarted", BOUND, || async {
+        let p = pods().await;
+        p.iter().any(|p| p[0] == b[0] && p[3] == "1").then_some(())
+    })
+    .await;
+
+    // An agent restarted at once adopts its containers: same IDs, none made twice.
+    let before: Vec<Vec<String>> = pods()
+        .await
+        .into_iter()
+        .filter(|p| p[2] == "agent2")
+        .collect();
+    let containers = host_containers(&c, "agent2");
+    assert_eq!(
+        containers.1,
+        2 * before.len(),
+        "a sandbox and a container run per pod"
+    );
+    c.kill_agent("agent2").await;
+    c.restart_missing().await.expect("rkube up restarts agent2");
+    wait_nodes_ready(&k, &["agent2"]).await;
+    let after: Vec<Vec<String>> = pods()
+        .await
+        .into_iter()
+        .filter(|p| p[2] == "agent2")
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(host_containers(&c, "agent2"), containers);
+
+    // A killed agent's node goes NotReady, its pods run again on the other node; back, it
+    // removes its old containers.
+    c.kill_agent("agent1").await;
+    wait_for("agent1 NotReady", BOUND, || async {
+        let out = k.run(&["get", "node", "agent1", "--no-headers"]).await.ok();
+        out.contains("NotReady").then_some(())
+    })
+    .await;
+    wait_for("3 pods running on agent2", BOUND, || async {
+        let p = pods().await;
+        (p.len() == 3 && p.iter().all(|p| p[2] == "agent2")).then_some(())
+    })
+    .await;
+    c.restart_missing().await.expect("rkube up restarts agent1");
+    wait_nodes_ready(&k, &["agent1"]).await;
+    wait_for("agent1's old containers removed", BOUND, || async {
+        (host_containers(&c, "agent1") == (0, 0)).then_some(())
+    })
+    .await;
+    wait_for("agent2 running 3 pods", BOUND, || async {
+        (host_containers(&c, "agent2").1 == 6).then_some(())
+    })
+    .await;
+    for p in pods().await {
+        let body = wait_for(&format!("{} answering", p[0]), BOUND, || async {
+            http_get(&p[1], 8080).await
+        })
+        .await;
+        assert!(body.contains(&format!("hello from {}", p[0])), "{body}");
+    }
+}
