@@ -267,6 +267,21 @@ impl Cri {
             ]
             .into(),
             log_path: format!("{name}/{attempt}.log"),
+            stdin: container
+                .get("stdin")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            stdin_once: container
+                .get("stdinOnce")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            tty: container
+                .get("tty")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            linux: Some(pb::LinuxContainerConfig {
+                resources: Some(linux_resources(container)),
+            }),
             ..Default::default()
         };
         let mut rt = self.runtime.clone();
@@ -529,6 +544,39 @@ impl Cri {
     }
 }
 
+/// The period of the CFS quota the kubelet uses (100 ms).
+const CPU_PERIOD: i64 = 100_000;
+
+/// A container's cgroup limits, as the kubelet derives them from its resources: CPU shares from
+/// the CPU request (1024 per CPU, at least 2), a CFS quota from the CPU limit (at least 1 ms per
+/// period), the memory limit in bytes. What is not set stays unlimited.
+pub fn linux_resources(container: &Value) -> pb::LinuxContainerResources {
+    let q = |path: &str| {
+        container.pointer(path).and_then(|v| match v {
+            Value::String(s) => rkube_api::quota::parse_quantity(s),
+            Value::Number(n) => n.as_f64().map(|f| (f * 1_000_000_000.0) as i128),
+            _ => None,
+        })
+    };
+    // Nanos per milli-CPU: 1e6; per byte: 1e9.
+    let milli = |n: i128| (n / 1_000_000) as i64;
+    let request = q("/resources/requests/cpu").or(q("/resources/limits/cpu"));
+    let mut r = pb::LinuxContainerResources {
+        cpu_shares: request
+            .map(|n| (milli(n) * 1024 / 1000).max(2))
+            .unwrap_or(2),
+        ..Default::default()
+    };
+    if let Some(limit) = q("/resources/limits/cpu") {
+        r.cpu_period = CPU_PERIOD;
+        r.cpu_quota = (milli(limit) * CPU_PERIOD / 1000).max(1000);
+    }
+    if let Some(mem) = q("/resources/limits/memory") {
+        r.memory_limit_in_bytes = (mem / 1_000_000_000) as i64;
+    }
+    r
+}
+
 /// A streaming request on a pod: what the runtime is asked to serve.
 #[derive(Debug, Clone)]
 pub enum StreamRequest {
@@ -561,6 +609,30 @@ pub fn backoff(restarts: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resources_become_cgroup_limits_as_the_kubelet_makes_them() {
+        let c = serde_json::json!({"resources": {"requests": {"cpu": "250m"},
+            "limits": {"cpu": "500m", "memory": "64Mi"}}});
+        let r = linux_resources(&c);
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_period,
+                r.cpu_quota,
+                r.memory_limit_in_bytes
+            ),
+            (256, 100_000, 50_000, 64 << 20)
+        );
+        // A limit alone is also the request; nothing set: 2 shares, no quota, no limit.
+        let r = linux_resources(&serde_json::json!({"resources": {"limits": {"cpu": "2"}}}));
+        assert_eq!((r.cpu_shares, r.cpu_quota), (2048, 200_000));
+        let r = linux_resources(&serde_json::json!({}));
+        assert_eq!(
+            (r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes),
+            (2, 0, 0)
+        );
+    }
 
     #[test]
     fn back_off_doubles_from_ten_seconds_to_five_minutes() {

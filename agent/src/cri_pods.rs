@@ -47,9 +47,46 @@ struct Slot {
     pull_failures: u32,
     /// The container of the run before this one (kept for its logs).
     previous: Option<String>,
+    startup: Option<crate::probe::Probe>,
     readiness: Option<crate::probe::Probe>,
     liveness: Option<crate::probe::Probe>,
     view: Option<ContainerView>,
+}
+
+impl Slot {
+    fn new(spec: &Value) -> Slot {
+        Slot {
+            spec: spec.clone(),
+            id: None,
+            restarts: 0,
+            last: None,
+            waiting: None,
+            retry_at: None,
+            pull_failures: 0,
+            previous: None,
+            startup: None,
+            readiness: None,
+            liveness: None,
+            view: None,
+        }
+    }
+
+    fn exited(&self) -> Option<i32> {
+        self.view
+            .as_ref()
+            .filter(|v| v.exited() && self.waiting.is_none())
+            .map(|v| v.exit_code)
+    }
+
+    /// Running, and past its startup probe if it has one.
+    fn started(&self) -> bool {
+        self.view.as_ref().is_some_and(ContainerView::running)
+            && self.startup.as_ref().is_none_or(|p| p.ok)
+    }
+
+    fn ready(&self) -> bool {
+        self.started() && self.readiness.as_ref().is_none_or(|p| p.ok)
+    }
 }
 
 fn terminated(v: &ContainerView) -> Value {
@@ -77,30 +114,17 @@ pub async fn worker(
     let uid = s(&pod, "/metadata/uid").to_string();
     let mut sandbox: Option<(String, String)> = None;
     let mut volumes: Option<std::collections::HashMap<String, std::path::PathBuf>> = None;
-    let mut slots: Vec<Slot> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .map(|c| Slot {
-                    spec: c.clone(),
-                    id: None,
-                    restarts: 0,
-                    last: None,
-                    waiting: None,
-                    retry_at: None,
-                    pull_failures: 0,
-                    previous: None,
-                    readiness: None,
-                    liveness: None,
-                    view: None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let slots_of = |key: &str| -> Vec<Slot> {
+        pod.pointer(key)
+            .and_then(Value::as_array)
+            .map(|cs| cs.iter().map(Slot::new).collect())
+            .unwrap_or_default()
+    };
+    let mut inits = slots_of("/spec/initContainers");
+    let mut slots = slots_of("/spec/containers");
     // Containers left by an earlier run of the agent: adopted, not made twice.
     if let Ok(existing) = cri.containers_of(&uid).await {
-        for slot in &mut slots {
+        for slot in inits.iter_mut().chain(slots.iter_mut()) {
             let name = s(&slot.spec, "/name");
             if let Some(c) = existing
                 .iter()
@@ -114,13 +138,31 @@ pub async fn worker(
     }
     let started = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut last_status = Value::Null;
+    let mut stop_grace: Option<i64> = None;
     let mut tick = tokio::time::interval(TICK);
     loop {
         if pod.pointer("/metadata/deletionTimestamp").is_some() {
-            let grace = pod
-                .pointer("/metadata/deletionGracePeriodSeconds")
-                .and_then(Value::as_i64)
-                .unwrap_or(30);
+            // preStop hooks once, within the grace period; then SIGTERM with what is left of
+            // it (at least 2 s, as the kubelet gives), then SIGKILL.
+            let grace = match stop_grace {
+                Some(g) => g,
+                None => {
+                    let grace = pod
+                        .pointer("/metadata/deletionGracePeriodSeconds")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(30);
+                    let ip = sandbox.as_ref().map(|(_, ip)| ip.as_str()).unwrap_or("");
+                    let spent =
+                        pre_stop(&cri, &clients.get(), &cfg.name, &pod, &slots, ip, grace).await;
+                    let left = if grace == 0 {
+                        0
+                    } else {
+                        (grace - spent).max(2)
+                    };
+                    stop_grace = Some(left);
+                    left
+                }
+            };
             if let Err(e) = cri.stop_pod(&uid, grace).await {
                 tracing::warn!(pod = s(&pod, "/metadata/name"), error = %e, "stopping the pod failed; retrying");
                 tokio::time::sleep(TICK).await;
@@ -132,17 +174,16 @@ pub async fn worker(
         }
         let phase = s(&pod, "/status/phase");
         if phase != "Succeeded" && phase != "Failed" {
-            step(
-                &cri,
-                &clients.get(),
-                &cfg.name,
-                &pod,
-                &mut sandbox,
-                &mut volumes,
-                &mut slots,
-            )
-            .await;
-            let status = pod_status(&pod, &cfg, &sandbox, &slots, &started);
+            let mut w = Work {
+                cri: &cri,
+                client: clients.get(),
+                node: &cfg.name,
+                pod: &pod,
+                sandbox: &mut sandbox,
+                volumes: &mut volumes,
+            };
+            w.step(&mut inits, &mut slots).await;
+            let status = pod_status(&cfg, &sandbox, &inits, &slots, &started);
             if status != last_status {
                 let api: Api<Pod> = Api::namespaced(clients.get(), s(&pod, "/metadata/namespace"));
                 match api
@@ -174,111 +215,214 @@ pub async fn worker(
     }
 }
 
-/// One pass: sandbox, images, containers started or restarted, states read.
-async fn step(
+/// Runs the preStop hooks of the pod's running containers, together, for at most `grace`
+/// seconds; the seconds they took. A failed hook is a `FailedPreStopHook` event.
+async fn pre_stop(
     cri: &Cri,
     client: &kube::Client,
     node: &str,
     pod: &Value,
-    sandbox: &mut Option<(String, String)>,
-    volumes: &mut Option<std::collections::HashMap<String, std::path::PathBuf>>,
-    slots: &mut [Slot],
-) {
-    if sandbox.is_none() {
-        match cri.sandbox(pod).await {
-            Ok(sb) => *sandbox = Some(sb),
-            Err(e) => {
-                let why = format!("{e:#}");
-                // Once per distinct failure, as the kubelet's event would be counted.
-                if slots.first().and_then(|s| s.waiting.as_ref()).map(|w| &w.1) != Some(&why) {
+    slots: &[Slot],
+    ip: &str,
+    grace: i64,
+) -> i64 {
+    let begun = Instant::now();
+    let limit = Duration::from_secs(grace.max(0) as u64);
+    let hooks = slots.iter().filter_map(|slot| {
+        let hook = slot.spec.pointer("/lifecycle/preStop")?;
+        let id = slot.id.clone().filter(|_| slot.started())?;
+        let name = s(&slot.spec, "/name").to_string();
+        Some(async move {
+            let r = crate::probe::run(hook, &slot.spec, cri, &id, ip, limit).await;
+            (name, r)
+        })
+    });
+    let hooks: Vec<_> = hooks.collect();
+    if hooks.is_empty() {
+        return 0;
+    }
+    match tokio::time::timeout(limit, futures::future::join_all(hooks)).await {
+        Ok(results) => {
+            for (name, r) in results {
+                if let Err(why) = r {
                     crate::pods::record(
                         client,
                         pod,
-                        "FailedCreatePodSandBox",
-                        &format!("Failed to create pod sandbox: {why}"),
+                        "FailedPreStopHook",
+                        &format!("PreStopHook failed for container {name}: {why}"),
                         "Warning",
                         node,
                     )
                     .await;
                 }
-                for slot in slots.iter_mut() {
-                    slot.waiting = Some(("ContainerCreating".into(), why.clone()));
+            }
+        }
+        Err(_) => {
+            crate::pods::record(
+                client,
+                pod,
+                "FailedPreStopHook",
+                &format!("PreStopHook did not finish within the grace period ({grace}s)"),
+                "Warning",
+                node,
+            )
+            .await;
+        }
+    }
+    begun.elapsed().as_secs() as i64
+}
+
+/// What one pass over a pod works with.
+struct Work<'a> {
+    cri: &'a Cri,
+    client: kube::Client,
+    node: &'a str,
+    pod: &'a Value,
+    sandbox: &'a mut Option<(String, String)>,
+    volumes: &'a mut Option<std::collections::HashMap<String, std::path::PathBuf>>,
+}
+
+impl Work<'_> {
+    fn ip(&self) -> String {
+        self.sandbox
+            .as_ref()
+            .map(|(_, ip)| ip.clone())
+            .unwrap_or_default()
+    }
+
+    async fn event(&self, reason: &str, message: &str, kind: &str) {
+        crate::pods::record(&self.client, self.pod, reason, message, kind, self.node).await;
+    }
+
+    /// One pass: sandbox; init containers one at a time, each to a successful exit; then the
+    /// containers started or restarted, their states read, their probes run.
+    async fn step(&mut self, inits: &mut [Slot], slots: &mut [Slot]) {
+        if self.sandbox.is_none() {
+            match self.cri.sandbox(self.pod).await {
+                Ok(sb) => *self.sandbox = Some(sb),
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    let all = || inits.iter().chain(slots.iter());
+                    // Once per distinct failure, as the kubelet's event would be counted.
+                    if all().next().and_then(|s| s.waiting.as_ref()).map(|w| &w.1) != Some(&why) {
+                        self.event(
+                            "FailedCreatePodSandBox",
+                            &format!("Failed to create pod sandbox: {why}"),
+                            "Warning",
+                        )
+                        .await;
+                    }
+                    for slot in inits.iter_mut().chain(slots.iter_mut()) {
+                        slot.waiting = Some(("ContainerCreating".into(), why.clone()));
+                    }
+                    return;
                 }
-                return;
+            }
+        }
+        let policy = match s(self.pod, "/spec/restartPolicy") {
+            "" => "Always",
+            p => p,
+        };
+        let now = Instant::now();
+        // Init containers run to completion: restarted on failure unless the policy is Never.
+        let init_policy = if policy == "Never" {
+            "Never"
+        } else {
+            "OnFailure"
+        };
+        for slot in inits.iter_mut() {
+            if slot.id.is_some() {
+                self.refresh(slot, init_policy, now).await;
+            }
+            match slot.exited() {
+                Some(0) => continue,
+                Some(_) => return, // failed for good: the pod fails
+                None if slot.id.is_some() => return, // running, or waiting to restart
+                None => {}
+            }
+            self.launch(slot, now).await;
+            return;
+        }
+        for slot in slots.iter_mut() {
+            if slot.id.is_some() {
+                self.refresh(slot, policy, now).await;
+                if let Some(id) = slot
+                    .id
+                    .clone()
+                    .filter(|_| slot.view.as_ref().is_some_and(ContainerView::running))
+                {
+                    self.probe(slot, &id).await;
+                }
+            }
+            if slot.id.is_none() {
+                self.launch(slot, now).await;
             }
         }
     }
-    let Some((sb, _)) = sandbox.clone() else {
-        return;
-    };
-    let policy = match s(pod, "/spec/restartPolicy") {
-        "" => "Always",
-        p => p,
-    };
-    let now = Instant::now();
-    for slot in slots.iter_mut() {
-        if let Some(id) = &slot.id {
-            match cri.container(id).await {
-                Ok(v) => {
-                    if v.exited() {
-                        let again = match policy {
-                            "Always" => true,
-                            "OnFailure" => v.exit_code != 0,
-                            _ => false,
-                        };
-                        if again && slot.retry_at.is_none() {
-                            let wait = backoff(slot.restarts);
-                            slot.retry_at = Some(now + wait);
-                            slot.waiting = Some((
-                                "CrashLoopBackOff".into(),
-                                format!(
-                                    "back-off {}s restarting failed container={} pod={}",
-                                    wait.as_secs(),
-                                    s(&slot.spec, "/name"),
-                                    s(pod, "/metadata/name")
-                                ),
-                            ));
-                        }
-                        if again && slot.retry_at.is_some_and(|t| now >= t) {
-                            slot.last = Some(terminated(&v));
-                            // The exited container stays for `kubectl logs --previous`; the
-                            // one before it goes.
-                            if let Some(old) = slot.previous.take() {
-                                let _ = cri.remove_container(&old).await;
-                            }
-                            slot.previous = slot.id.take();
-                            slot.view = None;
-                            slot.restarts += 1;
-                        } else {
-                            slot.view = Some(v);
-                        }
-                    } else {
-                        slot.waiting = None;
-                        slot.retry_at = None;
-                        let ip = sandbox
-                            .as_ref()
-                            .map(|(_, ip)| ip.clone())
-                            .unwrap_or_default();
-                        if v.running() {
-                            probe(cri, client, node, pod, slot, &v.id, &ip).await;
-                        }
-                        slot.view = Some(v);
-                    }
+
+    /// Reads the container's state; an exited one is restarted (its id cleared) when the
+    /// policy says so and its back-off has passed.
+    async fn refresh(&self, slot: &mut Slot, policy: &str, now: Instant) {
+        let Some(id) = slot.id.clone() else {
+            return;
+        };
+        match self.cri.container(&id).await {
+            Ok(v) if v.exited() => {
+                let again = match policy {
+                    "Always" => true,
+                    "OnFailure" => v.exit_code != 0,
+                    _ => false,
+                };
+                if again && slot.retry_at.is_none() {
+                    let wait = backoff(slot.restarts);
+                    slot.retry_at = Some(now + wait);
+                    slot.waiting = Some((
+                        "CrashLoopBackOff".into(),
+                        format!(
+                            "back-off {}s restarting failed container={} pod={}",
+                            wait.as_secs(),
+                            s(&slot.spec, "/name"),
+                            s(self.pod, "/metadata/name")
+                        ),
+                    ));
                 }
-                Err(_) => {
-                    slot.id = None;
+                if again && slot.retry_at.is_some_and(|t| now >= t) {
+                    slot.last = Some(terminated(&v));
+                    // The exited container stays for `kubectl logs --previous`; the one
+                    // before it goes.
+                    if let Some(old) = slot.previous.take() {
+                        let _ = self.cri.remove_container(&old).await;
+                    }
+                    slot.previous = slot.id.take();
                     slot.view = None;
+                    slot.restarts += 1;
+                } else {
+                    slot.view = Some(v);
                 }
             }
+            Ok(v) => {
+                slot.waiting = None;
+                slot.retry_at = None;
+                slot.view = Some(v);
+            }
+            Err(_) => {
+                slot.id = None;
+                slot.view = None;
+            }
         }
-        if slot.id.is_some() {
-            continue;
-        }
+    }
+
+    /// Starts the container (image, volumes, environment), unless it is backing off.
+    async fn launch(&mut self, slot: &mut Slot, now: Instant) {
         if slot.retry_at.is_some_and(|t| now < t) {
-            continue;
+            return;
         }
+        let Some((sb, _)) = self.sandbox.clone() else {
+            return;
+        };
+        let name = s(&slot.spec, "/name").to_string();
         let image = s(&slot.spec, "/image").to_string();
-        if let Err(e) = cri.ensure_image(&image).await {
+        if let Err(e) = self.cri.ensure_image(&image).await {
             // ErrImagePull at first, then ImagePullBackOff while the next try waits.
             let first = slot.pull_failures == 0;
             slot.waiting = Some((
@@ -292,26 +436,24 @@ async fn step(
             ));
             slot.retry_at = Some(now + backoff(slot.pull_failures));
             slot.pull_failures += 1;
-            continue;
+            return;
         }
         slot.pull_failures = 0;
         // Volumes once per pod; what a container needs from them and its env, per start.
-        if volumes.is_none() {
-            match crate::podspec::volumes(client, pod, &cri.volume_root()).await {
-                Ok(v) => *volumes = Some(v),
+        if self.volumes.is_none() {
+            match crate::podspec::volumes(&self.client, self.pod, &self.cri.volume_root()).await {
+                Ok(v) => *self.volumes = Some(v),
                 Err(e) => {
                     slot.waiting = Some(("CreateContainerConfigError".into(), format!("{e:#}")));
-                    continue;
+                    return;
                 }
             }
         }
-        let ip = sandbox
-            .as_ref()
-            .map(|(_, ip)| ip.clone())
-            .unwrap_or_default();
+        let ip = self.ip();
         let prepared = async {
-            let envs = crate::podspec::env(client, pod, &slot.spec, &ip).await?;
-            let mounts = crate::podspec::mounts(&slot.spec, volumes.as_ref().expect("made above"))?;
+            let envs = crate::podspec::env(&self.client, self.pod, &slot.spec, &ip).await?;
+            let mounts =
+                crate::podspec::mounts(&slot.spec, self.volumes.as_ref().expect("made above"))?;
             anyhow::Ok((envs, mounts))
         }
         .await;
@@ -319,11 +461,12 @@ async fn step(
             Ok(p) => p,
             Err(e) => {
                 slot.waiting = Some(("CreateContainerConfigError".into(), format!("{e:#}")));
-                continue;
+                return;
             }
         };
-        match cri
-            .start_container(pod, &sb, &slot.spec, slot.restarts, envs, mounts)
+        match self
+            .cri
+            .start_container(self.pod, &sb, &slot.spec, slot.restarts, envs, mounts)
             .await
         {
             Ok(id) => {
@@ -331,130 +474,141 @@ async fn step(
                 slot.waiting = None;
                 slot.retry_at = None;
                 let started = Instant::now();
-                slot.readiness = slot
-                    .spec
-                    .get("readinessProbe")
-                    .map(|p| crate::probe::Probe::new(p, started, false));
-                slot.liveness = slot
-                    .spec
-                    .get("livenessProbe")
-                    .map(|p| crate::probe::Probe::new(p, started, true));
+                let probe = |key: &str, initially: bool| {
+                    slot.spec
+                        .get(key)
+                        .map(|p| crate::probe::Probe::new(p, &slot.spec, started, initially))
+                };
+                slot.startup = probe("startupProbe", false);
+                slot.readiness = probe("readinessProbe", false);
+                slot.liveness = probe("livenessProbe", true);
+                self.event("Started", &format!("Started container {name}"), "Normal")
+                    .await;
             }
             Err(e) => {
                 slot.waiting = Some(("CreateContainerError".into(), format!("{e:#}")));
+                self.event("Failed", &format!("Error: {e:#}"), "Warning")
+                    .await;
             }
         }
     }
-}
 
-/// Runs the container's due probes: a failed liveness probe stops the container (the restart
-/// policy and back-off bring it back), a readiness probe sets whether it is ready.
-async fn probe(
-    cri: &Cri,
-    client: &kube::Client,
-    node: &str,
-    pod: &Value,
-    slot: &mut Slot,
-    id: &str,
-    ip: &str,
-) {
-    let name = s(&slot.spec, "/name").to_string();
-    if let Some(p) = slot.readiness.as_mut() {
-        if let Some(Err(why)) = p.tick(cri, id, ip).await {
-            crate::pods::record(
-                client,
-                pod,
-                "Unhealthy",
-                &format!("Readiness probe failed: {why}"),
-                "Warning",
-                node,
-            )
-            .await;
-        }
-    }
-    if let Some(p) = slot.liveness.as_mut() {
-        if let Some(Err(why)) = p.tick(cri, id, ip).await {
-            crate::pods::record(
-                client,
-                pod,
-                "Unhealthy",
-                &format!("Liveness probe failed: {why}"),
-                "Warning",
-                node,
-            )
-            .await;
-            if !p.ok {
-                crate::pods::record(
-                    client,
-                    pod,
-                    "Killing",
-                    &format!("Container {name} failed liveness probe, will be restarted"),
-                    "Normal",
-                    node,
+    /// Runs the container's due probes: until its startup probe passes, only that one (giving
+    /// up restarts the container); then liveness (a failure restarts it) and readiness.
+    async fn probe(&self, slot: &mut Slot, id: &str) {
+        let name = s(&slot.spec, "/name").to_string();
+        let ip = self.ip();
+        if let Some(p) = slot.startup.as_mut().filter(|p| !p.ok) {
+            if let Some(Err(why)) = p.tick(self.cri, id, &ip).await {
+                self.event(
+                    "Unhealthy",
+                    &format!("Startup probe failed: {why}"),
+                    "Warning",
                 )
                 .await;
-                let grace = pod
-                    .pointer("/spec/terminationGracePeriodSeconds")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(30);
-                if let Err(e) = cri.stop_container(id, grace).await {
-                    tracing::warn!(container = %name, error = %e, "stopping a container that failed its liveness probe failed");
+                if p.exhausted() {
+                    self.restart(
+                        slot,
+                        id,
+                        &format!("Container {name} failed startup probe, will be restarted"),
+                    )
+                    .await;
+                }
+            }
+            return;
+        }
+        if let Some(p) = slot.readiness.as_mut() {
+            if let Some(Err(why)) = p.tick(self.cri, id, &ip).await {
+                self.event(
+                    "Unhealthy",
+                    &format!("Readiness probe failed: {why}"),
+                    "Warning",
+                )
+                .await;
+            }
+        }
+        if let Some(p) = slot.liveness.as_mut() {
+            if let Some(Err(why)) = p.tick(self.cri, id, &ip).await {
+                self.event(
+                    "Unhealthy",
+                    &format!("Liveness probe failed: {why}"),
+                    "Warning",
+                )
+                .await;
+                if !p.ok {
+                    self.restart(
+                        slot,
+                        id,
+                        &format!("Container {name} failed liveness probe, will be restarted"),
+                    )
+                    .await;
                 }
             }
         }
     }
+
+    /// Stops a container that failed a probe; the restart policy and back-off bring it back.
+    async fn restart(&self, slot: &Slot, id: &str, why: &str) {
+        self.event("Killing", why, "Normal").await;
+        let grace = self
+            .pod
+            .pointer("/spec/terminationGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(30);
+        if let Err(e) = self.cri.stop_container(id, grace).await {
+            tracing::warn!(container = s(&slot.spec, "/name"), error = %e, "stopping a container that failed a probe failed");
+        }
+    }
+}
+
+/// One container's status as the kubelet writes it (`waiting` overrides what the runtime says:
+/// PodInitializing for containers waiting on init containers).
+fn container_status(slot: &Slot, waiting: Option<&str>) -> Value {
+    let state = match (waiting, &slot.waiting, &slot.view) {
+        (Some(reason), _, _) => json!({"waiting": {"reason": reason}}),
+        (None, Some((reason, message)), _) => {
+            json!({"waiting": {"reason": reason, "message": message}})
+        }
+        (None, None, Some(v)) if v.running() => {
+            json!({"running": {"startedAt": rfc3339(v.started_at)}})
+        }
+        (None, None, Some(v)) if v.exited() => terminated(v),
+        _ => json!({"waiting": {"reason": "ContainerCreating"}}),
+    };
+    let mut st = json!({
+        "name": s(&slot.spec, "/name"), "image": s(&slot.spec, "/image"),
+        "imageID": slot.view.as_ref().map(|v| v.image_ref.clone()).unwrap_or_default(),
+        "ready": slot.ready(), "started": slot.started(), "restartCount": slot.restarts,
+        "state": state, "lastState": slot.last.clone().unwrap_or(json!({})),
+    });
+    if let Some(id) = &slot.id {
+        st["containerID"] = json!(format!("containerd://{id}"));
+    }
+    st
 }
 
 /// The pod's status as the kubelet writes it.
 fn pod_status(
-    _pod: &Value,
     cfg: &NodeConfig,
     sandbox: &Option<(String, String)>,
+    inits: &[Slot],
     slots: &[Slot],
     started: &str,
 ) -> Value {
-    let mut statuses = Vec::new();
-    let mut all_running = !slots.is_empty();
-    let mut all_done = !slots.is_empty();
-    let mut any_failed = false;
-    for slot in slots {
-        let name = s(&slot.spec, "/name");
-        let running = slot.view.as_ref().is_some_and(ContainerView::running)
-            && slot.readiness.as_ref().is_none_or(|p| p.ok);
-        let state = match (&slot.waiting, &slot.view) {
-            (Some((reason, message)), _) => {
-                json!({"waiting": {"reason": reason, "message": message}})
-            }
-            (None, Some(v)) if v.running() => {
-                json!({"running": {"startedAt": rfc3339(v.started_at)}})
-            }
-            (None, Some(v)) if v.exited() => terminated(v),
-            _ => json!({"waiting": {"reason": "ContainerCreating"}}),
-        };
-        if !running {
-            all_running = false;
-        }
-        match slot.view.as_ref() {
-            Some(v) if v.exited() && slot.waiting.is_none() => {
-                if v.exit_code != 0 {
-                    any_failed = true;
-                }
-            }
-            _ => all_done = false,
-        }
-        let mut st = json!({
-            "name": name, "image": s(&slot.spec, "/image"),
-            "imageID": slot.view.as_ref().map(|v| v.image_ref.clone()).unwrap_or_default(),
-            "ready": running, "started": running, "restartCount": slot.restarts,
-            "state": state, "lastState": slot.last.clone().unwrap_or(json!({})),
-        });
-        if let Some(id) = &slot.id {
-            st["containerID"] = json!(format!("containerd://{id}"));
-        }
-        statuses.push(st);
-    }
-    let phase = if all_done {
-        if any_failed {
+    let initialized = inits.iter().all(|s| s.exited() == Some(0));
+    let init_failed = inits.iter().any(|s| s.exited().is_some_and(|c| c != 0));
+    let waiting = (!initialized).then_some("PodInitializing");
+    let statuses: Vec<Value> = slots.iter().map(|s| container_status(s, waiting)).collect();
+    let init_statuses: Vec<Value> = inits.iter().map(|s| container_status(s, None)).collect();
+    let all_ready = initialized && !slots.is_empty() && slots.iter().all(Slot::ready);
+    let exits: Vec<Option<i32>> = slots.iter().map(Slot::exited).collect();
+    let all_done = !slots.is_empty() && exits.iter().all(Option::is_some);
+    let phase = if init_failed {
+        "Failed"
+    } else if !initialized {
+        "Pending"
+    } else if all_done {
+        if exits.iter().any(|c| *c != Some(0)) {
             "Failed"
         } else {
             "Succeeded"
@@ -472,12 +626,15 @@ fn pod_status(
     let mut status = json!({
         "phase": phase,
         "conditions": [cond("PodReadyToStartContainers", sandbox.is_some()),
-                       cond("Initialized", true), cond("Ready", all_running),
-                       cond("ContainersReady", all_running), cond("PodScheduled", true)],
+                       cond("Initialized", initialized), cond("Ready", all_ready),
+                       cond("ContainersReady", all_ready), cond("PodScheduled", true)],
         "hostIP": cfg.node_ip, "hostIPs": [{"ip": cfg.node_ip}],
         "startTime": started,
         "containerStatuses": statuses,
     });
+    if !inits.is_empty() {
+        status["initContainerStatuses"] = json!(init_statuses);
+    }
     if !ip.is_empty() {
         status["podIP"] = json!(ip);
         status["podIPs"] = json!([{"ip": ip}]);

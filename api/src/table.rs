@@ -157,30 +157,101 @@ fn selector_string(sel: Option<&Value>) -> String {
     or_none(parts.join(","))
 }
 
+/// The READY, STATUS and RESTARTS columns as kubectl's pod printer derives them: init
+/// containers first (`Init:1/2`, `Init:Error`, `Init:CrashLoopBackOff`; sidecars, init
+/// containers that always restart, count as containers once started), then the containers,
+/// last to first, the first waiting or terminated reason winning.
 fn pod_row(p: &Value) -> Vec<Value> {
-    let statuses = arr(p, "/status/containerStatuses");
-    let total = arr(p, "/spec/containers").len();
-    let ready = statuses
-        .iter()
-        .filter(|c| c["ready"] == json!(true))
-        .count();
-    let restarts: i64 = statuses.iter().map(|c| i(c, "/restartCount")).sum();
+    let init_specs = arr(p, "/spec/initContainers");
+    let sidecar = |name: &str| {
+        init_specs
+            .iter()
+            .any(|c| s(c, "/name") == name && s(c, "/restartPolicy") == "Always")
+    };
+    let mut total = arr(p, "/spec/containers").len()
+        + init_specs
+            .iter()
+            .filter(|c| s(c, "/restartPolicy") == "Always")
+            .count();
+    let mut ready = 0;
+    let mut restarts: i64 = 0;
+    let mut sidecar_restarts: i64 = 0;
     let mut reason = s(p, "/status/phase").to_string();
     if !s(p, "/status/reason").is_empty() {
         reason = s(p, "/status/reason").to_string();
     }
-    for c in statuses {
-        if let Some(r) = c.pointer("/state/waiting/reason").and_then(Value::as_str) {
-            reason = r.to_string();
-        } else if let Some(r) = c
+    let exit_reason = |c: &Value, prefix: &str| -> String {
+        let signal = i(c, "/state/terminated/signal");
+        match c
             .pointer("/state/terminated/reason")
             .and_then(Value::as_str)
         {
-            reason = r.to_string();
+            Some(r) if !r.is_empty() => format!("{prefix}{r}"),
+            _ if signal != 0 => format!("{prefix}Signal:{signal}"),
+            _ => format!("{prefix}ExitCode:{}", i(c, "/state/terminated/exitCode")),
+        }
+    };
+    let mut initializing = false;
+    for (n, c) in arr(p, "/status/initContainerStatuses").iter().enumerate() {
+        restarts += i(c, "/restartCount");
+        let is_sidecar = sidecar(s(c, "/name"));
+        let started = c["started"] == json!(true);
+        if is_sidecar && started {
+            sidecar_restarts += i(c, "/restartCount");
+        }
+        let terminated = c.pointer("/state/terminated").is_some();
+        let waiting = s(c, "/state/waiting/reason");
+        if terminated && i(c, "/state/terminated/exitCode") == 0 {
+            continue;
+        }
+        if is_sidecar && started {
+            if c["ready"] == json!(true) {
+                ready += 1;
+            }
+            continue;
+        }
+        reason = if terminated {
+            exit_reason(c, "Init:")
+        } else if !waiting.is_empty() && waiting != "PodInitializing" {
+            format!("Init:{waiting}")
+        } else {
+            format!("Init:{n}/{}", init_specs.len())
+        };
+        initializing = true;
+        break;
+    }
+    let initialized = arr(p, "/status/conditions")
+        .iter()
+        .any(|c| s(c, "/type") == "Initialized" && s(c, "/status") == "True");
+    if !initializing || initialized {
+        restarts = sidecar_restarts;
+        let mut running = false;
+        for c in arr(p, "/status/containerStatuses").iter().rev() {
+            restarts += i(c, "/restartCount");
+            let waiting = s(c, "/state/waiting/reason");
+            if !waiting.is_empty() {
+                reason = waiting.to_string();
+            } else if c.pointer("/state/terminated").is_some() {
+                reason = exit_reason(c, "");
+            } else if c["ready"] == json!(true) && c.pointer("/state/running").is_some() {
+                running = true;
+                ready += 1;
+            }
+        }
+        if reason == "Completed" && running {
+            let pod_ready = arr(p, "/status/conditions")
+                .iter()
+                .any(|c| s(c, "/type") == "Ready" && s(c, "/status") == "True");
+            reason = if pod_ready { "Running" } else { "NotReady" }.into();
         }
     }
+    total = total.max(ready);
     if p.pointer("/metadata/deletionTimestamp").is_some() {
-        reason = "Terminating".into();
+        reason = if s(p, "/status/reason") == "NodeLost" {
+            "Unknown".into()
+        } else {
+            "Terminating".into()
+        };
     }
     let ip = or_none(s(p, "/status/podIP").to_string());
     let node = or_none(s(p, "/spec/nodeName").to_string());
@@ -669,6 +740,39 @@ pub fn table(res: &Resource, objects: &[Value], list_meta: Value, include: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_status_column_follows_kubectl_s_printer() {
+        let status = |v: Value| pod_row(&v)[1].as_str().unwrap().to_string();
+        let two_inits = json!({"spec": {"initContainers": [{"name": "a"}, {"name": "b"}],
+                                        "containers": [{"name": "c"}]}});
+        let mut p = two_inits.clone();
+        p["status"] = json!({"phase": "Pending",
+            "initContainerStatuses": [
+                {"name": "a", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+                {"name": "b", "state": {"running": {}}}],
+            "containerStatuses": [{"name": "c", "state": {"waiting": {"reason": "PodInitializing"}}}]});
+        assert_eq!(status(p), "Init:1/2");
+        let mut p = two_inits.clone();
+        p["status"] = json!({"phase": "Failed",
+            "initContainerStatuses": [{"name": "a", "state": {"terminated": {"exitCode": 4, "reason": "Error"}}}],
+            "containerStatuses": [{"name": "c", "state": {"waiting": {"reason": "PodInitializing"}}}]});
+        assert_eq!(status(p), "Init:Error");
+        let mut p = two_inits;
+        p["status"] = json!({"phase": "Pending",
+            "initContainerStatuses": [{"name": "a", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]});
+        assert_eq!(status(p), "Init:CrashLoopBackOff");
+        let p = json!({"spec": {"containers": [{"name": "c"}, {"name": "d"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+              "containerStatuses": [
+                {"name": "c", "ready": true, "restartCount": 2, "state": {"running": {}}},
+                {"name": "d", "restartCount": 1, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}});
+        let row = pod_row(&p);
+        assert_eq!(
+            (row[0].clone(), row[1].clone(), row[2].clone()),
+            (json!("1/2"), json!("NotReady"), json!(3))
+        );
+    }
     use crate::resources::find;
 
     #[test]
@@ -694,7 +798,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "web", "creationTimestamp": "2020-01-01T00:00:00Z"},
             "spec": {"containers": [{"name": "c"}], "nodeName": "n1"},
             "status": {"phase": "Running", "podIP": "10.0.0.5",
-                       "containerStatuses": [{"ready": true, "restartCount": 2}]}});
+                       "containerStatuses": [{"ready": true, "restartCount": 2, "state": {"running": {}}}]}});
         let t = table(res, &[pod], json!({}), "Metadata");
         let cells = &t["rows"][0]["cells"];
         assert_eq!(cells[0], "web");

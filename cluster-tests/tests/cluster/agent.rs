@@ -1219,6 +1219,101 @@ async fn an_agent_runs_real_containers_through_containerd() {
     })
     .await;
 
+    // Init containers run in order before the app; resources become cgroup limits; a named
+    // port serves a startup probe, which holds the container's `started` back; preStop runs
+    // before the container is stopped.
+    let data = tempfile::tempdir().unwrap();
+    let staged = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"staged"},
+      "spec":{"terminationGracePeriodSeconds":5,
+       "initContainers":[
+         {"name":"one","image":"rkube.local/busybox:1","command":["sh","-c","echo one >> /data/order"],
+          "volumeMounts":[{"name":"data","mountPath":"/data"}]},
+         {"name":"two","image":"rkube.local/busybox:1","command":["sh","-c","sleep 2; echo two >> /data/order"],
+          "volumeMounts":[{"name":"data","mountPath":"/data"}]}],
+       "containers":[{"name":"app","image":"rkube.local/busybox:1",
+         "command":["sh","-c","echo app >> /data/order; cat /data/order; sleep 3; exec httpd -f -p 8080 -h /www"],
+         "ports":[{"name":"web","containerPort":8080}],
+         "resources":{"requests":{"cpu":"100m"},"limits":{"cpu":"500m","memory":"64Mi"}},
+         "startupProbe":{"tcpSocket":{"port":"web"},"periodSeconds":1,"failureThreshold":30},
+         "lifecycle":{"preStop":{"exec":{"command":["sh","-c","echo stopping > /data/prestop"]}}},
+         "volumeMounts":[{"name":"data","mountPath":"/data"}]}],
+       "volumes":[{"name":"data","hostPath":{"path":"DATA","type":"DirectoryOrCreate"}}]}}"#
+        .replace("DATA", &data.path().display().to_string());
+    k.run_with_input(&["create", "-f", "-"], &staged).await.ok();
+    let staged_state = || async {
+        k.run(&["get", "pod", "staged", "-o",
+                "jsonpath={.status.phase} {.status.initContainerStatuses[*].state.terminated.reason} {.status.containerStatuses[0].started}"])
+            .await
+            .stdout
+    };
+    wait_for("staged's init containers done", BOUND, || async {
+        staged_state()
+            .await
+            .starts_with("Running Completed Completed")
+            .then_some(())
+    })
+    .await;
+    let logs = k.run(&["logs", "staged"]).await.ok();
+    assert_eq!(logs.trim(), "one\ntwo\napp");
+    wait_for(
+        "staged started (its startup probe passed)",
+        BOUND,
+        || async { (staged_state().await == "Running Completed Completed true").then_some(()) },
+    )
+    .await;
+    let limits = k
+        .run(&["exec", "staged", "--", "sh", "-c",
+               "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes; \
+                cat /sys/fs/cgroup/cpu.max 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us"])
+        .await
+        .ok();
+    let limits: Vec<&str> = limits.lines().collect();
+    assert_eq!(limits[0], (64 << 20).to_string(), "{limits:?}");
+    assert!(limits[1].starts_with("50000"), "{limits:?}");
+    k.run(&["delete", "pod", "staged", "--wait=false"])
+        .await
+        .ok();
+    let said = wait_for("the preStop hook's file", BOUND, || async {
+        std::fs::read_to_string(data.path().join("prestop")).ok()
+    })
+    .await;
+    assert_eq!(said.trim(), "stopping");
+    // A failing init container of a pod that never restarts fails the pod; a container over
+    // its memory limit is OOMKilled.
+    let failing = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"apiVersion":"v1","kind":"Pod","metadata":{"name":"badinit"},
+       "spec":{"restartPolicy":"Never","terminationGracePeriodSeconds":1,
+        "initContainers":[{"name":"setup","image":"rkube.local/busybox:1","command":["sh","-c","exit 4"]}],
+        "containers":[{"name":"app","image":"rkube.local/busybox:1","command":["sleep","3600"]}]}},
+      {"apiVersion":"v1","kind":"Pod","metadata":{"name":"hog"},
+       "spec":{"restartPolicy":"Never","terminationGracePeriodSeconds":1,
+        "containers":[{"name":"hog","image":"rkube.local/busybox:1","command":["tail","/dev/zero"],
+          "resources":{"limits":{"memory":"16Mi"}}}]}}]}"#;
+    k.run_with_input(&["create", "-f", "-"], failing).await.ok();
+    wait_for("badinit failed with Init:Error", BOUND, || async {
+        let out = k.run(&["get", "pod", "badinit", "--no-headers"]).await.stdout;
+        let phase = k
+            .run(&["get", "pod", "badinit", "-o", "jsonpath={.status.phase} {.status.initContainerStatuses[0].state.terminated.exitCode}"])
+            .await
+            .stdout;
+        (out.contains("Init:Error") && phase == "Failed 4").then_some(())
+    })
+    .await;
+    wait_for("hog OOMKilled", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "pod",
+                "hog",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].state.terminated.reason}",
+            ])
+            .await
+            .stdout;
+        (out == "OOMKilled").then_some(())
+    })
+    .await;
+
     // Deleted pods are stopped and removed from the runtime.
     k.run(&["delete", "deployment", "web"]).await.ok();
     k.run(&[
@@ -1229,6 +1324,8 @@ async fn an_agent_runs_real_containers_through_containerd() {
         "wired",
         "orphan",
         "probed",
+        "badinit",
+        "hog",
         "--grace-period=1",
     ])
     .await
