@@ -31,6 +31,8 @@ use crate::queue::{Outcome, WorkQueue};
 pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 const ISSUED_TTL: i64 = 3600;
 const PENDING_TTL: i64 = 24 * 3600;
+/// How soon a pending request whose requester was not allowed is looked at again.
+const RECHECK: Duration = Duration::from_secs(5);
 const CLUSTER_INFO: &str = "cluster-info";
 const JWS_PREFIX: &str = "jws-kubeconfig-";
 
@@ -129,8 +131,10 @@ impl CsrController {
         }
         let signer = s(&csr, "/spec/signerName");
         if !approved {
-            if signer == KUBELET_CLIENT_SIGNER {
-                self.approve_node_client(&csr, &path).await?;
+            if signer == KUBELET_CLIENT_SIGNER && self.approve_node_client(&csr, &path).await? {
+                // Not allowed (yet): the requester's permission may come with a binding made
+                // later (the default policy right after a leader starts, an admin's grant).
+                return Ok(Some(RECHECK.min(again.unwrap_or(RECHECK))));
             }
             return Ok(again);
         }
@@ -141,13 +145,14 @@ impl CsrController {
     }
 
     /// The approver: a node client certificate is approved when its requester may ask for one
-    /// (`nodeclient`), or is the very node renewing its own (`selfnodeclient`).
-    async fn approve_node_client(&self, csr: &Value, path: &str) -> Result<(), ApiError> {
+    /// (`nodeclient`), or is the very node renewing its own (`selfnodeclient`). True when it
+    /// was not because the requester is not allowed (yet): worth looking at again.
+    async fn approve_node_client(&self, csr: &Value, path: &str) -> Result<bool, ApiError> {
         let Some(pem) = request_pem(csr) else {
-            return Ok(());
+            return Ok(false);
         };
         let Ok(subject) = rkube_store::pki::parse_csr(&pem) else {
-            return Ok(());
+            return Ok(false);
         };
         let username = s(csr, "/spec/username");
         let groups = csr.pointer("/spec/groups").cloned().unwrap_or(json!([]));
@@ -181,7 +186,7 @@ impl CsrController {
                 subresource,
                 "not auto-approved"
             );
-            return Ok(());
+            return Ok(true);
         }
         let now = rkube_api::handler::now();
         let mut approved = csr.clone();
@@ -205,7 +210,7 @@ impl CsrController {
             username,
             "approved a node client certificate"
         );
-        Ok(())
+        Ok(false)
     }
 
     /// The signer: a certificate from the cluster CA for as long as the request asks, at most

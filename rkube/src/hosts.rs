@@ -398,7 +398,11 @@ mod tests {
         // 10.0.0.0/8 covers them all.
         assert_eq!(used.len(), 256);
         let used = used_octets("10.230.0.0/15 dev x\n10.201.3.4/24 dev y\ndefault via 10.0.0.1");
-        assert_eq!(used, vec![0, 201, 230, 231], "the gateway 10.0.0.1 is in 10.0.0.0/16");
+        assert_eq!(
+            used,
+            vec![0, 201, 230, 231],
+            "the gateway 10.0.0.1 is in 10.0.0.0/16"
+        );
     }
 
     #[test]

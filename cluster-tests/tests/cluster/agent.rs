@@ -1631,3 +1631,94 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
         assert!(body.contains(&format!("hello from {}", p[0])), "{body}");
     }
 }
+
+/// An agent renews its client certificate once 80% of its life has passed, with the certificate
+/// it holds (a `selfnodeclient` request), and goes on with the new one. Started here with a
+/// certificate from the cluster CA that is already past that point (30 s, backdated five minutes
+/// as every certificate the CA signs), instead of waiting out the shortest signing duration.
+#[tokio::test]
+async fn an_agent_renews_its_client_certificate_before_it_expires() {
+    let (c, k) = cluster_with(0, &[]).await;
+    let words = join_command(&c).await;
+    let server = words
+        .iter()
+        .position(|w| w == "--server")
+        .map(|i| words[i + 1].clone())
+        .expect("the join command names a server");
+    let pki = c.path().join("pki");
+    let dir = c.path().join("rot1");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(pki.join("ca.crt"), dir.join("ca.crt")).unwrap();
+    let (csr, key) = rkube_store::pki::new_csr("system:node:rot1", &["system:nodes"]).unwrap();
+    let cert = rkube_store::pki::CsrSigner::load(&pki)
+        .unwrap()
+        .sign(&csr, Duration::from_secs(30), true, false)
+        .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let (_, not_after) = rkube_store::pki::validity(cert.as_bytes()).unwrap();
+    assert!(not_after < now + 60, "a certificate about to expire");
+    std::fs::write(
+        dir.join("kubelet-client-current.pem"),
+        format!("{cert}{key}"),
+    )
+    .unwrap();
+    // No token: the agent has a certificate.
+    let agent = tokio::process::Command::new(rkube_bin())
+        .args([
+            "agent", "--sim", "--server", &server, "--name", "rot1", "--port", "0",
+        ])
+        .args(["--lease-interval", "1s"])
+        .arg("--dir")
+        .arg(&dir)
+        .stderr(std::fs::File::create(c.path().join("rot1.log")).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let _procs = Procs(vec![agent]);
+    let renewed = wait_for("the renewed certificate on disk", BOUND, || async {
+        let pem = std::fs::read_to_string(dir.join("kubelet-client-current.pem")).ok()?;
+        let (_, not_after) = rkube_store::pki::validity(pem.as_bytes()).ok()?;
+        (not_after > chrono::Utc::now().timestamp() + 3600).then_some(not_after)
+    })
+    .await;
+    assert!(
+        renewed > now + 300 * 86400,
+        "signed for the cluster's signing duration (a year)"
+    );
+    let csrs = k
+        .run(&[
+            "get",
+            "csr",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.username} {.status.conditions[0].type}{\"\\n\"}{end}",
+        ])
+        .await
+        .ok();
+    assert!(csrs.contains("system:node:rot1 Approved"), "{csrs}");
+    wait_nodes_ready(&k, &["rot1"]).await;
+    // The old certificate expires; the node keeps its heartbeat with the new one.
+    tokio::time::sleep(Duration::from_secs(
+        (not_after - chrono::Utc::now().timestamp()).max(0) as u64 + 2,
+    ))
+    .await;
+    let renew_time = || async {
+        k.run(&[
+            "get",
+            "lease",
+            "rot1",
+            "-n",
+            "kube-node-lease",
+            "-o",
+            "jsonpath={.spec.renewTime}",
+        ])
+        .await
+        .ok()
+    };
+    let before = renew_time().await;
+    wait_for(
+        "a heartbeat after the old certificate expired",
+        BOUND,
+        || async { (renew_time().await != before).then_some(()) },
+    )
+    .await;
+}
