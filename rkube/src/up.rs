@@ -638,6 +638,9 @@ pub async fn up(args: UpArgs) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     print_table(&rows);
+    if !cluster.store_only {
+        api_ready(&args.dir).await?;
+    }
     if cluster.agents > 0 {
         start_agents(&args.dir, &cluster).await?;
     }
@@ -857,6 +860,32 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Waits until the Kubernetes API answers and the leader has made the system namespaces, so
+/// that what a user runs next (`kubectl`, `rkube token create`) finds them.
+async fn api_ready(dir: &Path) -> Result<()> {
+    let args = crate::token::TokenArgs {
+        kubeconfig: Some(dir.join(KUBECONFIG_FILE)),
+        dir: Some(dir.to_path_buf()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = async {
+            let (client, _) = crate::token::admin_client(&args).await?;
+            let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+                kube::Api::all(client);
+            namespaces.get("kube-system").await?;
+            anyhow::Ok(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e.context("the Kubernetes API was not ready within 60 s"))
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 /// A bootstrap token for the local agents, made through the API with the admin's kubeconfig
