@@ -214,23 +214,20 @@ impl HostNetwork {
         }
         // With bridge netfilter on (Docker turns it on), frames crossing the bridge pass the
         // FORWARD chain, whose policy Docker sets to DROP: let the hosts' traffic through.
-        if which("iptables").is_some() {
-            let rule = [
-                "FORWARD",
-                "-i",
-                &self.bridge,
-                "-o",
-                &self.bridge,
-                "-j",
-                "ACCEPT",
-            ];
-            let check: Vec<&str> = ["-C"].into_iter().chain(rule).collect();
-            if run("iptables", &check).is_err() {
-                let insert: Vec<&str> = ["-I"].into_iter().chain(rule).collect();
-                run("iptables", &insert)?;
-            }
+        if which("iptables").is_some() && self.forward_rule("-C").is_err() {
+            self.forward_rule("-I")?;
         }
         Ok(())
+    }
+
+    /// `iptables OP` (check, insert, delete) of the rule that accepts the hosts' traffic across
+    /// the bridge in the FORWARD chain.
+    fn forward_rule(&self, op: &str) -> Result<String> {
+        let bridge = self.bridge.as_str();
+        run(
+            "iptables",
+            &[op, "FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"],
+        )
     }
 
     /// Removes the namespaces, the bridge (its routes go with it) and the FORWARD rule; what is
@@ -251,19 +248,8 @@ impl HostNetwork {
             }
         }
         if which("iptables").is_some() {
-            let rule = [
-                "FORWARD",
-                "-i",
-                &self.bridge,
-                "-o",
-                &self.bridge,
-                "-j",
-                "ACCEPT",
-            ];
-            let check: Vec<&str> = ["-C"].into_iter().chain(rule).collect();
-            while run("iptables", &check).is_ok() {
-                let delete: Vec<&str> = ["-D"].into_iter().chain(rule).collect();
-                if let Err(e) = run("iptables", &delete) {
+            while self.forward_rule("-C").is_ok() {
+                if let Err(e) = self.forward_rule("-D") {
                     errors.push(format!("{e:#}"));
                     break;
                 }

@@ -889,34 +889,23 @@ async fn api_ready(dir: &Path) -> Result<()> {
 }
 
 /// A bootstrap token for the local agents, made through the API with the admin's kubeconfig
-/// once the API answers.
+/// (the API answers: `up` waited for it).
 async fn join_token(dir: &Path) -> Result<String> {
     let args = crate::token::TokenArgs {
         kubeconfig: Some(dir.join(KUBECONFIG_FILE)),
         dir: Some(dir.to_path_buf()),
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let attempt = async {
-            let (client, _) = crate::token::admin_client(&args).await?;
-            crate::token::create(
-                client,
-                None,
-                Duration::from_secs(3600),
-                "signing,authentication",
-                "system:bootstrappers:kubeadm:default-node-token",
-                "rkube up: joins the local agents",
-            )
-            .await
-        };
-        match attempt.await {
-            Ok(t) => return Ok(t),
-            Err(e) if Instant::now() > deadline => {
-                return Err(e.context("creating a bootstrap token for the agents"))
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    }
+    let (client, _) = crate::token::admin_client(&args).await?;
+    crate::token::create(
+        client,
+        None,
+        Duration::from_secs(3600),
+        "signing,authentication",
+        "system:bootstrappers:kubeadm:default-node-token",
+        "rkube up: joins the local agents",
+    )
+    .await
+    .context("creating a bootstrap token for the agents")
 }
 
 /// Collects an exited child so it does not linger as a zombie (only our own children).
