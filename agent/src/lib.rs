@@ -19,6 +19,7 @@ pub mod node;
 pub mod pods;
 pub mod podspec;
 pub mod probe;
+pub mod proxy;
 pub mod server;
 
 /// The Kubernetes version the agent reports as its kubelet's.
@@ -61,6 +62,9 @@ pub struct AgentConfig {
     /// and host-local addresses), and the bridge's name.
     pub cni_conf_dir: Option<PathBuf>,
     pub cni_bridge: String,
+    /// Program the node's service rules (iptables), as kube-proxy; false: only work out what
+    /// they would be (the simulated runtime always, or a node whose host is shared).
+    pub program_services: bool,
 }
 
 /// The CNI network of a node: its pods on a bridge (the bridge's address the gateway), with
@@ -188,6 +192,11 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
                 }
             });
         }
+    }
+    // The service proxy: one per process (simulated nodes share the rules they would have).
+    if let Some((clients, node)) = joined.first() {
+        let program = cfg.program_services && cri.is_some();
+        tokio::spawn(proxy::run(clients.clone(), node.name.clone(), program));
     }
     tokio::spawn(pods::run(joined, cri));
     tracing::info!(nodes = names.len(), "agent running");

@@ -131,6 +131,11 @@ struct AgentArgs {
     /// The bridge of the node's CNI network.
     #[arg(long, default_value = "cni0")]
     cni_bridge: String,
+    /// The service proxy: iptables (program the node's nat and filter tables so that Services
+    /// carry traffic, as kube-proxy) or none (an agent sharing a host whose rules are not its
+    /// own). The simulated runtime programs nothing.
+    #[arg(long, default_value = "iptables", value_parser = ["iptables", "none"])]
+    proxy_mode: String,
     /// The HTTPS port the API server reaches for container logs (the kubelet's 10250); 0: none.
     #[arg(long, default_value_t = 10250)]
     port: u16,
@@ -185,6 +190,7 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
         cri_socket: (!a.sim).then(|| a.container_runtime_endpoint.clone()),
         cni_conf_dir: a.cni_conf_dir.clone(),
         cni_bridge: a.cni_bridge.clone(),
+        program_services: a.proxy_mode == "iptables",
         node: rkube_agent::NodeConfig {
             name,
             node_ip: a.node_ip,

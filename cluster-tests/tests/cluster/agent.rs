@@ -933,6 +933,9 @@ async fn an_agent_runs_real_containers_through_containerd() {
             &pod_cidr,
             "--cni-bridge",
             &ctd.bridge,
+            // This agent shares the test machine's network: its rules are not the agent's.
+            "--proxy-mode",
+            "none",
         ])
         .arg("--container-runtime-endpoint")
         .arg(ctd.socket())
