@@ -31,6 +31,9 @@ pub struct Cri {
     images: ImageServiceClient<Channel>,
     /// Where container logs go (`<dir>/<ns>_<name>_<uid>/<container>/<attempt>.log`).
     log_root: PathBuf,
+    /// Cluster DNS servers and domain for pods' resolv.conf.
+    dns: Vec<String>,
+    domain: String,
 }
 
 fn s<'a>(v: &'a Value, p: &str) -> &'a str {
@@ -85,7 +88,68 @@ impl Cri {
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
             log_root: log_root.to_path_buf(),
+            dns: Vec::new(),
+            domain: "cluster.local".into(),
         })
+    }
+
+    /// Pods with dnsPolicy ClusterFirst resolve with these servers, searching their namespace's
+    /// Services first.
+    pub fn with_dns(mut self, servers: Vec<String>, domain: String) -> Cri {
+        self.dns = servers;
+        self.domain = domain;
+        self
+    }
+
+    /// A pod's resolv.conf as the kubelet makes it: ClusterFirst (the default) points at the
+    /// cluster DNS with the search path `<ns>.svc.<domain> svc.<domain> <domain>` and ndots:5;
+    /// Default leaves the node's; None uses only the pod's dnsConfig, which otherwise adds to
+    /// what the policy gives.
+    pub fn dns_config(&self, pod: &Value) -> Option<pb::DnsConfig> {
+        let strings = |p: &str| -> Vec<String> {
+            pod.pointer(p)
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let policy = match s(pod, "/spec/dnsPolicy") {
+            "" => "ClusterFirst",
+            p => p,
+        };
+        let mut cfg = match policy {
+            "ClusterFirst" | "ClusterFirstWithHostNet" if !self.dns.is_empty() => {
+                let ns = s(pod, "/metadata/namespace");
+                let d = &self.domain;
+                pb::DnsConfig {
+                    servers: self.dns.clone(),
+                    searches: vec![format!("{ns}.svc.{d}"), format!("svc.{d}"), d.clone()],
+                    options: vec!["ndots:5".into()],
+                }
+            }
+            "None" => pb::DnsConfig::default(),
+            _ => return None,
+        };
+        cfg.servers.extend(strings("/spec/dnsConfig/nameservers"));
+        cfg.searches.extend(strings("/spec/dnsConfig/searches"));
+        if let Some(opts) = pod
+            .pointer("/spec/dnsConfig/options")
+            .and_then(Value::as_array)
+        {
+            for o in opts {
+                let name = s(o, "/name");
+                cfg.options.retain(|x| x.split(':').next() != Some(name));
+                cfg.options
+                    .push(match o.get("value").and_then(Value::as_str) {
+                        Some(v) => format!("{name}:{v}"),
+                        None => name.to_string(),
+                    });
+            }
+        }
+        Some(cfg)
     }
 
     /// Where pods' volumes are made (`<root>/<uid>/volumes/<name>`).
@@ -128,6 +192,7 @@ impl Cri {
                 attempt: 0,
             }),
             hostname: name.chars().take(63).collect(),
+            dns_config: self.dns_config(pod),
             log_directory: self
                 .log_root
                 .join(format!("{ns}_{name}_{uid}"))

@@ -65,6 +65,10 @@ pub struct AgentConfig {
     /// Program the node's service rules (iptables), as kube-proxy; false: only work out what
     /// they would be (the simulated runtime always, or a node whose host is shared).
     pub program_services: bool,
+    /// The cluster DNS servers written into pods' resolv.conf (dnsPolicy ClusterFirst), and
+    /// the domain of their search path.
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
 }
 
 /// The CNI network of a node: its pods on a bridge (the bridge's address the gateway), with
@@ -111,7 +115,9 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             if cfg.nodes > 1 {
                 bail!("--nodes needs the simulated runtime: one containerd runs one node");
             }
-            let c = cri::Cri::connect(socket, &cfg.dir.join("pods")).await?;
+            let c = cri::Cri::connect(socket, &cfg.dir.join("pods"))
+                .await?
+                .with_dns(cfg.cluster_dns.clone(), cfg.cluster_domain.clone());
             let version = c.version().await.map_err(|e| {
                 anyhow::anyhow!(
                     "the container runtime at {} does not answer the CRI: {e}",

@@ -38,6 +38,9 @@ impl Api {
                 if let Err(e) = self.ensure_kubernetes_service().await {
                     tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
                 }
+                if let Err(e) = self.ensure_dns_service().await {
+                    tracing::debug!(error = %e, "creating the kube-dns Service failed; retrying");
+                }
                 // Every tick until it has worked once, then now and then.
                 if !policy_done || ticks.is_multiple_of(20) {
                     match self.ensure_default_policy().await {
@@ -186,6 +189,32 @@ impl Api {
                              "labels": {"component": "apiserver", "provider": "kubernetes"}},
                 "spec": {"type": "ClusterIP", "clusterIP": self.net.first().to_string(),
                          "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": self.port}]},
+            }),
+        )
+        .await
+    }
+
+    /// The cluster DNS Service, `kube-system/kube-dns`, on the tenth address of the service
+    /// range (what pods' resolv.conf names). It has no selector: every member serving DNS
+    /// publishes its own EndpointSlice for it.
+    async fn ensure_dns_service(&self) -> Result<(), crate::error::ApiError> {
+        let svc = resources::find("", "v1", "services").expect("served");
+        if self
+            .store
+            .get(&svc.key(Some("kube-system"), "kube-dns"), Freshness::Any)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        self.create_if_missing(
+            Target::new(svc, Some("kube-system".into()), None),
+            json!({
+                "metadata": {"name": "kube-dns", "namespace": "kube-system",
+                             "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+                "spec": {"type": "ClusterIP", "clusterIP": self.net.dns().to_string(),
+                         "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+                                   {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53}]},
             }),
         )
         .await

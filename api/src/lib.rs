@@ -20,6 +20,7 @@ pub mod bootstrap_token;
 pub mod certificates;
 pub mod client;
 pub mod discovery;
+pub mod dns;
 pub mod error;
 pub mod events;
 pub mod fieldvalidation;

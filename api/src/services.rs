@@ -71,10 +71,20 @@ impl ServiceNet {
         v > self.base && v < self.base + self.size() - 1
     }
 
-    /// A random usable address other than the first (kept for `kubernetes`).
+    /// The tenth address: the cluster DNS Service's (`kube-dns`), as kubeadm sets it.
+    pub fn dns(&self) -> Ipv4Addr {
+        Ipv4Addr::from(self.base + 10)
+    }
+
+    /// A random usable address other than the first and the tenth (kept for `kubernetes` and
+    /// `kube-dns`).
     fn random(&self) -> Ipv4Addr {
-        let n = rand::thread_rng().gen_range(2..self.size() - 1);
-        Ipv4Addr::from(self.base + n)
+        loop {
+            let n = rand::thread_rng().gen_range(2..self.size() - 1);
+            if n != 10 {
+                return Ipv4Addr::from(self.base + n);
+            }
+        }
     }
 }
 

@@ -148,6 +148,13 @@ struct AgentArgs {
     /// The node's pod CIDR (with --nodes N, split into one /24 per node).
     #[arg(long)]
     pod_cidr: Option<String>,
+    /// The cluster DNS server(s) pods resolve with (the kube-dns Service's address, the tenth
+    /// of the service range: 10.96.0.10 by default); none: pods use the node's resolv.conf.
+    #[arg(long, value_delimiter = ',')]
+    cluster_dns: Vec<String>,
+    /// The cluster's DNS domain, for pods' search path.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
     #[arg(long, default_value = "4")]
     cpu: String,
     #[arg(long, default_value = "8Gi")]
@@ -191,6 +198,8 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
         cni_conf_dir: a.cni_conf_dir.clone(),
         cni_bridge: a.cni_bridge.clone(),
         program_services: a.proxy_mode == "iptables",
+        cluster_dns: a.cluster_dns.clone(),
+        cluster_domain: a.cluster_domain.clone(),
         node: rkube_agent::NodeConfig {
             name,
             node_ip: a.node_ip,
@@ -232,6 +241,17 @@ struct ServerArgs {
     /// Address for the Kubernetes API (HTTPS, with this member's certificate).
     #[arg(long)]
     listen_api: Option<SocketAddr>,
+    /// With the Kubernetes API: serve cluster DNS (UDP and TCP) on this address; the member
+    /// publishes it as an endpoint of the kube-system/kube-dns Service.
+    #[arg(long)]
+    listen_dns: Option<SocketAddr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Resolvers for names outside the cluster domain (comma-separated IP[:port]; default:
+    /// the nameservers of /etc/resolv.conf).
+    #[arg(long, value_delimiter = ',')]
+    dns_upstream: Vec<String>,
     /// The range Service ClusterIPs are allocated from; its first address is the
     /// `kubernetes` Service's.
     #[arg(long, default_value = "10.96.0.0/12")]
@@ -439,6 +459,17 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     }
     let listen_api = args.listen_api;
     let service_net = args.service_cluster_ip_range;
+    let (listen_dns, cluster_domain, dns_upstream) = (
+        args.listen_dns,
+        args.cluster_domain.clone(),
+        args.dns_upstream.clone(),
+    );
+    let member_name = args.name.clone();
+    if listen_dns.is_some() && args.listen_api.is_none() {
+        anyhow::bail!(
+            "--listen-dns answers from the Kubernetes API's objects: it needs --listen-api"
+        );
+    }
     let sa_key_file = args
         .service_account_key_file
         .clone()
@@ -488,6 +519,49 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
             )
             .await?;
             tracing::info!(addr = %api.addr, "serving the Kubernetes API");
+            let dns_client = || {
+                api.client(rkube_api::auth::User {
+                    name: "system:kube-dns".into(),
+                    groups: vec!["system:masters".into(), "system:authenticated".into()],
+                    ..Default::default()
+                })
+            };
+            if let Some(listen) = listen_dns {
+                let upstream = if dns_upstream.is_empty() {
+                    rkube_api::dns::resolv_conf_servers(
+                        &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+                    )
+                } else {
+                    dns_upstream
+                        .iter()
+                        .map(|u| {
+                            u.parse::<SocketAddr>().or_else(|_| {
+                                u.parse::<std::net::IpAddr>()
+                                    .map(|ip| SocketAddr::new(ip, 53))
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| anyhow::anyhow!("--dns-upstream: {e}"))?
+                };
+                let cfg = rkube_api::dns::DnsConfig {
+                    listen,
+                    domain: cluster_domain.clone(),
+                    upstream,
+                };
+                let client = dns_client();
+                tokio::spawn(async move {
+                    if let Err(e) = rkube_api::dns::serve(cfg, client).await {
+                        tracing::error!(%listen, error = %e, "cluster DNS is not served");
+                    }
+                });
+                tracing::info!(addr = %listen, "serving cluster DNS");
+            }
+            tokio::spawn(rkube_api::dns::publish_member(
+                dns_client(),
+                member_name.clone(),
+                api.addr,
+                listen_dns,
+            ));
             // The controllers and the scheduler run while this member leads, writing through
             // the API as a trusted in-process client.
             let controllers = rkube_controllers::start(

@@ -156,6 +156,18 @@ pub struct LocalMember {
 }
 
 impl LocalMember {
+    /// Where the member serves cluster DNS (with containerd hosts): the port after the API's.
+    pub fn dns_addr(&self) -> String {
+        let api = self.api_addr();
+        match api.rsplit_once(':') {
+            Some((host, port)) => format!(
+                "{host}:{}",
+                port.parse::<u16>().unwrap_or(0).saturating_add(1)
+            ),
+            None => api,
+        }
+    }
+
     pub fn api_addr(&self) -> String {
         if !self.api.is_empty() {
             return self.api.clone();
@@ -463,6 +475,11 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
     if !cluster.store_only {
         command.args(["--listen-api", &m.api_addr()]);
         command.args(&cluster.controller_flags);
+        // Containerd hosts' pods resolve names with the servers' cluster DNS, on the port
+        // after the API's.
+        if cluster.network.is_some() {
+            command.args(["--listen-dns", &m.dns_addr()]);
+        }
     }
     command
         .args(["--initial-cluster", &cluster.initial_cluster()])
@@ -814,7 +831,9 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
                     .arg("--cni-conf-dir")
                     .arg(net.cni_dir(&abs, &name))
                     .args(["--node-ip", &net.node_ip(i)])
-                    .args(["--pod-cidr", &net.pod_cidr(i)]);
+                    .args(["--pod-cidr", &net.pod_cidr(i)])
+                    // kube-dns: the tenth address of the default service range.
+                    .args(["--cluster-dns", "10.96.0.10"]);
                 let what = format!(
                     "containerd runtime, host {} in network namespace {}, pods {}",
                     net.node_ip(i),
