@@ -26,6 +26,8 @@ mod rbac;
 mod recovery;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
+#[path = "cluster/services.rs"]
+mod services;
 
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.
