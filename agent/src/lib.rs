@@ -202,7 +202,12 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     // The service proxy: one per process (simulated nodes share the rules they would have).
     if let Some((clients, node)) = joined.first() {
         let program = cfg.program_services && cri.is_some();
-        tokio::spawn(proxy::run(clients.clone(), node.name.clone(), program));
+        tokio::spawn(proxy::run(
+            clients.clone(),
+            node.name.clone(),
+            node.node_ip.clone(),
+            program,
+        ));
     }
     tokio::spawn(pods::run(joined, cri));
     tracing::info!(nodes = names.len(), "agent running");

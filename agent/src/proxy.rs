@@ -47,6 +47,10 @@ struct ServicePort {
     node_port: i64,
     cluster_ips: Vec<String>,
     external_ips: Vec<String>,
+    /// The load-balancer addresses among them (announced by one node).
+    lb_ips: Vec<String>,
+    /// The nodes of the ready endpoints, sorted.
+    endpoint_nodes: Vec<String>,
     local_only: bool,
     affinity: Option<i64>,
     /// Ready endpoints: (address, port, on this node).
@@ -100,17 +104,17 @@ fn service_ports(
                     .collect()
             })
             .unwrap_or_default();
-        if let Some(ingress) = svc
+        let lb_ips: Vec<String> = svc
             .pointer("/status/loadBalancer/ingress")
             .and_then(Value::as_array)
-        {
-            external_ips.extend(
-                ingress
-                    .iter()
+            .map(|a| {
+                a.iter()
                     .map(|i| s(i, "/ip").to_string())
-                    .filter(|ip| !ip.is_empty()),
-            );
-        }
+                    .filter(|ip| !ip.is_empty() && !ip.contains(':'))
+                    .collect()
+            })
+            .unwrap_or_default();
+        external_ips.extend(lb_ips.iter().cloned());
         let local_only = s(svc, "/spec/externalTrafficPolicy") == "Local";
         let affinity = (s(svc, "/spec/sessionAffinity") == "ClientIP").then(|| {
             svc.pointer("/spec/sessionAffinityConfig/clientIP/timeoutSeconds")
@@ -130,6 +134,7 @@ fn service_ports(
                 x => x,
             };
             let mut endpoints = Vec::new();
+            let mut endpoint_nodes = Vec::new();
             for slice in slices.into_iter().flatten() {
                 if s(slice, "/addressType") != "IPv4" {
                     continue;
@@ -160,11 +165,15 @@ fn service_ports(
                     let local = s(ep, "/nodeName") == node;
                     if let Some(addr) = ep.pointer("/addresses/0").and_then(Value::as_str) {
                         endpoints.push((addr.to_string(), target, local));
+                        endpoint_nodes.push(s(ep, "/nodeName").to_string());
                     }
                 }
             }
             endpoints.sort();
             endpoints.dedup();
+            endpoint_nodes.sort();
+            endpoint_nodes.dedup();
+            endpoint_nodes.retain(|n| !n.is_empty());
             out.push(ServicePort {
                 id: format!("{ns}/{name}:{port_name}"),
                 protocol: protocol.to_string(),
@@ -172,6 +181,8 @@ fn service_ports(
                 node_port: p.get("nodePort").and_then(Value::as_i64).unwrap_or(0),
                 cluster_ips: cluster_ips.clone(),
                 external_ips: external_ips.clone(),
+                lb_ips: lb_ips.clone(),
+                endpoint_nodes,
                 local_only,
                 affinity,
                 endpoints,
@@ -180,6 +191,49 @@ fn service_ports(
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
     out
+}
+
+/// The load-balancer addresses this node answers for (as MetalLB's layer-2 mode): each
+/// Service's addresses are announced by one node among those running its ready endpoints,
+/// picked by a hash of the Service, so every agent reaches the same choice on its own.
+fn announced_here(ports: &[ServicePort], node: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for sp in ports {
+        if sp.lb_ips.is_empty() || sp.endpoint_nodes.is_empty() {
+            continue;
+        }
+        let service = sp.id.split(':').next().unwrap_or(&sp.id);
+        let h = Sha256::digest(service.as_bytes());
+        let pick = u64::from_be_bytes(h[..8].try_into().expect("8 bytes")) as usize
+            % sp.endpoint_nodes.len();
+        if sp.endpoint_nodes[pick] == node {
+            out.extend(sp.lb_ips.iter().cloned());
+        }
+    }
+    out
+}
+
+/// The interface holding the node's address, and the load-balancer addresses the agent put on
+/// it (labelled `<interface>:rklb`, so that a restarted agent finds its own).
+fn lb_interface(node_ip: &str) -> Option<(String, BTreeSet<String>)> {
+    let out = iptables(&["ip", "-o", "-4", "addr", "show"], None).ok()?;
+    let dev = out.lines().find_map(|l| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let i = words.iter().position(|w| *w == "inet")?;
+        (words.get(i + 1)?.split('/').next()? == node_ip)
+            .then(|| words.get(1).map(|d| d.to_string()))?
+    })?;
+    let label = format!("{dev}:rklb");
+    let ours = out
+        .lines()
+        .filter(|l| l.trim_end().ends_with(&label) || l.contains(&format!(" {label}")))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let i = words.iter().position(|w| *w == "inet")?;
+            words.get(i + 1)?.split('/').next().map(str::to_string)
+        })
+        .collect();
+    Some((dev, ours))
 }
 
 /// A chain name from a prefix and a stable hash of what it stands for (at most 28 bytes).
@@ -415,7 +469,7 @@ pub struct SyncStats {
 /// Follows Services and EndpointSlices and programs the node until the process ends. With
 /// `program` false (the simulated runtime: no pods, no rules) it only renders and logs what it
 /// would program.
-pub async fn run(clients: Arc<Clients>, node: String, program: bool) {
+pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: bool) {
     let services: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let slices: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -456,6 +510,11 @@ pub async fn run(clients: Arc<Clients>, node: String, program: bool) {
     } else {
         BTreeSet::new()
     };
+    let mut lb = if program {
+        lb_interface(&node_ip)
+    } else {
+        None
+    };
     let mut last = String::new();
     let mut stats = SyncStats::default();
     loop {
@@ -467,6 +526,29 @@ pub async fn run(clients: Arc<Clients>, node: String, program: bool) {
             let slices = slices.lock().unwrap_or_else(|e| e.into_inner());
             service_ports(&services, &slices, &node)
         };
+        if let Some((dev, ours)) = lb.as_mut() {
+            let wanted = announced_here(&ports, &node);
+            for ip in wanted.difference(ours).cloned().collect::<Vec<_>>() {
+                let cidr = format!("{ip}/32");
+                let label = format!("{dev}:rklb");
+                match iptables(
+                    &["ip", "addr", "add", &cidr, "dev", dev, "label", &label],
+                    None,
+                ) {
+                    Ok(_) => {
+                        tracing::info!(address = %ip, "answering for a load-balancer address");
+                        ours.insert(ip);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "taking a load-balancer address failed"),
+                }
+            }
+            for ip in ours.difference(&wanted).cloned().collect::<Vec<_>>() {
+                let cidr = format!("{ip}/32");
+                if iptables(&["ip", "addr", "del", &cidr, "dev", dev], None).is_ok() {
+                    ours.remove(&ip);
+                }
+            }
+        }
         let begun = Instant::now();
         let (rules, chains) = render(&ports, &present);
         if rules == last {
@@ -655,6 +737,21 @@ mod tests {
         assert!(chains.contains(&svc));
         // The same objects give the same rules (nothing to write on a resync).
         assert_eq!(render(&ports, &chains).0, render(&ports, &chains).0);
+    }
+
+    #[test]
+    fn one_node_with_endpoints_answers_for_a_load_balancer_address() {
+        let (mut services, slices) = objects();
+        services.get_mut("default/web").unwrap()["status"] =
+            json!({"loadBalancer": {"ingress": [{"ip": "10.200.0.200"}]}});
+        let answering: Vec<&str> = ["a", "b", "c"]
+            .into_iter()
+            .filter(|n| !announced_here(&service_ports(&services, &slices, n), n).is_empty())
+            .collect();
+        assert_eq!(answering.len(), 1, "{answering:?}");
+        assert_ne!(answering[0], "c", "c runs none of its endpoints");
+        let rules = render(&service_ports(&services, &slices, "a"), &BTreeSet::new()).0;
+        assert!(rules.contains("-d 10.200.0.200/32 -p tcp -m tcp --dport 80 -j RKUBE-SVC-"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod endpoints;
 pub mod events;
 pub mod garbagecollector;
 pub mod informer;
+pub mod loadbalancer;
 pub mod manager;
 pub mod nodelifecycle;
 pub mod podgc;

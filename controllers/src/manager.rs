@@ -40,6 +40,9 @@ pub struct Settings {
     /// How often the leader compacts the store's history (kube-apiserver's
     /// --etcd-compaction-interval, 5 minutes; zero: never).
     pub compaction_interval: Duration,
+    /// Addresses for LoadBalancer Services (`--load-balancer-ip-range`); None: they stay
+    /// pending.
+    pub load_balancer_pool: Option<crate::loadbalancer::Pool>,
 }
 
 pub fn start(
@@ -100,6 +103,7 @@ impl Default for Settings {
             node_lifecycle: Default::default(),
             compaction_interval: Duration::from_secs(300),
             certificates: None,
+            load_balancer_pool: None,
         }
     }
 }
@@ -183,6 +187,14 @@ fn start_term(
             certs,
         )
         .run(rx.clone());
+    }
+    if let Some(pool) = settings.load_balancer_pool.clone() {
+        crate::loadbalancer::run(
+            inf.of("/registry/services/specs/"),
+            client.clone(),
+            pool,
+            rx.clone(),
+        );
     }
     crate::podgc::run(
         inf.of("/registry/pods/"),

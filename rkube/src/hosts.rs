@@ -136,6 +136,11 @@ impl HostNetwork {
         format!("10.{}.0.{}", self.octet, i + 1)
     }
 
+    /// The addresses LoadBalancer Services get: the top of the hosts' /24.
+    pub fn load_balancer_range(&self) -> String {
+        format!("10.{o}.0.200-10.{o}.0.250", o = self.octet)
+    }
+
     pub fn pod_cidr(&self, i: usize) -> String {
         format!("10.{}.{i}.0/24", self.octet)
     }

@@ -269,6 +269,10 @@ struct ServerArgs {
     /// interval of it for watch resumes (0: never).
     #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
     compaction_interval: Duration,
+    /// Addresses the leader gives LoadBalancer Services (A-B, or a CIDR), which the node agents
+    /// answer for; unset, LoadBalancer Services stay <pending> (they still get a NodePort).
+    #[arg(long)]
+    load_balancer_ip_range: Option<rkube_controllers::loadbalancer::Pool>,
     /// How long the certificates the cluster CA signs for nodes last (kube-controller-manager's
     /// --cluster-signing-duration; at least 10m); agents renew theirs when 80% of it has passed.
     #[arg(long, default_value = "8760h", value_parser = flags::parse_duration)]
@@ -482,6 +486,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         },
         compaction_interval: args.compaction_interval,
         certificates: certificate_settings(&args)?,
+        load_balancer_pool: args.load_balancer_ip_range.clone(),
     };
     let cfg = server_config(args)?;
     let kubelet_client_dir = cfg.pki_dir.clone();

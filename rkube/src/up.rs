@@ -477,8 +477,11 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
         command.args(&cluster.controller_flags);
         // Containerd hosts' pods resolve names with the servers' cluster DNS, on the port
         // after the API's.
-        if cluster.network.is_some() {
+        if let Some(net) = &cluster.network {
             command.args(["--listen-dns", &m.dns_addr()]);
+            // LoadBalancer Services get addresses on the hosts' bridge network, which the
+            // nodes answer for.
+            command.args(["--load-balancer-ip-range", &net.load_balancer_range()]);
         }
     }
     command
