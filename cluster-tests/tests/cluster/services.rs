@@ -204,6 +204,49 @@ async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
     })
     .await;
 
+    // The articles' LoadBalancer Service gets an address of the pool `up` gave the servers,
+    // which one node answers for; its pods answer there.
+    k.run(&[
+        "apply",
+        "-f",
+        &manifests
+            .join("service-loadbalancer.yaml")
+            .display()
+            .to_string(),
+    ])
+    .await
+    .ok();
+    let voting = app
+        .replace("myapp-deployment", "voting-app")
+        .replace("\"app\":\"myapp\"", "\"app\":\"voting-app\"");
+    k.run_with_input(&["apply", "-f", "-"], &voting).await.ok();
+    let lb = wait_for("a load-balancer address", BOUND, || async {
+        let ip = k
+            .run(&[
+                "get",
+                "service",
+                "voting-app-service",
+                "-o",
+                "jsonpath={.status.loadBalancer.ingress[0].ip}",
+            ])
+            .await
+            .stdout;
+        (!ip.is_empty()).then_some(ip)
+    })
+    .await;
+    let layout: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.path().join("cluster.json")).unwrap()).unwrap();
+    let octet = layout["network"]["octet"].as_u64().unwrap();
+    assert!(
+        lb.starts_with(&format!("10.{octet}.0.2")),
+        "{lb} is in the pool"
+    );
+    let body = wait_for("the load-balancer address answering", BOUND, || async {
+        http_get(&format!("{lb}:80")).await
+    })
+    .await;
+    assert!(body.contains("hello from voting-app-"), "{body}");
+
     // A ClusterIP Service by name: from a pod of its namespace by its short name and its full
     // name, from another namespace by its full name only.
     k.run(&[
