@@ -15,7 +15,7 @@
 //! `externalTrafficPolicy: Local`, NodePort and load-balancer traffic goes only to the node's own
 //! endpoints and keeps its client's address.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -243,9 +243,28 @@ fn chain(prefix: &str, what: &str) -> String {
     format!("RKUBE-{prefix}-{hex}")
 }
 
-/// The rules as `iptables-restore` input (nat and filter tables, rkube's chains only), and the
-/// chains they use.
-fn render(ports: &[ServicePort], stale: &BTreeSet<String>) -> (String, BTreeSet<String>) {
+/// rkube's chains of one table, each with its rules (`-A CHAIN ...` lines).
+type Chains = BTreeMap<String, Vec<String>>;
+
+/// The whole rule set: the nat and filter tables' rkube chains.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Rules {
+    nat: Chains,
+    filter: Chains,
+}
+
+impl Rules {
+    fn count(&self) -> usize {
+        self.nat
+            .values()
+            .chain(self.filter.values())
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+/// The rules for the Services' ports.
+fn render(ports: &[ServicePort]) -> Rules {
     let mut chains: BTreeSet<String> = [
         "RKUBE-SERVICES",
         "RKUBE-NODEPORTS",
@@ -374,29 +393,54 @@ fn render(ports: &[ServicePort], stale: &BTreeSet<String>) -> (String, BTreeSet<
         }
     }
     rules.push("-A RKUBE-SERVICES -m addrtype --dst-type LOCAL -j RKUBE-NODEPORTS".to_string());
-    let mut out = String::from("*nat\n");
-    for c in &chains {
-        out.push_str(&format!(":{c} - [0:0]\n"));
+    let group = |chains: BTreeSet<String>, rules: Vec<String>| -> Chains {
+        let mut out: Chains = chains.into_iter().map(|c| (c, Vec::new())).collect();
+        for r in rules {
+            let chain = r.split(' ').nth(1).unwrap_or_default().to_string();
+            out.entry(chain).or_default().push(r);
+        }
+        out
+    };
+    let filter_chains = ["RKUBE-SERVICES", "RKUBE-EXTERNAL-SERVICES"]
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    Rules {
+        nat: group(chains, rules),
+        filter: group(filter_chains, filter_rules),
     }
-    // Chains no longer wanted: declared (so flushed), then deleted once nothing jumps to them.
-    let gone: Vec<&String> = stale.iter().filter(|c| !chains.contains(*c)).collect();
-    for c in &gone {
-        out.push_str(&format!(":{c} - [0:0]\n"));
+}
+
+/// The `iptables-restore --noflush` input that takes the node from `prev` to `next`: only the
+/// chains whose rules changed are rewritten (declaring a chain flushes it), chains no longer
+/// wanted are flushed and deleted after the rewrites that stopped jumping to them. None when
+/// nothing changed.
+fn restore_input(prev: &Rules, next: &Rules) -> Option<String> {
+    let mut out = String::new();
+    for (table, p, n) in [
+        ("nat", &prev.nat, &next.nat),
+        ("filter", &prev.filter, &next.filter),
+    ] {
+        let changed: Vec<(&String, &Vec<String>)> =
+            n.iter().filter(|(c, r)| p.get(*c) != Some(*r)).collect();
+        let gone: Vec<&String> = p.keys().filter(|c| !n.contains_key(*c)).collect();
+        if changed.is_empty() && gone.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("*{table}\n"));
+        for c in changed.iter().map(|(c, _)| *c).chain(gone.iter().copied()) {
+            out.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        for r in changed.iter().flat_map(|(_, r)| r.iter()) {
+            out.push_str(r);
+            out.push('\n');
+        }
+        for c in &gone {
+            out.push_str(&format!("-X {c}\n"));
+        }
+        out.push_str("COMMIT\n");
     }
-    for r in &rules {
-        out.push_str(r);
-        out.push('\n');
-    }
-    for c in &gone {
-        out.push_str(&format!("-X {c}\n"));
-    }
-    out.push_str("COMMIT\n*filter\n:RKUBE-SERVICES - [0:0]\n:RKUBE-EXTERNAL-SERVICES - [0:0]\n");
-    for r in &filter_rules {
-        out.push_str(r);
-        out.push('\n');
-    }
-    out.push_str("COMMIT\n");
-    (out, chains)
+    (!out.is_empty()).then_some(out)
 }
 
 /// The jumps from the built-in chains into rkube's, made once (checked first, so a restarted
@@ -446,16 +490,23 @@ fn iptables(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).to_string())
 }
 
-/// rkube's chains present in the node's nat table (what an earlier run left).
-fn existing_chains() -> BTreeSet<String> {
-    iptables(&["iptables-save", "-t", "nat"], None)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.strip_prefix(':'))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| c.starts_with("RKUBE-"))
-        .map(str::to_string)
-        .collect()
+/// rkube's chains present in the node's tables (what an earlier run left), with contents
+/// that match nothing rendered, so that the first sync rewrites or deletes every one.
+fn existing_rules() -> Rules {
+    let chains = |table: &str| -> Chains {
+        iptables(&["iptables-save", "-t", table], None)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix(':'))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|c| c.starts_with("RKUBE-"))
+            .map(|c| (c.to_string(), vec!["(left by an earlier run)".to_string()]))
+            .collect()
+    };
+    Rules {
+        nat: chains("nat"),
+        filter: chains("filter"),
+    }
 }
 
 /// What the proxy did, for the agent's log and the benchmark.
@@ -506,16 +557,15 @@ pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: 
         }
     }
     let mut present = if program {
-        existing_chains()
+        existing_rules()
     } else {
-        BTreeSet::new()
+        Rules::default()
     };
     let mut lb = if program {
         lb_interface(&node_ip)
     } else {
         None
     };
-    let mut last = String::new();
     let mut stats = SyncStats::default();
     loop {
         changed.notified().await;
@@ -550,12 +600,12 @@ pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: 
             }
         }
         let begun = Instant::now();
-        let (rules, chains) = render(&ports, &present);
-        if rules == last {
+        let rules = render(&ports);
+        let Some(input) = restore_input(&present, &rules) else {
             continue;
-        }
+        };
         if program {
-            if let Err(e) = iptables(&["iptables-restore", "--noflush"], Some(&rules)) {
+            if let Err(e) = iptables(&["iptables-restore", "--noflush"], Some(&input)) {
                 tracing::warn!(error = %e, "programming the node's service rules failed; retrying");
                 let changed = changed.clone();
                 tokio::spawn(async move {
@@ -565,18 +615,18 @@ pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: 
                 continue;
             }
         }
-        present = chains;
         stats.syncs += 1;
-        stats.last_rules = rules.lines().filter(|l| l.starts_with("-A")).count();
+        stats.last_rules = rules.count();
         stats.last_duration = begun.elapsed();
         tracing::info!(
             services = ports.len(),
             rules = stats.last_rules,
+            written = input.lines().filter(|l| l.starts_with("-A")).count(),
             took_ms = stats.last_duration.as_millis() as u64,
             programmed = program,
             "service rules synced"
         );
-        last = rules;
+        present = rules;
     }
 }
 
@@ -712,8 +762,16 @@ mod tests {
     fn rules_spread_over_endpoints_and_reject_without_any() {
         let (services, slices) = objects();
         let ports = service_ports(&services, &slices, "a");
-        let stale: BTreeSet<String> = ["RKUBE-SVC-0000000000000000".to_string()].into();
-        let (rules, chains) = render(&ports, &stale);
+        let left = Rules {
+            nat: [(
+                "RKUBE-SVC-0000000000000000".to_string(),
+                vec!["old".to_string()],
+            )]
+            .into(),
+            filter: Chains::new(),
+        };
+        let next = render(&ports);
+        let rules = restore_input(&left, &next).unwrap();
         let svc = chain("SVC", "default/web:http/TCP");
         assert!(rules.contains(&format!(
             "-A RKUBE-SERVICES -m comment --comment \"default/web:http\" -d 10.96.0.20/32 -p tcp -m tcp --dport 80 -j {svc}"
@@ -734,9 +792,28 @@ mod tests {
             rules.contains("-X RKUBE-SVC-0000000000000000"),
             "stale chains go"
         );
-        assert!(chains.contains(&svc));
-        // The same objects give the same rules (nothing to write on a resync).
-        assert_eq!(render(&ports, &chains).0, render(&ports, &chains).0);
+        assert!(next.nat.contains_key(&svc));
+        // The same objects give the same rules: nothing to write on a resync.
+        assert_eq!(restore_input(&next, &render(&ports)), None);
+    }
+
+    #[test]
+    fn an_endpoint_change_rewrites_only_its_service_s_chains() {
+        let (services, mut slices) = objects();
+        let before = render(&service_ports(&services, &slices, "a"));
+        slices.get_mut("default/web-abc").unwrap()["endpoints"][0]["addresses"][0] =
+            json!("10.244.1.6");
+        let after = render(&service_ports(&services, &slices, "a"));
+        let input = restore_input(&before, &after).unwrap();
+        let declared: Vec<&str> = input.lines().filter(|l| l.starts_with(':')).collect();
+        // The Service's chain, the new endpoint's chain, the old endpoint's chain (deleted).
+        assert_eq!(declared.len(), 3, "{input}");
+        assert!(
+            !input.contains("RKUBE-SERVICES"),
+            "the Service's address did not change"
+        );
+        assert!(input.contains("--to-destination 10.244.1.6:8080"));
+        assert_eq!(input.lines().filter(|l| l.starts_with("-X ")).count(), 1);
     }
 
     #[test]
@@ -750,15 +827,24 @@ mod tests {
             .collect();
         assert_eq!(answering.len(), 1, "{answering:?}");
         assert_ne!(answering[0], "c", "c runs none of its endpoints");
-        let rules = render(&service_ports(&services, &slices, "a"), &BTreeSet::new()).0;
-        assert!(rules.contains("-d 10.200.0.200/32 -p tcp -m tcp --dport 80 -j RKUBE-SVC-"));
+        let rules = render(&service_ports(&services, &slices, "a"));
+        assert!(rules.nat["RKUBE-SERVICES"]
+            .iter()
+            .any(|r| r.contains("-d 10.200.0.200/32 -p tcp -m tcp --dport 80 -j RKUBE-SVC-")));
     }
 
     #[test]
     fn local_traffic_policy_keeps_node_ports_to_this_node() {
         let (mut services, slices) = objects();
         services.get_mut("default/web").unwrap()["spec"]["externalTrafficPolicy"] = json!("Local");
-        let on_b = render(&service_ports(&services, &slices, "b"), &BTreeSet::new()).0;
+        let full = |node: &str| {
+            restore_input(
+                &Rules::default(),
+                &render(&service_ports(&services, &slices, node)),
+            )
+            .unwrap()
+        };
+        let on_b = full("b");
         let xlb = chain("XLB", "default/web:http/TCP");
         assert!(on_b.contains(&format!("--dport 30008 -j {xlb}")));
         let xlb_rules: Vec<&str> = on_b
@@ -766,7 +852,7 @@ mod tests {
             .filter(|l| l.starts_with(&format!("-A {xlb}")))
             .collect();
         assert_eq!(xlb_rules.len(), 1, "one local endpoint on b: {xlb_rules:?}");
-        let on_c = render(&service_ports(&services, &slices, "c"), &BTreeSet::new()).0;
+        let on_c = full("c");
         assert!(on_c.contains(&format!(
             "-A {xlb} -m comment --comment \"default/web:http\" -j DROP"
         )));

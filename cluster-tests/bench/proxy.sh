@@ -62,7 +62,7 @@ for i in $(seq 1 "$CHANGES"); do
   t0=$(now)
   kubectl patch endpointslice "svc-$((i * 7 % SERVICES))" --type=json \
     -p "[{\"op\":\"replace\",\"path\":\"/endpoints/0/addresses/0\",\"value\":\"$ip\"}]" >/dev/null
-  until nat | grep -q -- "--to-destination $ip:8080"; do sleep 0.01; done
+  until [ "$(nat | grep -c -- "--to-destination $ip:8080")" -gt 0 ]; do sleep 0.01; done
   t1=$(now)
   lat+=("$(echo "($t1 - $t0) * 1000" | bc)")
 done

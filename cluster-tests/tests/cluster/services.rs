@@ -345,6 +345,21 @@ async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
         "{resolv}"
     );
 
+    // A Service with no ready endpoints refuses connections at once (no hanging).
+    k.run(&["create", "service", "clusterip", "nobody", "--tcp=81:81"])
+        .await
+        .ok();
+    let refused = wait_for("a refused connection to nobody", BOUND, || async {
+        let out = k
+            .run(&["exec", "client", "--", "nc", "-w", "10", "nobody", "81"])
+            .await;
+        out.stderr
+            .contains("Connection refused")
+            .then_some(out.stderr)
+    })
+    .await;
+    assert!(refused.contains("can't connect"), "{refused}");
+
     // A restarted agent keeps Services reachable while it is down and leaves no stale rules.
     let before = nat_rules(&c, "agent1");
     assert!(
