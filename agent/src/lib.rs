@@ -69,6 +69,8 @@ pub struct AgentConfig {
     /// the domain of their search path.
     pub cluster_dns: Vec<String>,
     pub cluster_domain: String,
+    /// Where to serve Prometheus metrics over plain HTTP (`/metrics`); None: nowhere.
+    pub listen_metrics: Option<std::net::SocketAddr>,
 }
 
 /// The CNI network of a node: its pods on a bridge (the bridge's address the gateway), with
@@ -202,11 +204,18 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     // The service proxy: one per process (simulated nodes share the rules they would have).
     if let Some((clients, node)) = joined.first() {
         let program = cfg.program_services && cri.is_some();
+        let metrics = proxy::ProxyMetrics::default();
+        if let Some(addr) = cfg.listen_metrics {
+            let mut registry = prometheus_client::registry::Registry::default();
+            metrics.register(&mut registry);
+            tokio::spawn(server::serve_metrics(addr, registry));
+        }
         tokio::spawn(proxy::run(
             clients.clone(),
             node.name.clone(),
             node.node_ip.clone(),
             program,
+            metrics,
         ));
     }
     tokio::spawn(pods::run(joined, cri));

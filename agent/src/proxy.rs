@@ -509,18 +509,59 @@ fn existing_rules() -> Rules {
     }
 }
 
-/// What the proxy did, for the agent's log and the benchmark.
+/// What the proxy programs (or, on a simulated node, would program), as the agent's metrics.
 #[derive(Debug, Default, Clone)]
-pub struct SyncStats {
-    pub syncs: u64,
-    pub last_rules: usize,
-    pub last_duration: Duration,
+pub struct ProxyMetrics {
+    pub syncs: prometheus_client::metrics::counter::Counter,
+    pub rules: prometheus_client::metrics::gauge::Gauge,
+    pub service_ports: prometheus_client::metrics::gauge::Gauge,
+    pub endpoints: prometheus_client::metrics::gauge::Gauge,
+    pub programmed: prometheus_client::metrics::gauge::Gauge,
+    pub last_sync_milliseconds: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl ProxyMetrics {
+    pub fn register(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "rkube_proxy_syncs",
+            "Rule syncs that changed the rule set",
+            self.syncs.clone(),
+        );
+        r.register(
+            "rkube_proxy_rules",
+            "Rules in the node's rule set (rkube chains, nat and filter)",
+            self.rules.clone(),
+        );
+        r.register(
+            "rkube_proxy_service_ports",
+            "Service ports with a virtual address",
+            self.service_ports.clone(),
+        );
+        r.register(
+            "rkube_proxy_endpoints",
+            "Ready endpoints behind them",
+            self.endpoints.clone(),
+        );
+        r.register("rkube_proxy_programmed", "1 when the rules are programmed into the node, 0 when only worked out (simulated nodes)", self.programmed.clone());
+        r.register(
+            "rkube_proxy_last_sync_milliseconds",
+            "How long the last sync took",
+            self.last_sync_milliseconds.clone(),
+        );
+    }
 }
 
 /// Follows Services and EndpointSlices and programs the node until the process ends. With
 /// `program` false (the simulated runtime: no pods, no rules) it only renders and logs what it
 /// would program.
-pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: bool) {
+pub async fn run(
+    clients: Arc<Clients>,
+    node: String,
+    node_ip: String,
+    program: bool,
+    metrics: ProxyMetrics,
+) {
+    metrics.programmed.set(i64::from(program));
     let services: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let slices: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let changed = Arc::new(tokio::sync::Notify::new());
@@ -566,7 +607,6 @@ pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: 
     } else {
         None
     };
-    let mut stats = SyncStats::default();
     loop {
         changed.notified().await;
         // Changes that come together are programmed together.
@@ -615,14 +655,19 @@ pub async fn run(clients: Arc<Clients>, node: String, node_ip: String, program: 
                 continue;
             }
         }
-        stats.syncs += 1;
-        stats.last_rules = rules.count();
-        stats.last_duration = begun.elapsed();
+        let took = begun.elapsed();
+        metrics.syncs.inc();
+        metrics.rules.set(rules.count() as i64);
+        metrics.service_ports.set(ports.len() as i64);
+        metrics
+            .endpoints
+            .set(ports.iter().map(|p| p.endpoints.len() as i64).sum());
+        metrics.last_sync_milliseconds.set(took.as_millis() as i64);
         tracing::info!(
             services = ports.len(),
-            rules = stats.last_rules,
+            rules = rules.count(),
             written = input.lines().filter(|l| l.starts_with("-A")).count(),
-            took_ms = stats.last_duration.as_millis() as u64,
+            took_ms = took.as_millis() as u64,
             programmed = program,
             "service rules synced"
         );

@@ -116,6 +116,48 @@ pub async fn serve(
     }
 }
 
+/// Serves `registry` as Prometheus text on `GET /metrics` over plain HTTP until the process
+/// ends.
+pub async fn serve_metrics(addr: SocketAddr, registry: prometheus_client::registry::Registry) {
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(%addr, error = %e, "the agent's metrics are not served");
+            return;
+        }
+    };
+    let registry = Arc::new(registry);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let registry = registry.clone();
+                async move {
+                    if req.uri().path() != "/metrics" {
+                        return Ok::<_, Infallible>(text(StatusCode::NOT_FOUND, "not found"));
+                    }
+                    let mut out = String::new();
+                    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
+                        return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+                    }
+                    let mut r = text(StatusCode::OK, out);
+                    r.headers_mut().insert(
+                        "content-type",
+                        "text/plain; version=0.0.4".parse().expect("a valid header"),
+                    );
+                    Ok(r)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
 fn common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;

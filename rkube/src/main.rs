@@ -155,6 +155,10 @@ struct AgentArgs {
     /// The cluster's DNS domain, for pods' search path.
     #[arg(long, default_value = "cluster.local")]
     cluster_domain: String,
+    /// Serve the agent's metrics (the service proxy's rules, programmed or, on simulated nodes,
+    /// only worked out) as Prometheus text on http://ADDR/metrics.
+    #[arg(long)]
+    listen_metrics: Option<std::net::SocketAddr>,
     #[arg(long, default_value = "4")]
     cpu: String,
     #[arg(long, default_value = "8Gi")]
@@ -200,6 +204,7 @@ async fn run_agent(a: AgentArgs) -> Result<()> {
         program_services: a.proxy_mode == "iptables",
         cluster_dns: a.cluster_dns.clone(),
         cluster_domain: a.cluster_domain.clone(),
+        listen_metrics: a.listen_metrics,
         node: rkube_agent::NodeConfig {
             name,
             node_ip: a.node_ip,

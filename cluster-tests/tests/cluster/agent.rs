@@ -465,6 +465,8 @@ async fn a_killed_agent_s_node_goes_not_ready_its_pods_move_and_it_comes_back() 
 async fn one_agent_process_simulates_many_nodes() {
     let (c, k) = cluster_with(0, &[]).await;
     let words = join_command(&c).await;
+    let (_turn, metrics_port) = cluster_tests::exclusive_ports(1);
+    let metrics = format!("127.0.0.1:{metrics_port}");
     let mut child = tokio::process::Command::new(rkube_bin())
         .args(&words[1..])
         .args([
@@ -475,6 +477,8 @@ async fn one_agent_process_simulates_many_nodes() {
             "sim",
             "--pod-cidr",
             "10.250.0.0/16",
+            "--listen-metrics",
+            &metrics,
         ])
         .arg("--dir")
         .arg(c.path().join("sim"))
@@ -524,6 +528,31 @@ async fn one_agent_process_simulates_many_nodes() {
         .ok();
     let distinct: std::collections::BTreeSet<&str> = nodes.split_whitespace().collect();
     assert_eq!(distinct.len(), 40, "every simulated node got pods");
+    // Simulated nodes program no service rules, but their metrics say what they would be.
+    k.run(&["expose", "deployment", "many", "--port=80"])
+        .await
+        .ok();
+    let text = wait_for(
+        "the proxy's metrics with the Service's 400 endpoints",
+        BOUND,
+        || async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(&metrics).await.ok()?;
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
+            let mut text = String::new();
+            s.read_to_string(&mut text).await.ok()?;
+            let endpoints: i64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix("rkube_proxy_endpoints "))?
+                .trim()
+                .parse()
+                .ok()?;
+            (endpoints >= 400).then_some(text)
+        },
+    )
+    .await;
+    assert!(text.contains("rkube_proxy_programmed 0"), "{text}");
+    assert!(text.contains("rkube_proxy_rules "), "{text}");
     child.kill().await.ok();
 }
 
