@@ -37,6 +37,18 @@ fn s<'a>(v: &'a Value, p: &str) -> &'a str {
     v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
+/// The strings of an array field (absent: none).
+fn strings(v: &Value, p: &str) -> Vec<String> {
+    v.pointer(p)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One port of one Service, as the proxy programs it.
 #[derive(Debug, Clone, PartialEq)]
 struct ServicePort {
@@ -82,28 +94,12 @@ fn service_ports(
         if ty == "ExternalName" || cluster_ip.is_empty() || cluster_ip == "None" {
             continue;
         }
-        let mut cluster_ips: Vec<String> = svc
-            .pointer("/spec/clusterIPs")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut cluster_ips = strings(svc, "/spec/clusterIPs");
         if cluster_ips.is_empty() {
             cluster_ips.push(cluster_ip.to_string());
         }
         cluster_ips.retain(|ip| !ip.contains(':')); // IPv4 rules only
-        let mut external_ips: Vec<String> = svc
-            .pointer("/spec/externalIPs")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut external_ips = strings(svc, "/spec/externalIPs");
         let lb_ips: Vec<String> = svc
             .pointer("/status/loadBalancer/ingress")
             .and_then(Value::as_array)

@@ -752,3 +752,36 @@ impl<T, E: std::fmt::Display> WithLogs<T> for std::result::Result<T, E> {
             .with_context(|| c.logs())
     }
 }
+
+/// `GET /` over HTTP/1.0 from the test to `addr` (`host:port` of a pod, node port or address
+/// the test itself made): the whole response, or None when nothing answered within 3 s.
+pub async fn http_get(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    Some(body)
+}
+
+/// Builds the locally made images into `dir` (`busybox.tar`: rkube.local/busybox:1,
+/// `pause.tar`: rkube.local/pause:1) with images/build-busybox.sh.
+pub fn build_images(dir: &Path) {
+    let built = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"))
+        .arg(dir)
+        .output()
+        .expect("images/build-busybox.sh runs");
+    assert!(
+        built.status.success(),
+        "building the test images: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+}

@@ -849,17 +849,7 @@ impl Containerd {
             child: Some(child),
         };
         let images = me.dir.path().join("images");
-        let built = std::process::Command::new(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"),
-        )
-        .arg(&images)
-        .output()
-        .unwrap();
-        assert!(
-            built.status.success(),
-            "{}",
-            String::from_utf8_lossy(&built.stderr)
-        );
+        cluster_tests::build_images(&images);
         let sock = me.socket();
         wait_for("containerd's socket", BOUND, || async {
             sock.exists().then_some(())
@@ -924,27 +914,6 @@ impl Drop for Containerd {
             }
         }
     }
-}
-
-/// HTTP GET / from the test to a pod's address (a container the test itself runs).
-async fn http_get(ip: &str, port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(3),
-        tokio::net::TcpStream::connect((ip, port)),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: pod\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut body))
-        .await
-        .ok()?
-        .ok()?;
-    Some(body)
 }
 
 #[tokio::test]
@@ -1017,7 +986,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
         let net = &pod_cidr[..pod_cidr.len() - 4];
         assert!(ip.starts_with(net), "{ip} is not in {pod_cidr}");
         let body = wait_for(&format!("{name} answering"), BOUND, || async {
-            http_get(ip, 8080).await
+            cluster_tests::http_get(&format!("{ip}:8080")).await
         })
         .await;
         assert!(body.contains(&format!("hello from {name}")), "{body}");
@@ -1077,7 +1046,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {line:?}"));
     let body = wait_for("the forwarded port answering", BOUND, || async {
-        http_get("127.0.0.1", local).await
+        cluster_tests::http_get(&format!("127.0.0.1:{local}")).await
     })
     .await;
     assert!(body.contains(&format!("hello from {first}")), "{body}");
@@ -1429,17 +1398,7 @@ fn kill_pod_process(pod: &str, comm: &str) -> bool {
 #[tokio::test]
 async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
     let images = tempfile::tempdir().unwrap();
-    let built = std::process::Command::new(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"),
-    )
-    .arg(images.path())
-    .output()
-    .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    cluster_tests::build_images(images.path());
     let (c, k) = cluster_with(
         2,
         &[
@@ -1529,7 +1488,7 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
     for p in &running {
         let (name, ip) = (&p[0], &p[1]);
         let body = wait_for(&format!("{name} answering at {ip}"), BOUND, || async {
-            http_get(ip, 8080).await
+            cluster_tests::http_get(&format!("{ip}:8080")).await
         })
         .await;
         assert!(body.contains(&format!("hello from {name}")), "{body}");
@@ -1657,7 +1616,7 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
     .await;
     for p in pods().await {
         let body = wait_for(&format!("{} answering", p[0]), BOUND, || async {
-            http_get(&p[1], 8080).await
+            cluster_tests::http_get(&format!("{}:8080", p[1])).await
         })
         .await;
         assert!(body.contains(&format!("hello from {}", p[0])), "{body}");

@@ -7,27 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
+use cluster_tests::{http_get, rkube_bin, wait_for, Cluster, Options};
 
 const BOUND: Duration = Duration::from_secs(60);
-
-/// GET / from this machine; the body, or None.
-async fn http_get(addr: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr))
-        .await
-        .ok()?
-        .ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\nHost: svc\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    tokio::time::timeout(Duration::from_secs(3), s.read_to_string(&mut body))
-        .await
-        .ok()?
-        .ok()?;
-    Some(body)
-}
 
 /// The pod names that answered `n` requests to `addr` (each page names its pod).
 async fn answered_by(addr: &str, n: usize) -> BTreeSet<String> {
@@ -71,17 +53,7 @@ fn nat_rules(c: &Cluster, agent: &str) -> Vec<String> {
 #[tokio::test]
 async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
     let images = tempfile::tempdir().unwrap();
-    let built = std::process::Command::new(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("images/build-busybox.sh"),
-    )
-    .arg(images.path())
-    .output()
-    .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
+    cluster_tests::build_images(images.path());
     let c = Cluster::start(Options {
         kubernetes_api: true,
         agents: 2,
