@@ -450,6 +450,13 @@ fn columns(res: &Resource) -> Columns {
             ("Endpoints", "string", 0),
             ("Age", "string", 0),
         ],
+        ("discovery.k8s.io", "EndpointSlice") => &[
+            ("Name", "string", 0),
+            ("AddressType", "string", 0),
+            ("Ports", "string", 0),
+            ("Endpoints", "string", 0),
+            ("Age", "string", 0),
+        ],
         ("", "Event") | ("events.k8s.io", "Event") => &[
             ("Last Seen", "string", 0),
             ("Type", "string", 0),
@@ -601,6 +608,41 @@ fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value> {
             }
             vec![name, json!(or_none(eps.join(","))), Value::Null]
         }
+        ("discovery.k8s.io", "EndpointSlice") => {
+            let ports: Vec<String> = arr(o, "/ports")
+                .iter()
+                .map(|p| match p.get("port").and_then(Value::as_i64) {
+                    Some(n) => n.to_string(),
+                    None => "<unset>".into(),
+                })
+                .collect();
+            let addrs: Vec<String> = arr(o, "/endpoints")
+                .iter()
+                .flat_map(|e| arr(e, "/addresses"))
+                .filter_map(|a| a.as_str().map(str::to_string))
+                .collect();
+            // kubectl's printer: the first three, then how many more.
+            let shown = if addrs.len() > 3 {
+                format!("{} + {} more...", addrs[..3].join(","), addrs.len() - 3)
+            } else {
+                addrs.join(",")
+            };
+            vec![
+                name,
+                json!(s(o, "/addressType")),
+                json!(if ports.is_empty() {
+                    "<unset>".to_string()
+                } else {
+                    ports.join(",")
+                }),
+                json!(if shown.is_empty() {
+                    "<unset>".to_string()
+                } else {
+                    shown
+                }),
+                Value::Null,
+            ]
+        }
         ("", "Event") | ("events.k8s.io", "Event") => {
             let last = o
                 .pointer("/lastTimestamp")
@@ -740,6 +782,20 @@ pub fn table(res: &Resource, objects: &[Value], list_meta: Value, include: &str)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_slices_show_their_type_ports_and_first_addresses() {
+        let res = find("discovery.k8s.io", "v1", "endpointslices").unwrap();
+        let slice = json!({"metadata": {"name": "web-x", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "addressType": "IPv4", "ports": [{"port": 8080}, {"port": 53}],
+            "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"]},
+                          {"addresses": ["10.0.0.3"]}, {"addresses": ["10.0.0.4"]}]});
+        let t = table(res, &[slice], json!({}), "Metadata");
+        let cells = &t["rows"][0]["cells"];
+        assert_eq!(cells[1], "IPv4");
+        assert_eq!(cells[2], "8080,53");
+        assert_eq!(cells[3], "10.0.0.1,10.0.0.2,10.0.0.3 + 1 more...");
+    }
 
     #[test]
     fn pod_status_column_follows_kubectl_s_printer() {
