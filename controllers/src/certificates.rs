@@ -125,7 +125,8 @@ impl CsrController {
             ignore_gone(self.client.delete(&path, None).await)?;
             return Ok(None);
         }
-        let again = Some(Duration::from_secs((ttl - age).max(1) as u64));
+        let until_cleaned = Duration::from_secs((ttl - age).max(1) as u64);
+        let again = Some(until_cleaned);
         if finished {
             return Ok(again);
         }
@@ -134,7 +135,7 @@ impl CsrController {
             if signer == KUBELET_CLIENT_SIGNER && self.approve_node_client(&csr, &path).await? {
                 // Not allowed (yet): the requester's permission may come with a binding made
                 // later (the default policy right after a leader starts, an admin's grant).
-                return Ok(Some(RECHECK.min(again.unwrap_or(RECHECK))));
+                return Ok(Some(RECHECK.min(until_cleaned)));
             }
             return Ok(again);
         }
