@@ -128,6 +128,42 @@ pub struct InitPlan {
     pub api_url: String,
     pub client_url: String,
     pub kubeconfig: PathBuf,
+    /// Where to write what joining needs (`--join-file`), for hosts that start unattended.
+    pub join_file: Option<PathBuf>,
+}
+
+/// What a joining member or agent needs, as `--init --join-file` writes it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinFile {
+    pub server: String,
+    pub token: String,
+    pub discovery_token_ca_cert_hash: String,
+    pub certificate_key: String,
+}
+
+impl JoinFile {
+    /// Waits (up to `timeout`) for the file `--init` writes, then reads it.
+    pub async fn wait_read(path: &std::path::Path, timeout: Duration) -> Result<JoinFile> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    return serde_json::from_slice(&bytes)
+                        .map_err(|e| anyhow!("{}: not a join file: {e}", path.display()))
+                }
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(500)).await
+                }
+                Err(e) => {
+                    return Err(anyhow!(
+                        "no join file at {} after {timeout:?}: {e} (the first member writes it with --init --join-file)",
+                        path.display()
+                    ))
+                }
+            }
+        }
+    }
 }
 
 /// `--init`, before the server starts: the PKI and the one-member initial cluster.
@@ -144,6 +180,7 @@ pub fn prepare_init(m: &Member) -> Result<(InitPlan, String)> {
             api_url: api,
             client_url: format!("https://{}", m.listen_client),
             kubeconfig,
+            join_file: None,
         },
         initial,
     ))
@@ -270,6 +307,15 @@ pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan)
         }
     }
     let pin = pki::ca_spki_sha256(&std::fs::read(plan.pki.join(pki::CA_CERT_FILE))?)?;
+    if let Some(path) = &plan.join_file {
+        let file = JoinFile {
+            server: plan.api_url.clone(),
+            token: token.clone(),
+            discovery_token_ca_cert_hash: pin.clone(),
+            certificate_key: key_hex.clone(),
+        };
+        pki::write_private(path, &serde_json::to_vec_pretty(&file)?, "join file")?;
+    }
     println!(
         "\nYour rkube control plane has initialized successfully!\n\n\
          To use kubectl:\n\n  export KUBECONFIG={}\n\n\

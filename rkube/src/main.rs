@@ -103,8 +103,12 @@ enum Command {
 struct AgentArgs {
     /// API server URL(s), comma-separated (https://host:port); the agent fails over between
     /// them.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "join_from")]
     server: Vec<String>,
+    /// Join with what the first control-plane member's --join-file holds (its API URL, token
+    /// and CA pin), waiting up to 5 minutes for the file.
+    #[arg(long)]
+    join_from: Option<PathBuf>,
     /// Bootstrap token to join with (not needed once the node has its certificate).
     #[arg(long, env = "RKUBE_JOIN_TOKEN")]
     token: Option<String>,
@@ -183,7 +187,16 @@ struct AgentArgs {
     sim_start_delay: Duration,
 }
 
-async fn run_agent(a: AgentArgs) -> Result<()> {
+async fn run_agent(mut a: AgentArgs) -> Result<()> {
+    if let Some(path) = &a.join_from {
+        let file = init::JoinFile::wait_read(path, Duration::from_secs(300)).await?;
+        if a.server.is_empty() {
+            a.server = vec![file.server];
+        }
+        a.token.get_or_insert(file.token);
+        a.discovery_token_ca_cert_hash
+            .get_or_insert(file.discovery_token_ca_cert_hash);
+    }
     let name = match a.name {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -290,6 +303,15 @@ struct ServerArgs {
     /// print the commands that join control-plane members and workers.
     #[arg(long, conflicts_with = "join")]
     init: bool,
+    /// With --init: also write what joining needs (API URL, token, CA pin, certificate key) to
+    /// this file (mode 0600), for members and agents that start unattended (--join-from).
+    #[arg(long, requires = "init")]
+    join_file: Option<PathBuf>,
+    /// Join with what the first member's --join-file holds, waiting (up to 5 minutes) for it
+    /// to appear; the same as --join with its --token, --discovery-token-ca-cert-hash and
+    /// --certificate-key.
+    #[arg(long, conflicts_with_all = ["init", "join"])]
+    join_from: Option<PathBuf>,
     /// Join the control plane whose API is at this URL (with --token,
     /// --discovery-token-ca-cert-hash and --certificate-key, as `--init` printed them).
     #[arg(long, requires_all = ["token", "discovery_token_ca_cert_hash", "certificate_key"])]
@@ -314,7 +336,7 @@ struct ServerArgs {
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
     /// Every initial member as NAME=PEER_ADDRESS, comma-separated, this one included.
-    #[arg(long, required_unless_present_any = ["init", "join"])]
+    #[arg(long, required_unless_present_any = ["init", "join", "join_from"])]
     initial_cluster: Option<String>,
     /// `new` bootstraps; `existing` joins a cluster that already added this member.
     #[arg(long, default_value = "new")]
@@ -445,13 +467,26 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         extra_sans: &sans,
     };
     if args.init && !args.data_dir.join("member.json").exists() {
-        let (plan, initial) = init::prepare_init(&member)?;
+        let (mut plan, initial) = init::prepare_init(&member)?;
+        plan.join_file = args.join_file.clone();
         args.initial_cluster.get_or_insert(initial);
         init_plan = Some(plan);
     } else if args.init {
         // Restarted after its first start: the data dir holds the membership.
         args.initial_cluster
             .get_or_insert(format!("{}=https://{}", args.name, args.listen_peer));
+    }
+    // A member that joined before restarts from its data dir, without joining again.
+    if args.join_from.is_some() && args.data_dir.join("member.json").exists() {
+        args.initial_cluster
+            .get_or_insert(format!("{}=https://{}", args.name, args.listen_peer));
+    }
+    if let (Some(path), false) = (&args.join_from, args.data_dir.join("member.json").exists()) {
+        let file = init::JoinFile::wait_read(path, Duration::from_secs(300)).await?;
+        args.join = Some(file.server);
+        args.token = Some(file.token);
+        args.discovery_token_ca_cert_hash = Some(file.discovery_token_ca_cert_hash);
+        args.certificate_key = Some(file.certificate_key);
     }
     if let Some(url) = args.join.clone() {
         let plan = init::prepare_join(
