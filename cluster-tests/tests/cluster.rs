@@ -14,6 +14,8 @@ use tokio::sync::Mutex;
 mod agent;
 #[path = "cluster/controllers.rs"]
 mod controllers;
+#[path = "cluster/deploy.rs"]
+mod deploy;
 #[path = "cluster/kube_client.rs"]
 mod kube_client;
 #[path = "cluster/kubectl.rs"]
