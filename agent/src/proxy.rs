@@ -212,7 +212,7 @@ fn announced_here(ports: &[ServicePort], node: &str) -> BTreeSet<String> {
 /// The interface holding the node's address, and the load-balancer addresses the agent put on
 /// it (labelled `<interface>:rklb`, so that a restarted agent finds its own).
 fn lb_interface(node_ip: &str) -> Option<(String, BTreeSet<String>)> {
-    let out = iptables(&["ip", "-o", "-4", "addr", "show"], None).ok()?;
+    let out = run_tool(&["ip", "-o", "-4", "addr", "show"], None).ok()?;
     let dev = out.lines().find_map(|l| {
         let words: Vec<&str> = l.split_whitespace().collect();
         let i = words.iter().position(|w| *w == "inet")?;
@@ -222,7 +222,7 @@ fn lb_interface(node_ip: &str) -> Option<(String, BTreeSet<String>)> {
     let label = format!("{dev}:rklb");
     let ours = out
         .lines()
-        .filter(|l| l.trim_end().ends_with(&label) || l.contains(&format!(" {label}")))
+        .filter(|l| l.contains(&format!(" {label}")))
         .filter_map(|l| {
             let words: Vec<&str> = l.split_whitespace().collect();
             let i = words.iter().position(|w| *w == "inet")?;
@@ -462,7 +462,9 @@ const JUMPS: [(&str, &str, &str); 6] = [
     ),
 ];
 
-fn iptables(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
+/// Runs a tool (`ip`, `iptables`, `iptables-save`, `iptables-restore`) with `input` on its
+/// standard input; its standard output, or an error with its standard error.
+fn run_tool(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
     use std::io::Write;
     let program = args[0];
     let mut child = std::process::Command::new(program)
@@ -490,7 +492,7 @@ fn iptables(args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
 /// that match nothing rendered, so that the first sync rewrites or deletes every one.
 fn existing_rules() -> Rules {
     let chains = |table: &str| -> Chains {
-        iptables(&["iptables-save", "-t", table], None)
+        run_tool(&["iptables-save", "-t", table], None)
             .unwrap_or_default()
             .lines()
             .filter_map(|l| l.strip_prefix(':'))
@@ -575,18 +577,18 @@ pub async fn run(
         for (table, builtin, rule) in JUMPS {
             let target = rule.rsplit(' ').next().unwrap_or_default();
             // The chain must exist before a jump to it.
-            let _ = iptables(&["iptables", "-t", table, "-N", target], None);
+            let _ = run_tool(&["iptables", "-t", table, "-N", target], None);
             let words: Vec<&str> = rule.split(' ').collect();
             let check: Vec<&str> = ["iptables", "-t", table, "-C", builtin]
                 .into_iter()
                 .chain(words.iter().copied())
                 .collect();
-            if iptables(&check, None).is_err() {
+            if run_tool(&check, None).is_err() {
                 let insert: Vec<&str> = ["iptables", "-t", table, "-I", builtin, "1"]
                     .into_iter()
                     .chain(words.iter().copied())
                     .collect();
-                if let Err(e) = iptables(&insert, None) {
+                if let Err(e) = run_tool(&insert, None) {
                     tracing::warn!(error = %e, "the service proxy cannot program this node");
                     return;
                 }
@@ -617,7 +619,7 @@ pub async fn run(
             for ip in wanted.difference(ours).cloned().collect::<Vec<_>>() {
                 let cidr = format!("{ip}/32");
                 let label = format!("{dev}:rklb");
-                match iptables(
+                match run_tool(
                     &["ip", "addr", "add", &cidr, "dev", dev, "label", &label],
                     None,
                 ) {
@@ -630,7 +632,7 @@ pub async fn run(
             }
             for ip in ours.difference(&wanted).cloned().collect::<Vec<_>>() {
                 let cidr = format!("{ip}/32");
-                if iptables(&["ip", "addr", "del", &cidr, "dev", dev], None).is_ok() {
+                if run_tool(&["ip", "addr", "del", &cidr, "dev", dev], None).is_ok() {
                     ours.remove(&ip);
                 }
             }
@@ -641,7 +643,7 @@ pub async fn run(
             continue;
         };
         if program {
-            if let Err(e) = iptables(&["iptables-restore", "--noflush"], Some(&input)) {
+            if let Err(e) = run_tool(&["iptables-restore", "--noflush"], Some(&input)) {
                 tracing::warn!(error = %e, "programming the node's service rules failed; retrying");
                 let changed = changed.clone();
                 tokio::spawn(async move {
