@@ -161,6 +161,29 @@ impl Kubectl {
         }))
     }
 
+    /// Waits (a minute at most) until each named Node reports Ready.
+    pub async fn wait_nodes_ready(&self, names: &[&str]) {
+        for n in names {
+            crate::wait_for(
+                &format!("node {n} Ready"),
+                Duration::from_secs(60),
+                || async {
+                    let out = self
+                        .run(&[
+                            "get",
+                            "node",
+                            n,
+                            "-o",
+                            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                        ])
+                        .await;
+                    (out.success && out.stdout.trim() == "True").then_some(())
+                },
+            )
+            .await;
+        }
+    }
+
     /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
     pub fn spawn_lines(
         &self,

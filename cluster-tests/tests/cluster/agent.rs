@@ -27,24 +27,6 @@ async fn cluster_with(agents: usize, up_args: &[&str]) -> (Cluster, Kubectl) {
     (c, k)
 }
 
-async fn wait_nodes_ready(k: &Kubectl, names: &[&str]) {
-    for n in names {
-        wait_for(&format!("node {n} Ready"), BOUND, || async {
-            let out = k
-                .run(&[
-                    "get",
-                    "node",
-                    n,
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-                ])
-                .await;
-            (out.success && out.stdout.trim() == "True").then_some(())
-        })
-        .await;
-    }
-}
-
 /// kubectl acting with a node's own client certificate (what its agent holds).
 fn as_node(admin: &Kubectl, dir: &Path, node: &str) -> Kubectl {
     let pem = dir
@@ -77,7 +59,7 @@ fn as_node(admin: &Kubectl, dir: &Path, node: &str) -> Kubectl {
 #[tokio::test]
 async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
     let (c, k) = cluster_with(2, &[]).await;
-    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
     // Each joined through a CSR approved for its bootstrap token and signed by the CA.
     let csrs = k.run(&["get", "csr", "--no-headers"]).await.ok();
     assert_eq!(csrs.lines().count(), 2, "{csrs}");
@@ -198,7 +180,7 @@ async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
         (!now.is_empty() && now != before).then_some(())
     })
     .await;
-    wait_nodes_ready(&k, &["agent2"]).await;
+    k.wait_nodes_ready(&["agent2"]).await;
 }
 
 /// `rkube token create --print-join-command --dir DIR`, retried until the API takes it: the
@@ -357,7 +339,7 @@ async fn a_join_with_a_wrong_pin_or_an_expired_or_deleted_token_is_refused() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_nodes_ready(&k, &["w4"]).await;
+    k.wait_nodes_ready(&["w4"]).await;
     child.kill().await.ok();
 }
 
@@ -376,7 +358,7 @@ async fn a_killed_agent_s_node_goes_not_ready_its_pods_move_and_it_comes_back() 
         ],
     )
     .await;
-    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
     let deploy = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},
       "spec":{"replicas":4,"selector":{"matchLabels":{"app":"web"}},
       "template":{"metadata":{"labels":{"app":"web"}},"spec":{
@@ -440,7 +422,7 @@ async fn a_killed_agent_s_node_goes_not_ready_its_pods_move_and_it_comes_back() 
     c.restart_missing()
         .await
         .expect("rkube up restarts the agent");
-    wait_nodes_ready(&k, &["agent1"]).await;
+    k.wait_nodes_ready(&["agent1"]).await;
     let csrs = k.run(&["get", "csr", "--no-headers"]).await.ok();
     assert_eq!(csrs.lines().count(), 2, "{csrs}");
     // Back, it finishes the terminating pods: stopped (a Killing event) and removed.
@@ -799,7 +781,7 @@ async fn a_control_plane_built_host_by_host_with_init_and_join() {
         .spawn()
         .unwrap();
     procs.0.push(agent);
-    wait_nodes_ready(&k, &["w1"]).await;
+    k.wait_nodes_ready(&["w1"]).await;
 }
 
 /// A containerd of the test's own (root, state and socket in a temporary directory, never the
@@ -946,7 +928,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
         .spawn()
         .unwrap();
     let _procs = Procs(vec![agent]);
-    wait_nodes_ready(&k, &["cri1"]).await;
+    k.wait_nodes_ready(&["cri1"]).await;
     let runtime = k
         .run(&[
             "get",
@@ -1414,7 +1396,7 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
         ],
     )
     .await;
-    wait_nodes_ready(&k, &["agent1", "agent2"]).await;
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
     let nodes = k
         .run(&["get", "nodes", "-o",
                "jsonpath={range .items[*]}{.status.addresses[0].address} {.status.nodeInfo.containerRuntimeVersion}{\"\\n\"}{end}"])
@@ -1582,7 +1564,7 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
     );
     c.kill_agent("agent2").await;
     c.restart_missing().await.expect("rkube up restarts agent2");
-    wait_nodes_ready(&k, &["agent2"]).await;
+    k.wait_nodes_ready(&["agent2"]).await;
     let after: Vec<Vec<String>> = pods()
         .await
         .into_iter()
@@ -1605,7 +1587,7 @@ async fn up_with_the_containerd_runtime_runs_pods_on_hosts_of_their_own() {
     })
     .await;
     c.restart_missing().await.expect("rkube up restarts agent1");
-    wait_nodes_ready(&k, &["agent1"]).await;
+    k.wait_nodes_ready(&["agent1"]).await;
     wait_for("agent1's old containers removed", BOUND, || async {
         (host_containers(&c, "agent1") == (0, 0)).then_some(())
     })
@@ -1686,7 +1668,7 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
         .await
         .ok();
     assert!(csrs.contains("system:node:rot1 Approved"), "{csrs}");
-    wait_nodes_ready(&k, &["rot1"]).await;
+    k.wait_nodes_ready(&["rot1"]).await;
     // The old certificate expires; the node keeps its heartbeat with the new one.
     tokio::time::sleep(Duration::from_secs(
         (not_after - chrono::Utc::now().timestamp()).max(0) as u64 + 2,

@@ -64,11 +64,7 @@ async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
     .expect("cluster starts");
     c.wait_leader().await;
     let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    wait_for("both nodes Ready", BOUND, || async {
-        let out = k.run(&["get", "nodes", "--no-headers"]).await.stdout;
-        (out.lines().filter(|l| l.contains(" Ready ")).count() == 2).then_some(())
-    })
-    .await;
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
     let load = std::process::Command::new(rkube_bin())
         .args(["image", "load", "--dir"])
         .arg(c.path())
