@@ -1,190 +1,499 @@
 //! deploy/: the compose deployment of three servers and two agents on the machine's Docker
-//! engine (an image built from this build's binary, a private network the test makes), driven
+//! engine (an image built from this build's binary, private networks the test makes), driven
 //! as an operator would: up, a kubectl workload, a server stopped and removed while the cluster
-//! keeps serving.
+//! keeps serving and then started again, the leader cut off the network (a new leader takes
+//! over, the old one refuses writes, reconnected it catches up), a backup restored into a fresh
+//! deployment that holds every key; and the systemd install script, staged into a temp root.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{rkube_bin, wait_for};
 
 const BOUND: Duration = Duration::from_secs(120);
+const SERVERS: [&str; 3] = ["s1", "s2", "s3"];
 
-/// One compose project: its names, network and image; `down -v` and the image removed when
-/// dropped.
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+/// Runs a command of the test's own (docker, nsenter); fails the test if it fails.
+fn must(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("the command runs");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// One compose project: its names, network and image; `down -v` (and the image removed, when
+/// this project built it) when dropped.
 struct Deployment {
     project: String,
     prefix: String,
     net: String,
     image: String,
-    file: PathBuf,
+    owns_image: bool,
+    dir: PathBuf,
+}
+
+/// One member as `rkube status -o json` shows it.
+#[derive(Debug, Clone)]
+struct Member {
+    name: String,
+    role: String,
+    term: u64,
+    applied_index: u64,
+}
+
+impl Member {
+    fn from_json(row: &serde_json::Value) -> Option<Self> {
+        Some(Member {
+            name: row["name"].as_str()?.to_string(),
+            role: row["role"].as_str()?.to_string(),
+            term: row["term"].as_u64()?,
+            applied_index: row["applied_index"].as_u64()?,
+        })
+    }
 }
 
 impl Deployment {
-    fn compose(&self, args: &[&str]) -> std::process::Output {
-        Command::new("docker-compose")
-            .arg("-f")
-            .arg(&self.file)
-            .args(["-p", &self.project])
+    /// A project with a random name on a /24 of its own in 172.29.100-199.0/24 (not `avoid`).
+    fn new(image: &str, owns_image: bool, avoid: Option<&str>) -> Self {
+        let tag = format!("{:08x}", rand::random::<u32>());
+        let net = loop {
+            let net = format!("172.29.{}", 100 + rand::random::<u8>() % 100);
+            if Some(net.as_str()) != avoid {
+                break net;
+            }
+        };
+        Deployment {
+            project: format!("rkubetest{tag}"),
+            prefix: format!("rkt{tag}"),
+            net,
+            image: image.to_string(),
+            owns_image,
+            dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/compose"),
+        }
+    }
+
+    /// docker-compose with the deployment's file and, when given, more files and variables.
+    fn compose_with(&self, files: &[&str], env: &[(&str, &Path)], args: &[&str]) -> Output {
+        let mut cmd = Command::new("docker-compose");
+        for f in ["docker-compose.yml"].iter().chain(files) {
+            cmd.arg("-f").arg(self.dir.join(f));
+        }
+        cmd.args(["-p", &self.project])
             .args(args)
             .env("RKUBE_IMAGE", &self.image)
             .env("RKUBE_NET", &self.net)
-            .env("RKUBE_PREFIX", &self.prefix)
+            .env("RKUBE_PREFIX", &self.prefix);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("docker-compose runs")
+    }
+
+    fn compose(&self, args: &[&str]) -> Output {
+        self.compose_with(&[], &[], args)
+    }
+
+    fn must_compose(&self, args: &[&str]) {
+        let out = self.compose(args);
+        assert!(
+            out.status.success(),
+            "docker-compose {args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    fn container(&self, server: &str) -> String {
+        format!("{}-{server}", self.prefix)
+    }
+
+    fn network(&self) -> String {
+        format!("{}_rkube", self.project)
+    }
+
+    fn ip(&self, server: &str) -> String {
+        let n = SERVERS.iter().position(|s| *s == server).expect("a server");
+        format!("{}.{}", self.net, 11 + n)
+    }
+
+    fn client_urls(&self, servers: &[&str]) -> String {
+        servers
+            .iter()
+            .map(|s| format!("https://{}:2379", self.ip(s)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `rkube ARGS` inside a server's container, with the admin's certificate.
+    fn rkube(&self, inside: &str, args: &[&str]) -> Output {
+        Command::new("docker")
+            .args(["exec", &self.container(inside), "/bin/rkube"])
+            .args(args)
+            .args(["--cacert", "/data/pki/ca.crt", "--cert", "/data/pki/admin.crt"])
+            .args(["--key", "/data/pki/admin.key"])
             .output()
-            .expect("docker-compose runs")
+            .expect("docker exec runs")
+    }
+
+    /// `rkube status` of `members`, asked from inside `from`'s container.
+    fn status(&self, from: &str, members: &[&str]) -> Option<Vec<Member>> {
+        let urls = self.client_urls(members);
+        let out = self.rkube(from, &["status", "-o", "json", "--endpoints", &urls]);
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).ok()?;
+        rows.iter().map(Member::from_json).collect()
+    }
+
+    /// Waits until the members answer as voters (a leader and followers) within a few entries
+    /// of each other, and returns them.
+    async fn wait_caught_up(&self, from: &str, members: &[&str]) -> Vec<Member> {
+        wait_for(
+            &format!("{members:?} voting and caught up"),
+            BOUND,
+            || async {
+                let rows = self.status(from, members)?;
+                let leaders = rows.iter().filter(|m| m.role == "leader").count();
+                let voters = rows
+                    .iter()
+                    .filter(|m| m.role == "leader" || m.role == "follower")
+                    .count();
+                let applied = rows.iter().map(|m| m.applied_index);
+                let spread = applied.clone().max()? - applied.min()?;
+                (leaders == 1 && voters == members.len() && spread <= 5).then_some(rows)
+            },
+        )
+        .await
+    }
+
+    /// The admin kubeconfig the first server made, copied out as an operator would.
+    async fn kubeconfig(&self, dir: &Path) -> (Kubectl, Kubeconfig) {
+        let path = dir.join("admin.kubeconfig");
+        let s1 = self.container("s1");
+        wait_for("the first server's admin kubeconfig", BOUND, || async {
+            Command::new("docker")
+                .args(["cp", &format!("{s1}:/data/pki/admin.kubeconfig")])
+                .arg(&path)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+        })
+        .await;
+        let env = dir.join("env");
+        std::fs::write(&env, format!("export KUBECONFIG={}\n", path.display())).unwrap();
+        let original = std::fs::read_to_string(&path).unwrap();
+        let k = Kubectl::from_env_file(&env, dir).unwrap();
+        let kc = Kubeconfig {
+            path,
+            original,
+            first: format!("https://{}:6443", self.ip("s1")),
+        };
+        (k, kc)
     }
 }
 
 impl Drop for Deployment {
     fn drop(&mut self) {
         let _ = self.compose(&["down", "-v", "--timeout", "1"]);
-        let _ = Command::new("docker").args(["rmi", &self.image]).output();
+        if self.owns_image {
+            let _ = Command::new("docker").args(["rmi", &self.image]).output();
+        }
     }
 }
 
+/// The admin kubeconfig, pointed at one server's API at a time.
+struct Kubeconfig {
+    path: PathBuf,
+    original: String,
+    first: String,
+}
+
+impl Kubeconfig {
+    fn point_at(&self, d: &Deployment, server: &str) {
+        let url = format!("https://{}:6443", d.ip(server));
+        std::fs::write(&self.path, self.original.replace(&self.first, &url)).unwrap();
+    }
+}
+
+/// Retries a kubectl command until a server accepts it (a leader may be being elected).
+async fn kubectl_until_ok(k: &Kubectl, args: &[&str]) -> String {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let out = k.run(args).await;
+        if out.success {
+            return out.stdout;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "kubectl {args:?} not accepted within {BOUND:?}: {}",
+            out.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn running(k: &Kubectl, n: usize) -> Option<()> {
+    let out = k
+        .run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "--field-selector=status.phase=Running",
+            "--no-headers",
+        ])
+        .await
+        .stdout;
+    (out.lines().count() == n).then_some(())
+}
+
+/// Every key of the store (one per line of `rkube kv get / --prefix --keys-only`).
+fn keys(d: &Deployment, inside: &str, rev: Option<i64>) -> BTreeSet<String> {
+    let url = d.client_urls(&[inside]);
+    let rev = rev.unwrap_or(0).to_string();
+    let args = [
+        "kv",
+        "get",
+        "/",
+        "--prefix",
+        "--keys-only",
+        "--rev",
+        &rev,
+        "--endpoints",
+        &url,
+    ];
+    let out = d.rkube(inside, &args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Who the bearer token authenticates as on the server at `url` (kubectl auth whoami, with no
+/// other credentials).
+fn whoami(url: &str, ca: &Path, token: &str, home: &Path) -> Output {
+    let empty = home.join("empty.kubeconfig");
+    std::fs::write(&empty, "apiVersion: v1\nkind: Config\n").unwrap();
+    Command::new("kubectl")
+        .env("KUBECONFIG", &empty)
+        .env("HOME", home)
+        .args(["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"])
+        .args(["--server", url, "--token", token, "--request-timeout=20s"])
+        .arg(format!("--certificate-authority={}", ca.display()))
+        .output()
+        .expect("kubectl runs")
+}
+
 #[tokio::test]
-async fn the_compose_deployment_serves_and_survives_losing_a_server() {
-    let tag = format!("{:08x}", rand::random::<u32>());
+async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_restores_a_backup() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let d = Deployment {
-        project: format!("rkubetest{tag}"),
-        prefix: format!("rkt{tag}"),
-        // A private /24 of the test's own in 172.29.0.0/16.
-        net: format!("172.29.{}", 100 + rand::random::<u8>() % 100),
-        image: format!("rkube:test-{tag}"),
-        file: root.join("deploy/compose/docker-compose.yml"),
-    };
+    let image = format!("rkube:test-{:08x}", rand::random::<u32>());
+    let d = Deployment::new(&image, true, None);
     let built = Command::new(root.join("deploy/build-image.sh"))
         .arg(&d.image)
         .env("RKUBE_BIN", rkube_bin())
         .output()
         .unwrap();
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let up = d.compose(&["up", "-d"]);
-    assert!(
-        up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&up.stderr)
-    );
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    d.must_compose(&["up", "-d"]);
 
-    // The admin kubeconfig the first server made, copied out as an operator would.
     let home = tempfile::tempdir().unwrap();
-    let kubeconfig = home.path().join("admin.kubeconfig");
-    let s1 = format!("{}-s1", d.prefix);
-    wait_for("the first server's admin kubeconfig", BOUND, || async {
-        Command::new("docker")
-            .args(["cp", &format!("{s1}:/data/pki/admin.kubeconfig")])
-            .arg(&kubeconfig)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-    })
-    .await;
-    let env = home.path().join("env");
-    std::fs::write(
-        &env,
-        format!("export KUBECONFIG={}\n", kubeconfig.display()),
-    )
-    .unwrap();
-    let k = Kubectl::from_env_file(&env, home.path()).unwrap();
-    wait_for("both agents' nodes Ready", BOUND, || async {
-        let out = k.run(&["get", "nodes", "--no-headers"]).await.stdout;
-        (out.lines().filter(|l| l.contains(" Ready ")).count() == 2).then_some(())
-    })
-    .await;
-    let running = |n: usize| {
-        let k = &k;
-        async move {
-            let out = k
-                .run(&[
-                    "get",
-                    "pods",
-                    "-l",
-                    "app=web",
-                    "--field-selector=status.phase=Running",
-                    "--no-headers",
-                ])
-                .await
-                .stdout;
-            (out.lines().count() == n).then_some(())
-        }
-    };
-    k.run(&[
-        "create",
-        "deployment",
-        "web",
-        "--image=busybox",
-        "--replicas=3",
-    ])
-    .await
-    .ok();
-    wait_for("3 pods Running", BOUND, || running(3)).await;
+    let (k, kc) = d.kubeconfig(home.path()).await;
+    k.wait_nodes_ready(&["a1", "a2"]).await;
+    k.run(&["create", "deployment", "web", "--image=busybox", "--replicas=3"])
+        .await
+        .ok();
+    k.run(&["create", "configmap", "settings", "--from-literal=mode=ha"])
+        .await
+        .ok();
+    wait_for("3 pods Running", BOUND, || running(&k, 3)).await;
+    // A service account token, signed with the cluster's sa.key: the restored cluster must
+    // still accept it.
+    let token = k
+        .run(&["create", "token", "default", "--duration=2h"])
+        .await
+        .ok()
+        .trim()
+        .to_string();
+    let ca = home.path().join("ca.crt");
+    must(Command::new("docker").args(["cp", &format!("{}:/data/pki/ca.crt", d.container("s1"))]).arg(&ca));
+    let sa = "system:serviceaccount:default:default";
+    let who = whoami(&format!("https://{}:6443", d.ip("s1")), &ca, &token, home.path());
+    assert_eq!(text(&who.stdout), sa, "{}", text(&who.stderr));
 
     // The joined servers are learners until they have caught up: only with three voters does
     // losing one leave a quorum, so the operator (and the test) waits for them.
-    wait_for("three voting members", BOUND, || async {
-        let out = Command::new("docker")
-            .args(["exec", &s1, "/bin/rkube", "member", "list"])
-            .args(["--endpoints", &format!("https://{}.11:2379", d.net)])
-            .args([
-                "--cacert",
-                "/data/pki/ca.crt",
-                "--cert",
-                "/data/pki/admin.crt",
-            ])
-            .args(["--key", "/data/pki/admin.key"])
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        (text
-            .lines()
-            .filter(|l| l.trim_end().ends_with("false"))
-            .count()
-            == 3)
-            .then_some(())
-    })
-    .await;
+    d.wait_caught_up("s1", &SERVERS).await;
 
     // The first server stopped and removed: the others elect a leader and keep serving
     // (kubectl now through the second server).
-    let stop = d.compose(&["rm", "-s", "-f", "s1"]);
-    assert!(
-        stop.status.success(),
-        "{}",
-        String::from_utf8_lossy(&stop.stderr)
-    );
-    let text = std::fs::read_to_string(&kubeconfig).unwrap();
-    std::fs::write(
-        &kubeconfig,
-        text.replace(&format!("{}.11:", d.net), &format!("{}.12:", d.net)),
+    d.must_compose(&["rm", "-s", "-f", "s1"]);
+    kc.point_at(&d, "s2");
+    kubectl_until_ok(
+        &k,
+        &["scale", "deployment", "web", "--replicas=5", "--request-timeout=10s"],
     )
-    .unwrap();
-    let deadline = tokio::time::Instant::now() + BOUND;
-    loop {
-        let out = k
-            .run(&[
-                "scale",
-                "deployment",
-                "web",
-                "--replicas=5",
-                "--request-timeout=10s",
-            ])
-            .await;
-        if out.success {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no scale-up accepted by the remaining servers within {BOUND:?}: {}",
-            out.stderr
+    .await;
+    wait_for("5 pods Running", BOUND, || running(&k, 5)).await;
+    // Started again, it comes back from its volume and catches up.
+    d.must_compose(&["up", "-d", "s1"]);
+    let members = d.wait_caught_up("s2", &SERVERS).await;
+
+    // The leader cut off the network: the other two elect a new leader and take writes.
+    let old = members.iter().find(|m| m.role == "leader").unwrap().clone();
+    let rest: Vec<&str> = SERVERS.into_iter().filter(|s| *s != old.name).collect();
+    kc.point_at(&d, rest[0]);
+    let (old_c, old_ip) = (d.container(&old.name), d.ip(&old.name));
+    must(Command::new("docker").args(["network", "disconnect", &d.network(), &old_c]));
+    let new = wait_for("a new leader among the others", BOUND, || async {
+        let rows = d.status(rest[0], &rest)?;
+        rows.into_iter()
+            .find(|m| m.role == "leader" && m.term > old.term)
+    })
+    .await;
+    eprintln!("{} was leader in term {}; {} leads in term {}", old.name, old.term, new.name, new.term);
+    kubectl_until_ok(
+        &k,
+        &["create", "configmap", "while-cut-off", "--from-literal=leader-was-cut-off=yes"],
+    )
+    .await;
+    let put = d.rkube(
+        rest[0],
+        &["kv", "put", "/deploy/majority", "yes", "--endpoints", &d.client_urls(&rest)],
+    );
+    assert!(put.status.success(), "{}", text(&put.stderr));
+
+    // The old leader accepts no writes. Its address left with its interface; put back on the
+    // loopback of its network namespace, it lets clients inside reach the member's sockets
+    // while still no other member can.
+    let pid = must(Command::new("docker").args(["inspect", "-f", "{{.State.Pid}}", &old_c]));
+    let pid = pid.trim();
+    let lo = |verb: &str| {
+        must(Command::new("nsenter").args(["-t", pid, "-n", "ip", "addr", verb]).arg(format!("{old_ip}/32")).args(["dev", "lo"]));
+    };
+    lo("add");
+    let refused = d.rkube(
+        &old.name,
+        &["kv", "put", "/deploy/isolated", "x", "--endpoints", &d.client_urls(&[&old.name])],
+    );
+    let err = text(&refused.stderr);
+    assert!(!refused.status.success(), "the cut-off leader took a write");
+    assert!(
+        err.contains("no leader") || err.contains("timed out"),
+        "the cut-off leader's refusal should say it has no leader: {err}"
+    );
+    let api = Command::new("nsenter")
+        .args(["-t", pid, "-n", "kubectl", "--kubeconfig"])
+        .arg(&kc.path)
+        .args(["--server", &format!("https://{old_ip}:6443"), "--request-timeout=30s"])
+        .args(["create", "configmap", "isolated-write"])
+        .output()
+        .unwrap();
+    assert!(
+        !api.status.success(),
+        "the cut-off leader's API took a write: {}",
+        text(&api.stdout)
+    );
+    eprintln!("the cut-off leader refused: {err}; its API: {}", text(&api.stderr).trim());
+    lo("del");
+
+    // Reconnected at its address, it follows the new leader and has what was written meanwhile.
+    must(Command::new("docker").args(["network", "connect", "--ip", &old_ip, "--alias", &old.name, &d.network(), &old_c]));
+    let rows = d.wait_caught_up(&old.name, &SERVERS).await;
+    let healed = rows.iter().find(|m| m.name == old.name).unwrap();
+    assert_eq!(healed.role, "follower", "{rows:?}");
+    assert!(healed.term >= new.term, "{rows:?}");
+    wait_for("the reconnected member to apply the majority's write", BOUND, || async {
+        let local = d.rkube(
+            &old.name,
+            &["kv", "get", "/deploy/majority", "--serializable", "--endpoints", &d.client_urls(&[&old.name])],
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        (text(&local.stdout) == "/deploy/majority\nyes\n").then_some(())
+    })
+    .await;
+    assert!(!keys(&d, &old.name, None).contains("/deploy/isolated"));
+    let gone = k.run(&["get", "configmap", "isolated-write"]).await.err();
+    assert!(gone.contains("NotFound") || gone.contains("not found"), "{gone}");
+
+    // A backup, as deploy/README.md takes it: a snapshot from one member, and the CA and
+    // service-account keys.
+    let from = rest[0];
+    let saved = d.rkube(
+        from,
+        &["snapshot", "save", "/data/snapshot.db", "--endpoints", &d.client_urls(&[from])],
+    );
+    assert!(saved.status.success(), "{}", text(&saved.stderr));
+    let backup = tempfile::tempdir().unwrap();
+    std::fs::create_dir(backup.path().join("pki")).unwrap();
+    let cp = |src: String, dst: PathBuf| {
+        must(Command::new("docker").args(["cp", &src]).arg(dst));
+    };
+    cp(format!("{}:/data/snapshot.db", d.container(from)), backup.path().join("snapshot.db"));
+    for f in ["ca.crt", "ca.key", "sa.key"] {
+        cp(format!("{}:/data/pki/{f}", d.container(from)), backup.path().join("pki").join(f));
     }
-    wait_for("5 pods Running", BOUND, || running(5)).await;
+    let status: serde_json::Value = serde_json::from_str(&must(
+        Command::new(rkube_bin())
+            .args(["snapshot", "status", "-o", "json"])
+            .arg(backup.path().join("snapshot.db")),
+    ))
+    .unwrap();
+    let rev = status["revision"].as_i64().unwrap();
+    let saved_keys = keys(&d, from, Some(rev));
+    assert_eq!(
+        status["totalKey"].as_u64(),
+        Some(saved_keys.len() as u64),
+        "the snapshot at revision {rev} should hold every key the cluster had then"
+    );
+    assert!(saved_keys.contains("/registry/configmaps/default/while-cut-off"));
+
+    // Restored into a fresh deployment: its own network and volumes, the first server's data
+    // dir made from the snapshot and its PKI from the backup's keys, the others joining it.
+    let d2 = Deployment::new(&image, false, Some(&d.net));
+    let restored = d2.compose_with(
+        &["restore.yml"],
+        &[("RKUBE_BACKUP", backup.path())],
+        &["run", "--rm", "restore"],
+    );
+    assert!(restored.status.success(), "{}", text(&restored.stderr));
+    let said = text(&restored.stdout);
+    assert!(
+        said.contains(&format!("restored {} keys at revision {rev}", saved_keys.len())),
+        "{said}"
+    );
+    d2.must_compose(&["up", "--no-start"]);
+    cp(
+        backup.path().join("pki").display().to_string(),
+        PathBuf::from(format!("{}:/data/pki", d2.container("s1"))),
+    );
+    d2.must_compose(&["up", "-d"]);
+    let home2 = tempfile::tempdir().unwrap();
+    let (k2, _) = d2.kubeconfig(home2.path()).await;
+    d2.wait_caught_up("s1", &SERVERS).await;
+    let now = keys(&d2, "s1", None);
+    let missing: Vec<&String> = saved_keys.difference(&now).collect();
+    assert!(missing.is_empty(), "the restored cluster lacks {missing:?}");
+    k2.wait_nodes_ready(&["a1", "a2"]).await;
+    wait_for("the restored 5 pods Running", BOUND, || running(&k2, 5)).await;
+    let mode = k2
+        .run(&["get", "configmap", "settings", "-o", "jsonpath={.data.mode}"])
+        .await
+        .ok();
+    assert_eq!(mode, "ha");
+    k2.run(&["get", "configmap", "while-cut-off"]).await.ok();
+    // The same CA and service-account key: the old cluster's token is good here too.
+    let who = whoami(&format!("https://{}:6443", d2.ip("s1")), &ca, &token, home2.path());
+    assert_eq!(text(&who.stdout), sa, "{}", text(&who.stderr));
+    k2.run(&["scale", "deployment", "web", "--replicas=2"]).await.ok();
+    wait_for("the restored cluster scaled down to 2 pods", BOUND, || running(&k2, 2)).await;
 }
