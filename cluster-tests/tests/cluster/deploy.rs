@@ -139,7 +139,12 @@ impl Deployment {
         Command::new("docker")
             .args(["exec", &self.container(inside), "/bin/rkube"])
             .args(args)
-            .args(["--cacert", "/data/pki/ca.crt", "--cert", "/data/pki/admin.crt"])
+            .args([
+                "--cacert",
+                "/data/pki/ca.crt",
+                "--cert",
+                "/data/pki/admin.crt",
+            ])
             .args(["--key", "/data/pki/admin.key"])
             .output()
             .expect("docker exec runs")
@@ -287,7 +292,12 @@ fn whoami(url: &str, ca: &Path, token: &str, home: &Path) -> Output {
     Command::new("kubectl")
         .env("KUBECONFIG", &empty)
         .env("HOME", home)
-        .args(["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"])
+        .args([
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
         .args(["--server", url, "--token", token, "--request-timeout=20s"])
         .arg(format!("--certificate-authority={}", ca.display()))
         .output()
@@ -310,9 +320,15 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     let home = tempfile::tempdir().unwrap();
     let (k, kc) = d.kubeconfig(home.path()).await;
     k.wait_nodes_ready(&["a1", "a2"]).await;
-    k.run(&["create", "deployment", "web", "--image=busybox", "--replicas=3"])
-        .await
-        .ok();
+    k.run(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=busybox",
+        "--replicas=3",
+    ])
+    .await
+    .ok();
     k.run(&["create", "configmap", "settings", "--from-literal=mode=ha"])
         .await
         .ok();
@@ -326,9 +342,18 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
         .trim()
         .to_string();
     let ca = home.path().join("ca.crt");
-    must(Command::new("docker").args(["cp", &format!("{}:/data/pki/ca.crt", d.container("s1"))]).arg(&ca));
+    must(
+        Command::new("docker")
+            .args(["cp", &format!("{}:/data/pki/ca.crt", d.container("s1"))])
+            .arg(&ca),
+    );
     let sa = "system:serviceaccount:default:default";
-    let who = whoami(&format!("https://{}:6443", d.ip("s1")), &ca, &token, home.path());
+    let who = whoami(
+        &format!("https://{}:6443", d.ip("s1")),
+        &ca,
+        &token,
+        home.path(),
+    );
     assert_eq!(text(&who.stdout), sa, "{}", text(&who.stderr));
 
     // The joined servers are learners until they have caught up: only with three voters does
@@ -341,7 +366,13 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     kc.point_at(&d, "s2");
     kubectl_until_ok(
         &k,
-        &["scale", "deployment", "web", "--replicas=5", "--request-timeout=10s"],
+        &[
+            "scale",
+            "deployment",
+            "web",
+            "--replicas=5",
+            "--request-timeout=10s",
+        ],
     )
     .await;
     wait_for("5 pods Running", BOUND, || running(&k, 5)).await;
@@ -361,15 +392,30 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
             .find(|m| m.role == "leader" && m.term > old.term)
     })
     .await;
-    eprintln!("{} was leader in term {}; {} leads in term {}", old.name, old.term, new.name, new.term);
+    eprintln!(
+        "{} was leader in term {}; {} leads in term {}",
+        old.name, old.term, new.name, new.term
+    );
     kubectl_until_ok(
         &k,
-        &["create", "configmap", "while-cut-off", "--from-literal=leader-was-cut-off=yes"],
+        &[
+            "create",
+            "configmap",
+            "while-cut-off",
+            "--from-literal=leader-was-cut-off=yes",
+        ],
     )
     .await;
     let put = d.rkube(
         rest[0],
-        &["kv", "put", "/deploy/majority", "yes", "--endpoints", &d.client_urls(&rest)],
+        &[
+            "kv",
+            "put",
+            "/deploy/majority",
+            "yes",
+            "--endpoints",
+            &d.client_urls(&rest),
+        ],
     );
     assert!(put.status.success(), "{}", text(&put.stderr));
 
@@ -379,12 +425,24 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     let pid = must(Command::new("docker").args(["inspect", "-f", "{{.State.Pid}}", &old_c]));
     let pid = pid.trim();
     let lo = |verb: &str| {
-        must(Command::new("nsenter").args(["-t", pid, "-n", "ip", "addr", verb]).arg(format!("{old_ip}/32")).args(["dev", "lo"]));
+        must(
+            Command::new("nsenter")
+                .args(["-t", pid, "-n", "ip", "addr", verb])
+                .arg(format!("{old_ip}/32"))
+                .args(["dev", "lo"]),
+        );
     };
     lo("add");
     let refused = d.rkube(
         &old.name,
-        &["kv", "put", "/deploy/isolated", "x", "--endpoints", &d.client_urls(&[&old.name])],
+        &[
+            "kv",
+            "put",
+            "/deploy/isolated",
+            "x",
+            "--endpoints",
+            &d.client_urls(&[&old.name]),
+        ],
     );
     let err = text(&refused.stderr);
     assert!(!refused.status.success(), "the cut-off leader took a write");
@@ -395,7 +453,11 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     let api = Command::new("nsenter")
         .args(["-t", pid, "-n", "kubectl", "--kubeconfig"])
         .arg(&kc.path)
-        .args(["--server", &format!("https://{old_ip}:6443"), "--request-timeout=30s"])
+        .args([
+            "--server",
+            &format!("https://{old_ip}:6443"),
+            "--request-timeout=30s",
+        ])
         .args(["create", "configmap", "isolated-write"])
         .output()
         .unwrap();
@@ -404,33 +466,65 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
         "the cut-off leader's API took a write: {}",
         text(&api.stdout)
     );
-    eprintln!("the cut-off leader refused: {err}; its API: {}", text(&api.stderr).trim());
+    eprintln!(
+        "the cut-off leader refused: {err}; its API: {}",
+        text(&api.stderr).trim()
+    );
     lo("del");
 
     // Reconnected at its address, it follows the new leader and has what was written meanwhile.
-    must(Command::new("docker").args(["network", "connect", "--ip", &old_ip, "--alias", &old.name, &d.network(), &old_c]));
+    must(Command::new("docker").args([
+        "network",
+        "connect",
+        "--ip",
+        &old_ip,
+        "--alias",
+        &old.name,
+        &d.network(),
+        &old_c,
+    ]));
     let rows = d.wait_caught_up(&old.name, &SERVERS).await;
     let healed = rows.iter().find(|m| m.name == old.name).unwrap();
     assert_eq!(healed.role, "follower", "{rows:?}");
     assert!(healed.term >= new.term, "{rows:?}");
-    wait_for("the reconnected member to apply the majority's write", BOUND, || async {
-        let local = d.rkube(
-            &old.name,
-            &["kv", "get", "/deploy/majority", "--serializable", "--endpoints", &d.client_urls(&[&old.name])],
-        );
-        (text(&local.stdout) == "/deploy/majority\nyes\n").then_some(())
-    })
+    wait_for(
+        "the reconnected member to apply the majority's write",
+        BOUND,
+        || async {
+            let local = d.rkube(
+                &old.name,
+                &[
+                    "kv",
+                    "get",
+                    "/deploy/majority",
+                    "--serializable",
+                    "--endpoints",
+                    &d.client_urls(&[&old.name]),
+                ],
+            );
+            (text(&local.stdout) == "/deploy/majority\nyes\n").then_some(())
+        },
+    )
     .await;
     assert!(!keys(&d, &old.name, None).contains("/deploy/isolated"));
     let gone = k.run(&["get", "configmap", "isolated-write"]).await.err();
-    assert!(gone.contains("NotFound") || gone.contains("not found"), "{gone}");
+    assert!(
+        gone.contains("NotFound") || gone.contains("not found"),
+        "{gone}"
+    );
 
     // A backup, as deploy/README.md takes it: a snapshot from one member, and the CA and
     // service-account keys.
     let from = rest[0];
     let saved = d.rkube(
         from,
-        &["snapshot", "save", "/data/snapshot.db", "--endpoints", &d.client_urls(&[from])],
+        &[
+            "snapshot",
+            "save",
+            "/data/snapshot.db",
+            "--endpoints",
+            &d.client_urls(&[from]),
+        ],
     );
     assert!(saved.status.success(), "{}", text(&saved.stderr));
     let backup = tempfile::tempdir().unwrap();
@@ -438,9 +532,15 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     let cp = |src: String, dst: PathBuf| {
         must(Command::new("docker").args(["cp", &src]).arg(dst));
     };
-    cp(format!("{}:/data/snapshot.db", d.container(from)), backup.path().join("snapshot.db"));
+    cp(
+        format!("{}:/data/snapshot.db", d.container(from)),
+        backup.path().join("snapshot.db"),
+    );
     for f in ["ca.crt", "ca.key", "sa.key"] {
-        cp(format!("{}:/data/pki/{f}", d.container(from)), backup.path().join("pki").join(f));
+        cp(
+            format!("{}:/data/pki/{f}", d.container(from)),
+            backup.path().join("pki").join(f),
+        );
     }
     let status: serde_json::Value = serde_json::from_str(&must(
         Command::new(rkube_bin())
@@ -468,7 +568,10 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     assert!(restored.status.success(), "{}", text(&restored.stderr));
     let said = text(&restored.stdout);
     assert!(
-        said.contains(&format!("restored {} keys at revision {rev}", saved_keys.len())),
+        said.contains(&format!(
+            "restored {} keys at revision {rev}",
+            saved_keys.len()
+        )),
         "{said}"
     );
     d2.must_compose(&["up", "--no-start"]);
@@ -486,14 +589,197 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     k2.wait_nodes_ready(&["a1", "a2"]).await;
     wait_for("the restored 5 pods Running", BOUND, || running(&k2, 5)).await;
     let mode = k2
-        .run(&["get", "configmap", "settings", "-o", "jsonpath={.data.mode}"])
+        .run(&[
+            "get",
+            "configmap",
+            "settings",
+            "-o",
+            "jsonpath={.data.mode}",
+        ])
         .await
         .ok();
     assert_eq!(mode, "ha");
     k2.run(&["get", "configmap", "while-cut-off"]).await.ok();
     // The same CA and service-account key: the old cluster's token is good here too.
-    let who = whoami(&format!("https://{}:6443", d2.ip("s1")), &ca, &token, home2.path());
+    let who = whoami(
+        &format!("https://{}:6443", d2.ip("s1")),
+        &ca,
+        &token,
+        home2.path(),
+    );
     assert_eq!(text(&who.stdout), sa, "{}", text(&who.stderr));
-    k2.run(&["scale", "deployment", "web", "--replicas=2"]).await.ok();
-    wait_for("the restored cluster scaled down to 2 pods", BOUND, || running(&k2, 2)).await;
+    k2.run(&["scale", "deployment", "web", "--replicas=2"])
+        .await
+        .ok();
+    wait_for("the restored cluster scaled down to 2 pods", BOUND, || {
+        running(&k2, 2)
+    })
+    .await;
+}
+
+/// deploy/systemd/install.sh staged into a temp root as a packager would (`--destdir`): the
+/// binary, both units (checked by `systemd-analyze verify` where it exists), the settings
+/// files written once and kept on a second run, and bad input refused before anything is
+/// written.
+#[test]
+fn the_systemd_install_script_stages_a_host_and_refuses_bad_input() {
+    use std::os::unix::fs::PermissionsExt;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/systemd/install.sh");
+    let install = |dest: &Path, args: &[&str]| {
+        Command::new(&script)
+            .arg("--destdir")
+            .arg(dest)
+            .arg("--bin")
+            .arg(rkube_bin())
+            .args(args)
+            .output()
+            .expect("install.sh runs")
+    };
+    let host = [
+        "server",
+        "agent",
+        "--name",
+        "n1",
+        "--address",
+        "10.0.0.1",
+        "--init",
+        "--servers",
+        "https://10.0.0.1:6443,https://10.0.0.2:6443",
+    ];
+    let dest = tempfile::tempdir().unwrap();
+    let d = dest.path();
+    let first = install(d, &host);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let mode = |p: &str| std::fs::metadata(d.join(p)).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(
+        std::fs::metadata(d.join("usr/local/bin/rkube"))
+            .unwrap()
+            .len(),
+        std::fs::metadata(rkube_bin()).unwrap().len()
+    );
+    assert_eq!(mode("usr/local/bin/rkube"), 0o755);
+    for (path, want) in [
+        ("etc/rkube/server.env", 0o600),
+        ("etc/rkube/agent.env", 0o600),
+        ("etc/rkube/pki", 0o700),
+        ("var/lib/rkube/server", 0o700),
+        ("var/lib/rkube/agent", 0o700),
+        ("etc/systemd/system/rkube-server.service", 0o644),
+        ("etc/systemd/system/rkube-agent.service", 0o644),
+    ] {
+        assert_eq!(mode(path), want, "{path}");
+    }
+    let server_env = std::fs::read_to_string(d.join("etc/rkube/server.env")).unwrap();
+    for line in [
+        "RKUBE_NAME=n1",
+        "RKUBE_ADDRESS=10.0.0.1",
+        "RKUBE_SERVER_ARGS=--init --join-file /etc/rkube/join.json",
+    ] {
+        assert!(
+            server_env.lines().any(|l| l == line),
+            "{line} not in:\n{server_env}"
+        );
+    }
+    let agent_env = std::fs::read_to_string(d.join("etc/rkube/agent.env")).unwrap();
+    for line in [
+        "RKUBE_SERVERS=https://10.0.0.1:6443,https://10.0.0.2:6443",
+        "RKUBE_AGENT_ARGS=--join-from /etc/rkube/join.json",
+    ] {
+        assert!(
+            agent_env.lines().any(|l| l == line),
+            "{line} not in:\n{agent_env}"
+        );
+    }
+
+    // Run again after the operator edited a setting: nothing changes, the edit stays.
+    let edited = server_env.replace("RKUBE_NAME=n1", "RKUBE_NAME=n9");
+    std::fs::write(d.join("etc/rkube/server.env"), &edited).unwrap();
+    let again = install(d, &host);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).contains("nothing changed"),
+        "{}",
+        text(&again.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.join("etc/rkube/server.env")).unwrap(),
+        edited
+    );
+
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        // The units' dependencies (network-online.target, ...) come from the machine's unit dir.
+        for dir in ["/usr/lib/systemd/system", "/lib/systemd/system"] {
+            if Path::new(dir).join("sysinit.target").exists() {
+                std::fs::create_dir_all(d.join("usr/lib/systemd")).unwrap();
+                must(
+                    Command::new("cp")
+                        .args(["-a", dir])
+                        .arg(d.join("usr/lib/systemd/system")),
+                );
+                break;
+            }
+        }
+        let verify = Command::new("systemd-analyze")
+            .arg(format!("--root={}", d.display()))
+            .args(["verify", "/etc/systemd/system/rkube-server.service"])
+            .arg("/etc/systemd/system/rkube-agent.service")
+            .output()
+            .unwrap();
+        assert!(
+            verify.status.success() && verify.stderr.is_empty(),
+            "systemd-analyze verify: {}",
+            text(&verify.stderr)
+        );
+    }
+
+    for (args, says) in [
+        (
+            &["server", "--address", "10.0.0.256"][..],
+            "not an IPv4 address",
+        ),
+        (&["server"][..], "needs this host's --address"),
+        (&["agent", "--address", "10.0.0.5"][..], "needs --servers"),
+        (
+            &["agent", "--address", "10.0.0.5", "--servers", "http://x"][..],
+            "not an API server URL",
+        ),
+        (&["agent", "--init"][..], "goes with the server role"),
+        (
+            &["server", "--init", "--join-from", "f"][..],
+            "exclude each other",
+        ),
+        (
+            &["server", "--name", "No_Good", "--address", "10.0.0.5"][..],
+            "not a valid node name",
+        ),
+        (
+            &["server", "--frobnicate"][..],
+            "unknown option --frobnicate",
+        ),
+        (&["worker"][..], "unknown role 'worker'"),
+        (&[][..], "no role given"),
+    ] {
+        let dest = tempfile::tempdir().unwrap();
+        let out = install(dest.path(), args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_dir(dest.path()).unwrap().count(),
+            0,
+            "{args:?} wrote files before refusing"
+        );
+    }
 }
