@@ -1894,3 +1894,37 @@ fn a_nospace_alarm_refuses_what_takes_space_and_nothing_else() {
     assert!(s.alarms().expect("alarms").is_empty());
     assert!(put(&s, "b", "2").output.is_ok());
 }
+
+/// A tracked watcher counts as delivered up to a revision only once its consumer has passed
+/// on every message it was sent: what a progress notification may promise.
+#[tokio::test]
+async fn a_tracked_watcher_is_delivered_only_up_to_what_its_consumer_passed_on() {
+    let s = new_store();
+    put(&s, "a", "1"); // 1
+    let (mut rx, delivery) = watch::start_tracked(
+        s.clone(),
+        WatchSpec {
+            range: KeyRange::single("a"),
+            ..Default::default()
+        },
+        16,
+    );
+    assert_eq!(delivery.delivered(), Some(1), "nothing sent yet: in sync at the start");
+    put(&s, "a", "2"); // 2
+    put(&s, "b", "1"); // 3, outside the range
+    let WatchMessage::Events { revision: 2, .. } = next(&mut rx).await else {
+        panic!("the event of revision 2 first")
+    };
+    // Received but not yet passed on: not delivered, whatever the store's revision.
+    assert_eq!(delivery.delivered(), None);
+    delivery.passed_one();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while delivery.delivered() != Some(3) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "revision 3 (no event in range) never counted as delivered: {:?}",
+            delivery.delivered()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

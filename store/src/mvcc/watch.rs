@@ -6,6 +6,7 @@
 //! on a watcher. A watcher whose next revision has been compacted away gets a compacted error
 //! and stops.
 
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,12 +40,58 @@ pub enum WatchMessage {
     Compacted { compact_revision: i64 },
 }
 
+/// How far a watcher has got, for answering progress requests without running ahead of its
+/// events: every event up to `position` has been handed to the watcher's channel, `sent`
+/// messages were put in it, and the consumer counts the ones it has passed on in `passed`.
+/// When `passed` equals `sent` (read after `position`), the consumer has passed on every event
+/// up to `position`.
+#[derive(Debug, Default)]
+pub struct Delivery {
+    position: AtomicI64,
+    sent: AtomicU64,
+    passed: AtomicU64,
+}
+
+impl Delivery {
+    /// The consumer passed one message on.
+    pub fn passed_one(&self) {
+        self.passed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The revision up to which the consumer has passed on every event, if it has passed on
+    /// everything the watcher sent it so far.
+    pub fn delivered(&self) -> Option<i64> {
+        let position = self.position.load(Ordering::SeqCst);
+        let sent = self.sent.load(Ordering::SeqCst);
+        (self.passed.load(Ordering::SeqCst) == sent).then_some(position)
+    }
+
+    async fn send(&self, tx: &mpsc::Sender<WatchMessage>, msg: WatchMessage) -> bool {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        tx.send(msg).await.is_ok()
+    }
+
+    fn reached(&self, revision: i64) {
+        self.position.fetch_max(revision, Ordering::SeqCst);
+    }
+}
+
 /// Starts a watcher. Returns the receiving end; dropping it stops the watcher.
 pub fn start(
     store: Arc<MvccStore>,
     spec: WatchSpec,
     buffer: usize,
 ) -> mpsc::Receiver<WatchMessage> {
+    start_tracked(store, spec, buffer).0
+}
+
+/// Starts a watcher whose delivery is tracked: the consumer calls [`Delivery::passed_one`]
+/// for every message it passes on.
+pub fn start_tracked(
+    store: Arc<MvccStore>,
+    spec: WatchSpec,
+    buffer: usize,
+) -> (mpsc::Receiver<WatchMessage>, Arc<Delivery>) {
     let (tx, rx) = mpsc::channel(buffer.max(1));
     // Subscribe before reading the current revision, so nothing falls between history and live.
     let live = store.subscribe();
@@ -53,8 +100,10 @@ pub fn start(
     } else {
         store.revision() + 1
     };
-    tokio::spawn(run(store, spec, live, next, tx));
-    rx
+    let delivery = Arc::new(Delivery::default());
+    delivery.reached(next - 1);
+    tokio::spawn(run(store, spec, live, next, tx, delivery.clone()));
+    (rx, delivery)
 }
 
 async fn run(
@@ -63,6 +112,7 @@ async fn run(
     mut live: broadcast::Receiver<Arc<RevisionBatch>>,
     mut next: i64,
     tx: mpsc::Sender<WatchMessage>,
+    delivery: Arc<Delivery>,
 ) {
     loop {
         // Catch up from history until the next revision is the store's next one.
@@ -75,7 +125,9 @@ async fn run(
                 match store.history(&spec.range, next, current, spec.prev_kv, CATCH_UP_EVENTS) {
                     Ok(b) => b,
                     Err(crate::error::MvccError::Compacted { compact_revision }) => {
-                        let _ = tx.send(WatchMessage::Compacted { compact_revision }).await;
+                        let _ = delivery
+                            .send(&tx, WatchMessage::Compacted { compact_revision })
+                            .await;
                         return;
                     }
                     Err(_) => return,
@@ -87,11 +139,12 @@ async fn run(
                 reached = batches.last().map_or(current, |b| b.revision);
             }
             for batch in batches {
-                if !send_batch(&spec, &tx, batch.revision, batch.events).await {
+                if !send_batch(&spec, &tx, &delivery, batch.revision, batch.events).await {
                     return;
                 }
             }
             next = reached + 1;
+            delivery.reached(reached);
         }
         // Follow live events.
         loop {
@@ -99,10 +152,9 @@ async fn run(
                 Some(every) => match tokio::time::timeout(every, live.recv()).await {
                     Ok(r) => r,
                     Err(_) => {
-                        if tx
-                            .send(WatchMessage::Progress { revision: next - 1 })
+                        if !delivery
+                            .send(&tx, WatchMessage::Progress { revision: next - 1 })
                             .await
-                            .is_err()
                         {
                             return;
                         }
@@ -120,10 +172,13 @@ async fn run(
                     if batch.revision < next {
                         continue;
                     }
-                    if !send_batch(&spec, &tx, batch.revision, batch.events.clone()).await {
+                    if !send_batch(&spec, &tx, &delivery, batch.revision, batch.events.clone())
+                        .await
+                    {
                         return;
                     }
                     next = batch.revision + 1;
+                    delivery.reached(batch.revision);
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => break,
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -139,6 +194,7 @@ async fn run(
 async fn send_batch(
     spec: &WatchSpec,
     tx: &mpsc::Sender<WatchMessage>,
+    delivery: &Delivery,
     revision: i64,
     events: Vec<Event>,
 ) -> bool {
@@ -159,7 +215,9 @@ async fn send_batch(
     if events.is_empty() {
         return !tx.is_closed();
     }
-    tx.send(WatchMessage::Events { revision, events })
-        .await
-        .is_ok()
+    let sent = delivery
+        .send(tx, WatchMessage::Events { revision, events })
+        .await;
+    delivery.reached(revision);
+    sent
 }

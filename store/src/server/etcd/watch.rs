@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::event_to_pb;
-use crate::mvcc::watch::{self, WatchMessage, WatchSpec};
+use crate::mvcc::watch::{self, Delivery, WatchMessage, WatchSpec};
 use crate::mvcc::KeyRange;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
@@ -43,13 +43,13 @@ impl Watch for WatchService {
         let node = self.node.clone();
         let progress_interval = self.progress_interval;
         tokio::spawn(async move {
-            let mut watchers: HashMap<i64, JoinHandle<()>> = HashMap::new();
+            let mut watchers: HashMap<i64, (JoinHandle<()>, Arc<Delivery>)> = HashMap::new();
             let mut next_id: i64 = 0;
             while let Some(msg) = incoming.next().await {
                 let Ok(msg) = msg else { break };
                 match msg.request_union {
                     Some(RequestUnion::CreateRequest(create)) => {
-                        watchers.retain(|_, h| !h.is_finished());
+                        watchers.retain(|_, (h, _)| !h.is_finished());
                         let id = if create.watch_id != 0 {
                             if watchers.contains_key(&create.watch_id) {
                                 let _ = out
@@ -99,7 +99,8 @@ impl Watch for WatchService {
                                 .contains(&(pb::watch_create_request::FilterType::Nodelete as i32)),
                             progress_every: create.progress_notify.then_some(progress_interval),
                         };
-                        let rx = watch::start(node.mvcc.clone(), spec, WATCHER_BUFFER);
+                        let (rx, delivery) =
+                            watch::start_tracked(node.mvcc.clone(), spec, WATCHER_BUFFER);
                         if out
                             .send(Ok(pb::WatchResponse {
                                 header: node.header(node.mvcc.revision()),
@@ -112,11 +113,17 @@ impl Watch for WatchService {
                         {
                             break;
                         }
-                        watchers
-                            .insert(id, tokio::spawn(forward(node.clone(), id, rx, out.clone())));
+                        let task = tokio::spawn(forward(
+                            node.clone(),
+                            id,
+                            rx,
+                            out.clone(),
+                            delivery.clone(),
+                        ));
+                        watchers.insert(id, (task, delivery));
                     }
                     Some(RequestUnion::CancelRequest(cancel)) => {
-                        if let Some(handle) = watchers.remove(&cancel.watch_id) {
+                        if let Some((handle, _)) = watchers.remove(&cancel.watch_id) {
                             handle.abort();
                             let _ = out
                                 .send(Ok(pb::WatchResponse {
@@ -129,23 +136,58 @@ impl Watch for WatchService {
                         }
                     }
                     Some(RequestUnion::ProgressRequest(_)) => {
-                        // Every event up to this revision has been handed to the stream.
-                        let _ = out
-                            .send(Ok(pb::WatchResponse {
-                                header: node.header(node.mvcc.revision()),
-                                watch_id: -1,
-                                ..Default::default()
-                            }))
-                            .await;
+                        let deliveries: Vec<Arc<Delivery>> = watchers
+                            .values()
+                            .filter(|(h, _)| !h.is_finished())
+                            .map(|(_, d)| d.clone())
+                            .collect();
+                        tokio::spawn(answer_progress(node.clone(), deliveries, out.clone()));
                     }
                     None => {}
                 }
             }
-            for (_, h) in watchers {
+            for (_, (h, _)) in watchers {
                 h.abort();
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// How long a progress request waits for the stream's watchers to have passed on every event
+/// up to the store's revision; etcd answers only when its watchers are in sync, and so does
+/// this, waiting that long for them first.
+const PROGRESS_WAIT: Duration = Duration::from_secs(1);
+
+/// Answers a progress request (watch id -1) with the store's current revision once every
+/// watcher of the stream has put every event up to it on the stream, so that no event at or
+/// below the notified revision can follow the notification. Watchers still behind after
+/// [`PROGRESS_WAIT`] (catching up from history, or a slow client): no answer, as etcd.
+async fn answer_progress(
+    node: Arc<Node>,
+    watchers: Vec<Arc<Delivery>>,
+    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+) {
+    let revision = node.mvcc.revision();
+    let deadline = tokio::time::Instant::now() + PROGRESS_WAIT;
+    loop {
+        let synced = watchers
+            .iter()
+            .all(|d| d.delivered().is_some_and(|p| p >= revision));
+        if synced {
+            let _ = out
+                .send(Ok(pb::WatchResponse {
+                    header: node.header(revision),
+                    watch_id: -1,
+                    ..Default::default()
+                }))
+                .await;
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -155,6 +197,7 @@ async fn forward(
     id: i64,
     mut rx: mpsc::Receiver<WatchMessage>,
     out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    delivery: Arc<Delivery>,
 ) {
     while let Some(msg) = rx.recv().await {
         let resp = match msg {
@@ -181,5 +224,6 @@ async fn forward(
         if out.send(Ok(resp)).await.is_err() {
             return;
         }
+        delivery.passed_one();
     }
 }
