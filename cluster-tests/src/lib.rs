@@ -441,6 +441,18 @@ impl Cluster {
         state: &str,
         extra: &[&str],
     ) -> Result<()> {
+        self.spawn_server_with_env(i, initial, state, extra, &[])
+    }
+
+    /// [`Cluster::spawn_server`] with more environment for the process (`RKUBE_FAILPOINTS`).
+    pub fn spawn_server_with_env(
+        &mut self,
+        i: usize,
+        initial: &[usize],
+        state: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         let m = self.members[i].clone();
         let name = m.name.as_str();
         let initial: Vec<String> = initial
@@ -485,6 +497,7 @@ impl Cluster {
                 "100",
             ])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -6,9 +6,11 @@
 //!   API, lease expiry and scheduled snapshots on the leader, metrics and health.
 //! - [`backup`]: the backup file format that `rkube snapshot save` and scheduled snapshots write.
 //! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
+//! - [`failpoints`]: crash points in the write path for chaos tests (`RKUBE_FAILPOINTS`).
 
 pub mod backup;
 pub mod error;
+pub mod failpoints;
 pub mod mvcc;
 pub mod pki;
 pub mod raft;

@@ -1,7 +1,8 @@
-//! Quorum loss: the documented way back with the data of the one member that survived.
+//! Quorum loss: the documented way back with the data of the one member that survived; members
+//! that crash at a failpoint of their write path (`RKUBE_FAILPOINTS`) and come back.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cluster_tests::{wait_for, Cluster, ClusterClient, Options, WithLogs};
 use rkube_store::proto::etcdserverpb as pb;
@@ -117,4 +118,223 @@ async fn force_new_cluster_brings_back_a_cluster_from_its_last_member() {
         .await
         .logs(&c)
         .expect("a write after losing the old survivor");
+}
+
+/// How member `i`'s process (a child of the test, started by
+/// [`Cluster::spawn_server_with_env`]) ended, once it has: the signal that ended it, if a signal
+/// did.
+fn exit_signal(c: &Cluster, i: usize) -> Option<Option<i32>> {
+    let pid = c.pid(i)?;
+    let mut status = 0;
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    (r == pid).then(|| libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)))
+}
+
+/// Writes unique keys under `prefix` through `leader` until member `i` has exited, and checks
+/// that failpoint `point` ended it with SIGABRT and that its log names the point.
+async fn write_until_crash(
+    c: &Cluster,
+    i: usize,
+    point: &str,
+    leader: usize,
+    prefix: &str,
+    acked: &mut BTreeMap<String, String>,
+) {
+    let name = &c.members[i].name;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let signal = loop {
+        if let Some(signal) = exit_signal(c, i) {
+            break signal;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not crash at {point} within 120 s\n{}",
+            c.logs()
+        );
+        let key = format!("{prefix}{:04}", acked.len());
+        c.put(leader, &key, "v")
+            .await
+            .logs(c)
+            .expect("a write while a follower crashes");
+        acked.insert(key, "v".into());
+    };
+    assert_eq!(
+        signal,
+        Some(libc::SIGABRT),
+        "{name} did not abort at {point}\n{}",
+        c.logs()
+    );
+    let log = std::fs::read_to_string(c.path().join(format!("{name}.log"))).unwrap_or_default();
+    assert!(
+        log.contains(&format!("failpoint {point}: aborting the process")),
+        "{name}'s log does not name the failpoint\n{}",
+        c.logs()
+    );
+}
+
+/// Member `i` started again with `RKUBE_FAILPOINTS=<point>=return`.
+fn restart_armed(c: &mut Cluster, i: usize, point: &str) {
+    let armed = format!("{point}=return");
+    c.spawn_server_with_env(i, &[0, 1, 2], "new", &[], &[("RKUBE_FAILPOINTS", &armed)])
+        .expect("restart the member with the failpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_crashing_after_the_log_fsync_comes_back_with_every_write() {
+    let point = rkube_store::failpoints::RAFT_LOG_AFTER_FSYNC;
+    let mut c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    let mut acked = BTreeMap::new();
+    for n in 0..10 {
+        let key = format!("/fp/before/{n:02}");
+        c.put(n % 3, &key, "v").await.logs(&c).expect("put");
+        acked.insert(key, "v".to_string());
+    }
+    // Nothing is left to send to the follower when it comes back.
+    c.wait_converged(&[0, 1, 2]).await;
+
+    // The follower comes back armed, and is in step with the others before the next write.
+    c.kill(follower).await;
+    restart_armed(&mut c, follower, point);
+    c.wait_converged(&[0, 1, 2]).await;
+
+    // Its next append is fsynced and then it dies before answering; the leader and the other
+    // follower are a quorum, so writes are acknowledged all along.
+    write_until_crash(&c, follower, point, leader, "/fp/crash/", &mut acked).await;
+    let seen: BTreeMap<String, String> = c
+        .local_keys(leader, "/fp/")
+        .await
+        .logs(&c)
+        .expect("read")
+        .into_iter()
+        .collect();
+    assert_eq!(
+        seen, acked,
+        "the leader does not have every acknowledged write"
+    );
+
+    // Started again without failpoints, it catches up and agrees with the others.
+    c.spawn_server(follower, &[0, 1, 2], "new", &[])
+        .expect("restart the follower");
+    c.put(leader, "/fp/after", "v")
+        .await
+        .logs(&c)
+        .expect("a write after the restart");
+    acked.insert("/fp/after".into(), "v".into());
+    super::check_all_present(&c, &[0, 1, 2], "/fp/", &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_crashing_in_apply_and_snapshot_build_comes_back_with_every_write() {
+    use rkube_store::failpoints::{APPLY_AFTER, SNAPSHOT_BUILD_AFTER_SAVE};
+    let mut c = Cluster::start(Options {
+        snapshot_count: 50,
+        snapshot_catchup_entries: 10,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    let mut acked = BTreeMap::new();
+    c.kill(follower).await;
+    // After an entry's transaction, before openraft hears of it; then once its own snapshot
+    // file is in place (every 50 entries).
+    for point in [APPLY_AFTER, SNAPSHOT_BUILD_AFTER_SAVE] {
+        restart_armed(&mut c, follower, point);
+        write_until_crash(&c, follower, point, leader, "/fp-sm/", &mut acked).await;
+    }
+    c.spawn_server(follower, &[0, 1, 2], "new", &[])
+        .expect("restart the follower");
+    super::check_all_present(&c, &[0, 1, 2], "/fp-sm/", &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: openraft 0.9 persists the log purge of a snapshot install before the \
+            state machine has installed it, and a member that crashes between the two panics \
+            at every start (purge_upto > snapshot_last_log_id)"]
+async fn follower_crashing_while_installing_a_snapshot_installs_it_on_restart() {
+    use rkube_store::failpoints::{SNAPSHOT_INSTALL_AFTER, SNAPSHOT_INSTALL_BEFORE};
+    let mut c = Cluster::start(Options {
+        snapshot_count: 50,
+        snapshot_catchup_entries: 10,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    c.kill(follower).await;
+    // Far enough ahead that the leader's log no longer reaches back to the follower's.
+    let mut acked = BTreeMap::new();
+    for n in 0..200 {
+        let key = format!("/fp-snap/{n:04}");
+        c.put(leader, &key, "v").await.logs(&c).expect("write");
+        acked.insert(key, "v".to_string());
+    }
+
+    // It crashes before the snapshot is written, then once it is in place, and catches up when
+    // it starts without failpoints.
+    for point in [SNAPSHOT_INSTALL_BEFORE, SNAPSHOT_INSTALL_AFTER] {
+        restart_armed(&mut c, follower, point);
+        write_until_crash(&c, follower, point, leader, "/fp-snap/more/", &mut acked).await;
+    }
+    c.spawn_server(follower, &[0, 1, 2], "new", &[])
+        .expect("restart the follower");
+    super::check_all_present(&c, &[0, 1, 2], "/fp-snap/", &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_failpoints_stop_the_server_from_starting() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let table = [
+        ("raft-log-after-fsync", "is not POINT=ACTIONS"),
+        (
+            "raft-log-after-fsink=return",
+            "there is no failpoint \"raft-log-after-fsink\"",
+        ),
+        (
+            "apply-after=retrun",
+            "cannot use \"retrun\" for apply-after",
+        ),
+    ];
+    for (value, says) in table {
+        let data = dir.path().join("n1");
+        let run = tokio::process::Command::new(cluster_tests::rkube_bin())
+            .arg("server")
+            .args(["--name", "n1", "--data-dir"])
+            .arg(&data)
+            .args([
+                "--listen-peer",
+                "127.0.0.1:0",
+                "--listen-client",
+                "127.0.0.1:0",
+            ])
+            .args(["--initial-cluster", "n1=127.0.0.1:1"])
+            .arg("--pki")
+            .arg(dir.path().join("pki"))
+            .env("RKUBE_FAILPOINTS", value)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .unwrap_or_else(|_| panic!("rkube server with RKUBE_FAILPOINTS={value} kept running"))
+            .expect("rkube server runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "RKUBE_FAILPOINTS={value}: {stderr}"
+        );
+        assert!(
+            stderr.contains("Error: RKUBE_FAILPOINTS: ") && stderr.contains(says),
+            "RKUBE_FAILPOINTS={value}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!data.exists(), "the refused start made its data dir");
+    }
 }

@@ -15,6 +15,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
+use crate::failpoints::{crash_point, RAFT_LOG_AFTER_FSYNC, RAFT_LOG_BEFORE_FSYNC};
+
 use super::{
     logs_delete, logs_read, logs_write, store_read, store_write, vote_write, Entry, LogId,
     RaftStorageError, TypeConfig, Vote,
@@ -188,7 +190,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.insert(&index_key(entry.log_id.index), bytes);
         }
         self.log.apply_batch(batch).map_err(logs_write)?;
+        crash_point(RAFT_LOG_BEFORE_FSYNC);
         let flushed = self.flush().await.map_err(std::io::Error::other);
+        crash_point(RAFT_LOG_AFTER_FSYNC);
         callback.log_io_completed(flushed);
         Ok(())
     }

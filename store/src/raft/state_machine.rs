@@ -24,6 +24,10 @@ use super::{
     RaftStorageError, StoredMembership, TypeConfig,
 };
 use crate::error::StorageError;
+use crate::failpoints::{
+    crash_point, APPLY_AFTER, APPLY_BEFORE, SNAPSHOT_BUILD_AFTER_SAVE, SNAPSHOT_BUILD_BEFORE_SAVE,
+    SNAPSHOT_INSTALL_AFTER, SNAPSHOT_INSTALL_BEFORE,
+};
 use crate::mvcc::{Applied, Command, MvccStore, Output};
 
 const META_APPLIED: &[u8] = b"raft_applied";
@@ -184,7 +188,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     meta: meta.clone(),
                     data,
                 };
+                crash_point(SNAPSHOT_BUILD_BEFORE_SAVE);
                 sm.write_snapshot_file(&file)?;
+                crash_point(SNAPSHOT_BUILD_AFTER_SAVE);
                 Ok(Snapshot {
                     meta,
                     snapshot: Box::new(Cursor::new(file.data)),
@@ -214,6 +220,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut out = Vec::new();
         for entry in entries {
+            crash_point(APPLY_BEFORE);
             let mut meta = vec![(
                 META_APPLIED.to_vec(),
                 bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
@@ -243,6 +250,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
             };
+            crash_point(APPLY_AFTER);
             out.push(applied);
         }
         Ok(out)
@@ -268,10 +276,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         };
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let dump = bincode::deserialize(&file.data)?;
+            crash_point(SNAPSHOT_INSTALL_BEFORE);
             sm.write_snapshot_file(&file)?;
             std::fs::write(sm.dir.join(INSTALL_MARKER), b"")?;
             sm.mvcc.restore(dump)?;
             std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
+            crash_point(SNAPSHOT_INSTALL_AFTER);
             sm.installs.fetch_add(1, Ordering::Relaxed);
             Ok(())
         })

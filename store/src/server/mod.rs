@@ -82,6 +82,8 @@ pub enum ServerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error(transparent)]
+    Failpoints(#[from] crate::failpoints::FailpointError),
+    #[error(transparent)]
     DataDir(#[from] datadir::DataDirError),
     #[error(transparent)]
     Pki(#[from] crate::pki::PkiError),
@@ -177,6 +179,14 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Serve
 
 /// Starts a member and returns once it listens on all its ports.
 pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
+    let armed = crate::failpoints::configure_from_env()?;
+    if !armed.is_empty() {
+        tracing::warn!(
+            failpoints = armed.join(","),
+            "crash failpoints armed from {}: this member will abort when one fires",
+            crate::failpoints::ENV
+        );
+    }
     let peer_addr = cfg.own_peer_addr()?;
     let id = member_id(&cfg.cluster_token, &peer_addr);
     let cid = cluster_id(&cfg.cluster_token);
