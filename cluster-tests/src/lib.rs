@@ -14,6 +14,7 @@ use rkube_store::proto::etcdserverpb as pb;
 use rkube_store::server::snapshot_schedule::{self, SnapshotName};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+pub mod chaos;
 pub mod etcdctl;
 pub mod kubectl;
 mod process;

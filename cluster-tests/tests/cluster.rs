@@ -12,6 +12,10 @@ use tokio::sync::Mutex;
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/chaos.rs"]
+mod chaos;
+#[path = "cluster/chaos_k8s.rs"]
+mod chaos_k8s;
 #[path = "cluster/controllers.rs"]
 mod controllers;
 #[path = "cluster/deploy.rs"]

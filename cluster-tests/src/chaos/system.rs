@@ -1,0 +1,378 @@
+//! The system under test: three rkube servers, or three etcd 3.4 members for the side-by-side
+//! run, each a process in its own network namespace (a host of its own), reaching the others
+//! only through the fault proxies. The campaign kills (SIGKILL), pauses (SIGSTOP/SIGCONT),
+//! stops (SIGTERM), restarts (optionally with failpoints armed) and replaces (remove, wipe, add
+//! back) members here.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use rkube_store::proto::etcdserverpb as pb;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use super::net::Hosts;
+use super::proxy::FaultProxies;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Rkube,
+    Etcd,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Rkube => "rkube",
+            Kind::Etcd => "etcd 3.4",
+        }
+    }
+}
+
+/// Timing and log compaction of the members under test.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    pub election_timeout_ms: u64,
+    pub heartbeat_ms: u64,
+    /// A snapshot after this many entries, so that a follower cut off for long needs one.
+    pub snapshot_count: u64,
+    pub snapshot_catchup_entries: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            election_timeout_ms: 1000,
+            heartbeat_ms: 100,
+            snapshot_count: 1000,
+            snapshot_catchup_entries: 300,
+        }
+    }
+}
+
+const CLIENT_PORT: u16 = 2379;
+const PEER_PORT: u16 = 2380;
+
+pub struct System {
+    pub kind: Kind,
+    pub dir: PathBuf,
+    pub tuning: Tuning,
+    pub proxies: FaultProxies,
+    /// Each member's process while it runs.
+    children: Vec<Option<Child>>,
+    paused: Vec<bool>,
+    /// Bumped when member i is wiped and added back: a new member, whose revisions start over.
+    pub generations: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>>,
+    token: String,
+    tls: Option<ClientTlsConfig>,
+    bin: PathBuf,
+    // Dropped last: the namespaces go once the processes are dead.
+    pub hosts: Hosts,
+}
+
+impl System {
+    /// Makes the hosts, proxies and certificates and starts `n` members as a new cluster.
+    pub async fn start(kind: Kind, n: usize, dir: &Path, tuning: Tuning, bin: &Path) -> Result<Self> {
+        if let Some(why) = super::net::unavailable() {
+            bail!("{why}");
+        }
+        let hosts = Hosts::create(n)?;
+        let targets = (0..n)
+            .map(|i| SocketAddr::new(IpAddr::V4(hosts.member_ip(i)), PEER_PORT))
+            .collect();
+        let proxies = FaultProxies::start(&hosts, 12380, targets).await?;
+        let token = format!("chaos-{:08x}", rand::random::<u32>());
+        let tls = match kind {
+            Kind::Etcd => None,
+            Kind::Rkube => Some(make_pki(&dir.join("pki"), &hosts)?),
+        };
+        let mut sys = Self {
+            kind,
+            dir: dir.to_path_buf(),
+            tuning,
+            proxies,
+            children: (0..n).map(|_| None).collect(),
+            paused: vec![false; n],
+            generations: std::sync::Arc::new((0..n).map(|_| Default::default()).collect()),
+            token,
+            tls,
+            bin: bin.to_path_buf(),
+            hosts,
+        };
+        for i in 0..n {
+            sys.spawn(i, "new", &[])?;
+        }
+        Ok(sys)
+    }
+
+    pub fn size(&self) -> usize {
+        self.children.len()
+    }
+
+    pub fn name(i: usize) -> String {
+        format!("m{i}")
+    }
+
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(Self::name(i))
+    }
+
+    fn peer_url(&self, i: usize) -> String {
+        let scheme = if self.kind == Kind::Rkube { "https" } else { "http" };
+        format!("{scheme}://{}", self.proxies.addrs[i])
+    }
+
+    pub fn client_addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::new(IpAddr::V4(self.hosts.member_ip(i)), CLIENT_PORT)
+    }
+
+    /// Starts member i's process: `state` new or existing, `env` extra environment (failpoints).
+    pub fn spawn(&mut self, i: usize, state: &str, env: &[(&str, &str)]) -> Result<()> {
+        if self.running(i) {
+            bail!("member {i} is already running");
+        }
+        let initial: Vec<String> = (0..self.size())
+            .map(|j| format!("{}={}", Self::name(j), self.peer_url(j)))
+            .collect();
+        let ip = self.hosts.member_ip(i);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", Self::name(i))))?;
+        let t = &self.tuning;
+        let mut cmd = match self.kind {
+            Kind::Rkube => {
+                let mut c = self.hosts.command(i, &self.bin);
+                c.arg("server")
+                    .args(["--name", &Self::name(i)])
+                    .arg("--data-dir")
+                    .arg(self.data_dir(i))
+                    .args(["--listen-peer", &format!("{ip}:{PEER_PORT}")])
+                    .args(["--listen-client", &format!("{ip}:{CLIENT_PORT}")])
+                    .args(["--listen-metrics", &format!("{ip}:2381")])
+                    .args(["--initial-cluster", &initial.join(",")])
+                    .args(["--initial-cluster-state", state])
+                    .args(["--initial-cluster-token", &self.token])
+                    .arg("--pki")
+                    .arg(self.dir.join("pki"))
+                    .args(["--snapshot-count", &t.snapshot_count.to_string()])
+                    .args([
+                        "--snapshot-catchup-entries",
+                        &t.snapshot_catchup_entries.to_string(),
+                    ])
+                    .env("RUST_LOG", "info");
+                c
+            }
+            Kind::Etcd => {
+                let mut c = self.hosts.command(i, Path::new("etcd"));
+                c.args(["--name", &Self::name(i)])
+                    .arg("--data-dir")
+                    .arg(self.data_dir(i))
+                    .args(["--listen-peer-urls", &format!("http://{ip}:{PEER_PORT}")])
+                    .args(["--initial-advertise-peer-urls", &self.peer_url(i)])
+                    .args(["--listen-client-urls", &format!("http://{ip}:{CLIENT_PORT}")])
+                    .args(["--advertise-client-urls", &format!("http://{ip}:{CLIENT_PORT}")])
+                    .args(["--initial-cluster", &initial.join(",")])
+                    .args(["--initial-cluster-state", state])
+                    .args(["--initial-cluster-token", &self.token])
+                    .args(["--snapshot-count", &t.snapshot_count.to_string()])
+                    .args(["--logger", "zap", "--log-level", "warn"]);
+                c
+            }
+        };
+        cmd.args(["--election-timeout", &t.election_timeout_ms.to_string()])
+            .args(["--heartbeat-interval", &t.heartbeat_ms.to_string()]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting member {i}"))?;
+        self.children[i] = Some(child);
+        self.paused[i] = false;
+        Ok(())
+    }
+
+    /// Whether member i's process is alive (a paused one is).
+    pub fn running(&mut self, i: usize) -> bool {
+        match &mut self.children[i] {
+            Some(c) => match c.try_wait() {
+                Ok(None) => true,
+                _ => {
+                    self.children[i] = None;
+                    false
+                }
+            },
+            None => false,
+        }
+    }
+
+    fn signal(&self, i: usize, sig: i32) {
+        if let Some(c) = &self.children[i] {
+            unsafe {
+                libc::kill(c.id() as i32, sig);
+            }
+        }
+    }
+
+    /// SIGKILL, and waits for the process to be gone.
+    pub fn kill(&mut self, i: usize) {
+        self.signal(i, libc::SIGKILL);
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.wait();
+        }
+        self.paused[i] = false;
+    }
+
+    /// SIGTERM, and waits (up to 20 s, then SIGKILL) for the process to exit.
+    pub async fn stop(&mut self, i: usize) {
+        self.resume(i);
+        self.signal(i, libc::SIGTERM);
+        for _ in 0..200 {
+            if !self.running(i) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kill(i);
+    }
+
+    pub fn pause(&mut self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+        self.paused[i] = true;
+    }
+
+    pub fn resume(&mut self, i: usize) {
+        if self.paused[i] {
+            self.signal(i, libc::SIGCONT);
+            self.paused[i] = false;
+        }
+    }
+
+    /// Starts member i again from its data dir.
+    pub fn restart(&mut self, i: usize, env: &[(&str, &str)]) -> Result<()> {
+        self.spawn(i, "new", env)
+    }
+
+    /// A client connection to member i's client port.
+    pub fn channel(&self, i: usize) -> Channel {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut e = Endpoint::from_shared(format!("{scheme}://{}", self.client_addr(i)))
+            .expect("endpoint")
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(5));
+        if let Some(tls) = &self.tls {
+            e = e.tls_config(tls.clone()).expect("tls");
+        }
+        e.connect_lazy()
+    }
+
+    /// Member i's status, bounded: a paused member accepts connections and never answers.
+    pub async fn status(&self, i: usize) -> Option<pb::StatusResponse> {
+        let mut m = pb::maintenance_client::MaintenanceClient::new(self.channel(i));
+        let call = m.status(pb::StatusRequest {});
+        tokio::time::timeout(Duration::from_millis(800), call)
+            .await
+            .ok()?
+            .ok()
+            .map(|r| r.into_inner())
+    }
+
+    /// The member that says it leads, if one does.
+    pub async fn leader(&self) -> Option<usize> {
+        let all = futures::future::join_all((0..self.size()).map(|i| self.status(i))).await;
+        all.iter().enumerate().find_map(|(i, s)| {
+            let s = s.as_ref()?;
+            let me = s.header.as_ref()?.member_id;
+            (s.leader != 0 && s.leader == me).then_some(i)
+        })
+    }
+
+    /// Removes member i from the cluster, wipes its data and adds it back as a new member
+    /// with the same address; the process must already be stopped.
+    pub async fn replace(&mut self, i: usize) -> Result<()> {
+        let other = (0..self.size())
+            .find(|j| *j != i)
+            .context("no other member")?;
+        let mut cluster = pb::cluster_client::ClusterClient::new(self.channel(other));
+        let members = cluster
+            .member_list(pb::MemberListRequest::default())
+            .await?
+            .into_inner();
+        let url = self.peer_url(i);
+        let id = members
+            .members
+            .iter()
+            .find(|m| {
+                m.peer_ur_ls.iter().any(|u| {
+                    u.split_once("://").map_or(u.as_str(), |(_, a)| a)
+                        == self.proxies.addrs[i].to_string()
+                })
+            })
+            .map(|m| m.id)
+            .with_context(|| format!("member {i} ({url}) is not in the member list"))?;
+        cluster
+            .member_remove(pb::MemberRemoveRequest { id })
+            .await
+            .context("member remove")?;
+        std::fs::remove_dir_all(self.data_dir(i)).ok();
+        self.generations[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // The removal is committed by a quorum; adding back right away is what an operator does.
+        let mut added = None;
+        for _ in 0..150 {
+            match cluster
+                .member_add(pb::MemberAddRequest {
+                    peer_ur_ls: vec![url.clone()],
+                    is_learner: false,
+                })
+                .await
+            {
+                Ok(r) => {
+                    added = Some(r);
+                    break;
+                }
+                Err(e) => {
+                    eprintln!("  member add of m{i}: {}", e.message());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        added.context("member add kept failing")?;
+        self.spawn(i, "existing", &[])
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        for i in 0..self.size() {
+            self.kill(i);
+        }
+    }
+}
+
+/// The cluster CA, a certificate per member (valid for its own address and the proxies'
+/// address, which is how the other members reach it) and a client certificate.
+fn make_pki(dir: &Path, hosts: &Hosts) -> Result<ClientTlsConfig> {
+    use rkube_store::pki;
+    pki::init_ca(dir)?;
+    for i in 0..hosts.members {
+        let sans = vec![
+            hosts.member_ip(i).to_string(),
+            hosts.host_ip().to_string(),
+            "127.0.0.1".to_string(),
+        ];
+        pki::issue(dir, &System::name(i), &System::name(i), None, &sans, true, true)?;
+    }
+    pki::issue(dir, "admin", "root", None, &[], false, true)?;
+    Ok(ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(dir.join("ca.crt"))?))
+        .identity(Identity::from_pem(
+            std::fs::read(dir.join("admin.crt"))?,
+            std::fs::read(dir.join("admin.key"))?,
+        )))
+}
