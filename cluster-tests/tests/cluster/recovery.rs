@@ -253,9 +253,6 @@ async fn follower_crashing_in_apply_and_snapshot_build_comes_back_with_every_wri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: openraft 0.9 persists the log purge of a snapshot install before the \
-            state machine has installed it, and a member that crashes between the two panics \
-            at every start (purge_upto > snapshot_last_log_id)"]
 async fn follower_crashing_while_installing_a_snapshot_installs_it_on_restart() {
     use rkube_store::failpoints::{SNAPSHOT_INSTALL_AFTER, SNAPSHOT_INSTALL_BEFORE};
     let mut c = Cluster::start(Options {

@@ -1041,6 +1041,12 @@ impl MvccStore {
     }
 
     /// Replaces the whole state with a dump.
+    /// Makes everything written so far durable (sled's trees share one log).
+    pub fn flush(&self) -> Result<(), StorageError> {
+        self.trees.meta.flush()?;
+        Ok(())
+    }
+
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         for (name, tree) in self.trees.all() {

@@ -34,6 +34,9 @@ pub struct LogStore {
     /// The committed index as openraft last reported it, for status and metrics.
     committed: Arc<AtomicU64>,
     fsync_seconds: Option<Histogram>,
+    /// The state machine's [`super::state_machine::StateMachine::snapshot_watermark`]: a purge
+    /// is persisted only once a snapshot covering it is on disk.
+    snapshot_on_disk: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl LogStore {
@@ -44,7 +47,14 @@ impl LogStore {
             meta: db.open_tree("raft_meta")?,
             committed: Arc::new(AtomicU64::new(0)),
             fsync_seconds: None,
+            snapshot_on_disk: None,
         })
+    }
+
+    /// Purges wait until the state machine's snapshot on disk covers them.
+    pub fn purging_behind(mut self, snapshot_on_disk: tokio::sync::watch::Receiver<u64>) -> Self {
+        self.snapshot_on_disk = Some(snapshot_on_disk);
+        self
     }
 
     /// Reports the committed index into `committed` and fsync times into `fsync_seconds`.
@@ -208,6 +218,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        if let Some(on_disk) = &mut self.snapshot_on_disk {
+            // openraft purges up to a snapshot it is still installing; the install runs on the
+            // state machine's task and raises the watermark once its file is durable.
+            loop {
+                let wait = on_disk.wait_for(|i| *i >= log_id.index);
+                let waited = tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+                    .await
+                    .map(|r| r.is_ok());
+                match waited {
+                    Ok(true) => break,
+                    // The state machine is gone (shutting down): purge nothing.
+                    Ok(false) => return Ok(()),
+                    Err(_) => tracing::warn!(
+                        upto = log_id.index,
+                        on_disk = *on_disk.borrow(),
+                        "log purge waiting for a snapshot covering it to be on disk"
+                    ),
+                }
+            }
+        }
         self.put_meta(LAST_PURGED, &log_id)?;
         let mut batch = sled::Batch::default();
         for item in self.log.range(..=index_key(log_id.index)) {

@@ -51,6 +51,10 @@ pub struct StateMachine {
     counter: Arc<AtomicU64>,
     /// Snapshots installed from a leader since start.
     pub installs: Arc<AtomicU64>,
+    /// The last log index that the snapshot file on disk covers, raised once a new one is
+    /// durable. The log store waits for it before it persists a purge (see
+    /// [`StateMachine::snapshot_watermark`]).
+    durable: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl StateMachine {
@@ -61,14 +65,34 @@ impl StateMachine {
             dir: dir.to_path_buf(),
             counter: Arc::new(AtomicU64::new(0)),
             installs: Arc::new(AtomicU64::new(0)),
+            durable: Arc::new(tokio::sync::watch::channel(0).0),
         };
+        let file = sm.read_snapshot_file()?;
         if dir.join(INSTALL_MARKER).exists() {
-            if let Some(file) = sm.read_snapshot_file()? {
+            if let Some(file) = &file {
                 sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
+                sm.mvcc.flush()?;
             }
             std::fs::remove_file(dir.join(INSTALL_MARKER))?;
         }
+        if let Some(file) = &file {
+            sm.snapshot_durable(&file.meta);
+        }
         Ok(sm)
+    }
+
+    /// The last log index the snapshot on disk covers. openraft purges the log up to a
+    /// snapshot it is installing at the same time as it hands the snapshot to the state
+    /// machine; a purge persisted before the snapshot is would leave, after a crash, a log that
+    /// starts beyond everything the member has (a data dir that cannot start). The log store
+    /// waits on this before it persists a purge.
+    pub fn snapshot_watermark(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.durable.subscribe()
+    }
+
+    fn snapshot_durable(&self, meta: &SnapshotMeta<NodeId, Member>) {
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        self.durable.send_modify(|d| *d = (*d).max(index));
     }
 
     pub fn mvcc(&self) -> &Arc<MvccStore> {
@@ -78,6 +102,7 @@ impl StateMachine {
     /// Forgets the Raft state kept with the data: the applied log id, the membership and the
     /// snapshot file. The keys, history and leases stay.
     pub fn forget_raft_state(&self) -> Result<(), StorageError> {
+        self.durable.send_replace(0);
         self.mvcc
             .remove_meta(&[META_APPLIED, META_MEMBERSHIP, META_BATCH_PROGRESS])?;
         match std::fs::remove_file(self.dir.join(SNAPSHOT_FILE)) {
@@ -154,6 +179,9 @@ impl StateMachine {
             f.sync_all()?;
         }
         std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        // The rename is durable once the directory is.
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        self.snapshot_durable(&file.meta);
         Ok(())
     }
 }
@@ -280,6 +308,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             sm.write_snapshot_file(&file)?;
             std::fs::write(sm.dir.join(INSTALL_MARKER), b"")?;
             sm.mvcc.restore(dump)?;
+            // The marker goes only once the restored trees are on disk: a crash before that
+            // restores again at the next start.
+            sm.mvcc.flush()?;
             std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
             crash_point(SNAPSHOT_INSTALL_AFTER);
             sm.installs.fetch_add(1, Ordering::Relaxed);

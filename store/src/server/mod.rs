@@ -229,7 +229,8 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let committed = Arc::new(AtomicU64::new(0));
     let mut log_store = LogStore::open(&db)
         .map_err(|e| storage_err(e.into()))?
-        .observed(committed.clone(), metrics.fsync_seconds.clone());
+        .observed(committed.clone(), metrics.fsync_seconds.clone())
+        .purging_behind(sm.snapshot_watermark());
 
     let forced = if cfg.force_new_cluster {
         if data_dir.fresh {
