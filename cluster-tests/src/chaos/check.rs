@@ -69,7 +69,9 @@ pub struct Verdict {
 /// time left.
 pub fn linearizable(history: &[Op], budget: Duration) -> Verdict {
     let started = Instant::now();
-    let deadline = started.checked_add(budget).unwrap_or(started + Duration::from_secs(86_400 * 365));
+    let deadline = started
+        .checked_add(budget)
+        .unwrap_or(started + Duration::from_secs(86_400 * 365));
     let groups = match group_ops(history) {
         Ok(g) => g,
         Err(malformed) => {
@@ -201,7 +203,14 @@ impl Step {
 
     /// Whether the op leaves the state as it is wherever it can go.
     fn changes_nothing(self) -> bool {
-        matches!(self, Step::Read(_) | Step::Cas { ok: Some(false), .. })
+        matches!(
+            self,
+            Step::Read(_)
+                | Step::Cas {
+                    ok: Some(false),
+                    ..
+                }
+        )
     }
 }
 
@@ -1342,7 +1351,11 @@ mod tests {
     fn register_histories() {
         let cases: Vec<(&str, Vec<Op>, bool)> = vec![
             ("empty", vec![], true),
-            ("read of the initial absent key", vec![read(0, 0, 10, "x", "-")], true),
+            (
+                "read of the initial absent key",
+                vec![read(0, 0, 10, "x", "-")],
+                true,
+            ),
             (
                 "read after a write",
                 vec![put(0, 0, Some(10), "x", "1"), read(1, 20, 30, "x", "1")],
@@ -1778,9 +1791,13 @@ mod tests {
         let history = simulate(7, 5, 2000, &["x"], 0.03);
         assert!(history.len() > 1900);
         assert!(history.iter().any(|o| o.ret.is_none()));
-        assert!(history
-            .iter()
-            .any(|o| matches!(o.kind, Kind::Cas { ok: Some(false), .. })));
+        assert!(history.iter().any(|o| matches!(
+            o.kind,
+            Kind::Cas {
+                ok: Some(false),
+                ..
+            }
+        )));
         let v = linearizable(&history, Duration::from_secs(60));
         assert_eq!(v.linearizable, Some(true), "{v:?}");
     }
@@ -2128,7 +2145,10 @@ mod tests {
         ];
         let r = check_watches(&logs, None);
         assert!(!r.reliable, "{r:?}");
-        assert!(r.problems.iter().any(|p| p.contains("delete a at 4")), "{r:?}");
+        assert!(
+            r.problems.iter().any(|p| p.contains("delete a at 4")),
+            "{r:?}"
+        );
     }
 
     #[test]
@@ -2225,12 +2245,18 @@ mod tests {
             obs("client-0", 3_000_000_000, 4),
         ];
         let e = revisions_monotonic(&bad).unwrap_err();
-        assert!(e.starts_with("member-2 saw revision 12 at 1.500000000 s"), "{e}");
+        assert!(
+            e.starts_with("member-2 saw revision 12 at 1.500000000 s"),
+            "{e}"
+        );
         assert!(e.contains("then revision 11 at 2.250000000 s"), "{e}");
         assert!(e.contains("2 regressions"), "{e}");
         // A label's own regression, reported even when observations arrive out of order.
         let e = revisions_monotonic(&[obs("c", 20, 3), obs("c", 10, 4)]).unwrap_err();
-        assert!(e.contains("revision 4 at 0.000000010 s and then revision 3"), "{e}");
+        assert!(
+            e.contains("revision 4 at 0.000000010 s and then revision 3"),
+            "{e}"
+        );
     }
 
     #[test]
