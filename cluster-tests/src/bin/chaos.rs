@@ -41,6 +41,12 @@ struct Args {
     /// new directory under the system's temporary directory, kept).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// The members' heartbeat interval, milliseconds (both systems' --heartbeat-interval).
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// The members' election timeout, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
     /// The rkube binary (default: the workspace's debug build, built if needed).
     #[arg(long, env = "RKUBE_BIN")]
     rkube_bin: Option<PathBuf>,
@@ -105,7 +111,11 @@ async fn main() -> Result<()> {
         watchers: a.watchers,
         dir,
         rkube_bin,
-        tuning: Tuning::default(),
+        tuning: Tuning {
+            heartbeat_ms: a.heartbeat_interval,
+            election_timeout_ms: a.election_timeout,
+            ..Tuning::default()
+        },
     })
     .await
     .context("the campaign could not run")?;

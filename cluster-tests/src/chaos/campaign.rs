@@ -879,6 +879,14 @@ impl Run {
         }
         let crashed = !self.sys.running(m);
         let at = self.rec.now();
+        // The stop and armed restart may have moved leadership already: the crash deposes a
+        // leader only if m led when it crashed.
+        let led = lock(&self.claims)
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= at)
+            .and_then(|(_, c)| *c)
+            .is_some_and(|(i, _)| i == m);
         if !crashed {
             self.sys.kill(m);
         }
@@ -894,7 +902,7 @@ impl Run {
                 }
             ),
             at,
-            m == leader,
+            led,
         ))
     }
 
