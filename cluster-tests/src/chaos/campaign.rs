@@ -633,11 +633,14 @@ impl Run {
         }
     }
 
-    /// Writes `n` keys as fast as the cluster takes them (20 at a time): enough entries for a
-    /// snapshot, or to leave a cut-off follower behind the log.
-    async fn fill(&self, n: usize) -> usize {
+    /// Writes `n` keys as fast as the cluster takes them (20 at a time) through every member
+    /// but `cut_off`: enough entries for a snapshot, or to leave a cut-off follower behind.
+    async fn fill(&self, n: usize, cut_off: Option<usize>) -> usize {
         use futures::StreamExt;
-        let channels: Vec<_> = (0..self.sys.size()).map(|i| self.sys.channel(i)).collect();
+        let channels: Vec<_> = (0..self.sys.size())
+            .filter(|i| Some(*i) != cut_off)
+            .map(|i| self.sys.channel(i))
+            .collect();
         let done = futures::stream::iter(0..n)
             .map(|k| {
                 let mut kv = pb::kv_client::KvClient::new(channels[k % channels.len()].clone());
@@ -773,7 +776,10 @@ impl Run {
                 let at = now();
                 let t = &self.sys.tuning;
                 let wrote = self
-                    .fill((t.snapshot_count + t.snapshot_catchup_entries + 200) as usize)
+                    .fill(
+                        (t.snapshot_count + t.snapshot_catchup_entries + 200) as usize,
+                        Some(f),
+                    )
                     .await;
                 let head = self.head_revision_of(l).await.unwrap_or(0);
                 self.sys.proxies.heal();
@@ -865,13 +871,16 @@ impl Run {
         if point.starts_with("snapshot-install") {
             // Leave it behind the leader's log so that it is sent a snapshot.
             self.sys.proxies.isolate(m, &all, true, true, LinkFault::Cut);
-            self.fill((t.snapshot_count + t.snapshot_catchup_entries + 200) as usize)
-                .await;
+            self.fill(
+                (t.snapshot_count + t.snapshot_catchup_entries + 200) as usize,
+                Some(m),
+            )
+            .await;
             self.sys.proxies.heal();
         } else if point.starts_with("snapshot-build") {
-            self.fill(t.snapshot_count as usize + 100).await;
+            self.fill(t.snapshot_count as usize + 100, None).await;
         } else {
-            self.fill(50).await;
+            self.fill(50, None).await;
         }
         let end = Instant::now() + Duration::from_secs(30);
         while self.sys.running(m) && Instant::now() < end {
