@@ -919,15 +919,31 @@ enum End {
     Stopped,
 }
 
+/// The object types a follower lists and watches.
+trait Watched:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + 'static
+{
+}
+
 impl<V> Follower<V> {
     async fn run<K>(mut self, mut stop: watch::Receiver<bool>) -> Self
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + 'static,
+        K: Watched,
         V: View<K>,
     {
         loop {
@@ -962,12 +978,7 @@ impl<V> Follower<V> {
     /// Lists until a member answers; None when told to stop first.
     async fn list<K>(&mut self, stop: &mut watch::Receiver<bool>) -> Option<i64>
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + 'static,
+        K: Watched,
         V: View<K>,
     {
         loop {
@@ -1015,12 +1026,7 @@ impl<V> Follower<V> {
 
     async fn watch<K>(&mut self, s: &mut Session, stop: &mut watch::Receiver<bool>) -> End
     where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + 'static,
+        K: Watched,
         V: View<K>,
     {
         let api: Api<K> = self.shared.api(s.member);
