@@ -14,7 +14,9 @@ use cluster_tests::chaos::campaign::{self, Config, Fault};
 use cluster_tests::chaos::system::{Kind, Tuning};
 
 #[derive(Parser)]
-#[command(about = "Run a chaos campaign against a three-member cluster (needs root: it makes network namespaces)")]
+#[command(
+    about = "Run a chaos campaign against a three-member cluster (needs root: it makes network namespaces)"
+)]
 struct Args {
     /// Seed of the fault schedule and the clients' choices (default: random, printed).
     #[arg(long)]

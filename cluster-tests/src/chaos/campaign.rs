@@ -299,8 +299,15 @@ pub async fn run(config: Config) -> Result<Summary> {
         rec.clone(),
         run.claims.clone(),
     )));
-    tasks.push(tokio::spawn(prober(channels.clone(), rec.clone(), run.probes.clone())));
-    tasks.push(tokio::spawn(workload::compactor(channels.clone(), rec.clone())));
+    tasks.push(tokio::spawn(prober(
+        channels.clone(),
+        rec.clone(),
+        run.probes.clone(),
+    )));
+    tasks.push(tokio::spawn(workload::compactor(
+        channels.clone(),
+        rec.clone(),
+    )));
     for id in 0..config.clients {
         tasks.push(tokio::spawn(workload::client(
             id,
@@ -377,15 +384,17 @@ pub async fn run(config: Config) -> Result<Summary> {
         }
     }
     let _ = run.wait_writable(RECOVERY_BOUND).await;
-    eprintln!("[{:>6.1} s] healed; stopping the clients", rec.start.elapsed().as_secs_f64());
+    eprintln!(
+        "[{:>6.1} s] healed; stopping the clients",
+        rec.start.elapsed().as_secs_f64()
+    );
     rec.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = tokio::time::timeout(
-        Duration::from_secs(30),
-        futures::future::join_all(tasks),
-    )
-    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(tasks)).await;
     let found = run.final_reads().await?;
-    eprintln!("[{:>6.1} s] final state read; checking", rec.start.elapsed().as_secs_f64());
+    eprintln!(
+        "[{:>6.1} s] final state read; checking",
+        rec.start.elapsed().as_secs_f64()
+    );
 
     // Recovery times from the monitor's and the prober's records.
     for r in &mut records {
@@ -445,7 +454,10 @@ fn save_failure(
         w += &format!("{l:?}\n");
     }
     std::fs::write(d.join("watches.txt"), w)?;
-    eprintln!("the seed, the summary and the histories are in {}", d.display());
+    eprintln!(
+        "the seed, the summary and the histories are in {}",
+        d.display()
+    );
     Ok(())
 }
 
@@ -462,8 +474,11 @@ async fn monitor(
         let polls = channels.iter().enumerate().map(|(i, ch)| {
             let mut m = pb::maintenance_client::MaintenanceClient::new(ch.clone());
             async move {
-                let r = tokio::time::timeout(Duration::from_millis(500), m.status(pb::StatusRequest {}))
-                    .await;
+                let r = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    m.status(pb::StatusRequest {}),
+                )
+                .await;
                 (i, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
             }
         });
@@ -481,7 +496,10 @@ async fn monitor(
                 if g == before[*i] {
                     lock(&rec.revisions).push((format!("member-m{i}.{g}"), now, h.revision));
                 }
-                if s.leader != 0 && s.leader == h.member_id && best.is_none_or(|(_, t)| s.raft_term > t) {
+                if s.leader != 0
+                    && s.leader == h.member_id
+                    && best.is_none_or(|(_, t)| s.raft_term > t)
+                {
                     best = Some((*i, s.raft_term));
                 }
             }
@@ -604,8 +622,7 @@ impl Run {
         let leader = lock(&self.claims)
             .iter()
             .find(|(at, c)| {
-                *at >= r.reference
-                    && c.is_some_and(|(_, term)| !r.deposes || term > before)
+                *at >= r.reference && c.is_some_and(|(_, term)| !r.deposes || term > before)
             })
             .map(|(at, _)| Duration::from_nanos(at - r.reference));
         let write = lock(&self.probes)
@@ -689,7 +706,12 @@ impl Run {
                 let at = now();
                 let new = self.wait_other_leader(l, Duration::from_secs(30)).await;
                 self.sys.restart(l, &[])?;
-                self.record(fault, format!("killed leader m{l}; new leader {new:?}"), at, true)
+                self.record(
+                    fault,
+                    format!("killed leader m{l}; new leader {new:?}"),
+                    at,
+                    true,
+                )
             }
             Fault::KillMember => {
                 let m = self.rng.gen_range(0..n);
@@ -766,13 +788,20 @@ impl Run {
                 } else {
                     "20% loss"
                 };
-                self.record(fault, format!("{what} on every peer link for 5 s"), at, false)
+                self.record(
+                    fault,
+                    format!("{what} on every peer link for 5 s"),
+                    at,
+                    false,
+                )
             }
             Fault::SnapshotCatchup => {
                 let others = self.others(l);
                 let f = others[self.rng.gen_range(0..others.len())];
                 let all: Vec<usize> = (0..n).collect();
-                self.sys.proxies.isolate(f, &all, true, true, LinkFault::Cut);
+                self.sys
+                    .proxies
+                    .isolate(f, &all, true, true, LinkFault::Cut);
                 let at = now();
                 let t = &self.sys.tuning;
                 let wrote = self
@@ -788,7 +817,10 @@ impl Run {
                     fault,
                     format!(
                         "cut follower m{f} off while {wrote} writes went in; caught up {}",
-                        caught.map_or("never".into(), |d| format!("{:.2} s after the heal", d.as_secs_f64()))
+                        caught.map_or("never".into(), |d| format!(
+                            "{:.2} s after the heal",
+                            d.as_secs_f64()
+                        ))
                     ),
                     at,
                     false,
@@ -821,7 +853,12 @@ impl Run {
                     let head = self.head_revision_of((m + 1) % n).await.unwrap_or(0);
                     self.wait_caught_up(m, head, RECOVERY_BOUND).await;
                 }
-                self.record(fault, "stopped and restarted every member in turn".into(), at, false)
+                self.record(
+                    fault,
+                    "stopped and restarted every member in turn".into(),
+                    at,
+                    false,
+                )
             }
         })
     }
@@ -865,12 +902,15 @@ impl Run {
         };
         self.sys.stop(m).await;
         let armed = format!("{point}=return");
-        self.sys.restart(m, &[("RKUBE_FAILPOINTS", armed.as_str())])?;
+        self.sys
+            .restart(m, &[("RKUBE_FAILPOINTS", armed.as_str())])?;
         let t = self.sys.tuning.clone();
         let all: Vec<usize> = (0..self.sys.size()).collect();
         if point.starts_with("snapshot-install") {
             // Leave it behind the leader's log so that it is sent a snapshot.
-            self.sys.proxies.isolate(m, &all, true, true, LinkFault::Cut);
+            self.sys
+                .proxies
+                .isolate(m, &all, true, true, LinkFault::Cut);
             self.fill(
                 (t.snapshot_count + t.snapshot_catchup_entries + 200) as usize,
                 Some(m),

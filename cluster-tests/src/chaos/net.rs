@@ -66,13 +66,21 @@ impl Hosts {
     fn set_up(&self) -> Result<()> {
         let b = self.bridge.as_str();
         sh("ip", &["link", "add", b, "type", "bridge"])?;
-        sh("ip", &["addr", "add", &format!("{}/24", self.host_ip()), "dev", b])?;
+        sh(
+            "ip",
+            &["addr", "add", &format!("{}/24", self.host_ip()), "dev", b],
+        )?;
         sh("ip", &["link", "set", b, "up"])?;
         for i in 0..self.members {
             let ns = self.netns(i);
             let (outer, inner) = (format!("{b}h{i}"), format!("{b}m{i}"));
             sh("ip", &["netns", "add", &ns])?;
-            sh("ip", &["link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+            sh(
+                "ip",
+                &[
+                    "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+                ],
+            )?;
             sh("ip", &["link", "set", &outer, "master", b, "up"])?;
             sh("ip", &["link", "set", &inner, "netns", &ns])?;
             let in_ns = |args: &[&str]| {
@@ -80,10 +88,22 @@ impl Hosts {
                 all.extend_from_slice(args);
                 sh("ip", &all)
             };
-            in_ns(&["addr", "add", &format!("{}/24", self.member_ip(i)), "dev", &inner])?;
+            in_ns(&[
+                "addr",
+                "add",
+                &format!("{}/24", self.member_ip(i)),
+                "dev",
+                &inner,
+            ])?;
             in_ns(&["link", "set", &inner, "up"])?;
             in_ns(&["link", "set", "lo", "up"])?;
-            in_ns(&["route", "add", "default", "via", &self.host_ip().to_string()])?;
+            in_ns(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                &self.host_ip().to_string(),
+            ])?;
         }
         Ok(())
     }

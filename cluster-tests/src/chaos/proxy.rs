@@ -92,7 +92,14 @@ impl FaultProxies {
                         .find(|(ip, _)| *ip == from.ip())
                         .map_or(OUTSIDE, |(_, j)| *j);
                     let _ = conn.set_nodelay(true);
-                    tokio::spawn(carry(conn, src, i, target, links.clone(), epoch.subscribe()));
+                    tokio::spawn(carry(
+                        conn,
+                        src,
+                        i,
+                        target,
+                        links.clone(),
+                        epoch.subscribe(),
+                    ));
                 }
             }));
         }

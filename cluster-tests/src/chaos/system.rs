@@ -74,7 +74,13 @@ pub struct System {
 
 impl System {
     /// Makes the hosts, proxies and certificates and starts `n` members as a new cluster.
-    pub async fn start(kind: Kind, n: usize, dir: &Path, tuning: Tuning, bin: &Path) -> Result<Self> {
+    pub async fn start(
+        kind: Kind,
+        n: usize,
+        dir: &Path,
+        tuning: Tuning,
+        bin: &Path,
+    ) -> Result<Self> {
         if let Some(why) = super::net::unavailable() {
             bail!("{why}");
         }
@@ -120,7 +126,11 @@ impl System {
     }
 
     fn peer_url(&self, i: usize) -> String {
-        let scheme = if self.kind == Kind::Rkube { "https" } else { "http" };
+        let scheme = if self.kind == Kind::Rkube {
+            "https"
+        } else {
+            "http"
+        };
         format!("{scheme}://{}", self.proxies.addrs[i])
     }
 
@@ -172,8 +182,14 @@ impl System {
                     .arg(self.data_dir(i))
                     .args(["--listen-peer-urls", &format!("http://{ip}:{PEER_PORT}")])
                     .args(["--initial-advertise-peer-urls", &self.peer_url(i)])
-                    .args(["--listen-client-urls", &format!("http://{ip}:{CLIENT_PORT}")])
-                    .args(["--advertise-client-urls", &format!("http://{ip}:{CLIENT_PORT}")])
+                    .args([
+                        "--listen-client-urls",
+                        &format!("http://{ip}:{CLIENT_PORT}"),
+                    ])
+                    .args([
+                        "--advertise-client-urls",
+                        &format!("http://{ip}:{CLIENT_PORT}"),
+                    ])
                     .args(["--initial-cluster", &initial.join(",")])
                     .args(["--initial-cluster-state", state])
                     .args(["--initial-cluster-token", &self.token])
@@ -366,7 +382,15 @@ fn make_pki(dir: &Path, hosts: &Hosts) -> Result<ClientTlsConfig> {
             hosts.host_ip().to_string(),
             "127.0.0.1".to_string(),
         ];
-        pki::issue(dir, &System::name(i), &System::name(i), None, &sans, true, true)?;
+        pki::issue(
+            dir,
+            &System::name(i),
+            &System::name(i),
+            None,
+            &sans,
+            true,
+            true,
+        )?;
     }
     pki::issue(dir, "admin", "root", None, &[], false, true)?;
     Ok(ClientTlsConfig::new()

@@ -199,11 +199,17 @@ pub async fn client(id: usize, channels: Vec<Channel>, rec: Arc<Record>, seed: u
             } else {
                 let expect = vec![last_seen[REGISTERS].clone(), last_seen[REGISTERS].clone()];
                 let values = vec![unique.clone(), unique.clone()];
-                let r = bounded(kv.txn(pb::TxnRequest {
-                    compare: keys.iter().zip(&expect).map(|(k, e)| holds(k, e)).collect(),
-                    success: keys.iter().zip(&values).map(|(k, v)| put_op(k, v)).collect(),
-                    ..Default::default()
-                }))
+                let r = bounded(
+                    kv.txn(pb::TxnRequest {
+                        compare: keys.iter().zip(&expect).map(|(k, e)| holds(k, e)).collect(),
+                        success: keys
+                            .iter()
+                            .zip(&values)
+                            .map(|(k, v)| put_op(k, v))
+                            .collect(),
+                        ..Default::default()
+                    }),
+                )
                 .await;
                 if let Ok(t) = &r {
                     rec.revision(&who, t.header.as_ref());
@@ -245,7 +251,13 @@ pub async fn client(id: usize, channels: Vec<Channel>, rec: Arc<Record>, seed: u
                     last_seen[k] = Some(unique.clone());
                 }
                 let ok = r.is_ok();
-                (keys, Some(Kind::Put { values: vec![unique.clone()] }), ok)
+                (
+                    keys,
+                    Some(Kind::Put {
+                        values: vec![unique.clone()],
+                    }),
+                    ok,
+                )
             } else {
                 let expect = vec![last_seen[k].clone()];
                 let r = bounded(kv.txn(pb::TxnRequest {

@@ -1909,7 +1909,11 @@ async fn a_tracked_watcher_is_delivered_only_up_to_what_its_consumer_passed_on()
         },
         16,
     );
-    assert_eq!(delivery.delivered(), Some(1), "nothing sent yet: in sync at the start");
+    assert_eq!(
+        delivery.delivered(),
+        Some(1),
+        "nothing sent yet: in sync at the start"
+    );
     put(&s, "a", "2"); // 2
     put(&s, "b", "1"); // 3, outside the range
     let WatchMessage::Events { revision: 2, .. } = next(&mut rx).await else {
