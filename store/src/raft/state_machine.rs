@@ -67,18 +67,34 @@ impl StateMachine {
             installs: Arc::new(AtomicU64::new(0)),
             durable: Arc::new(tokio::sync::watch::channel(0).0),
         };
-        let file = sm.read_snapshot_file()?;
         if dir.join(INSTALL_MARKER).exists() {
-            if let Some(file) = &file {
+            if let Some(file) = sm.read_snapshot_file()? {
                 sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
                 sm.mvcc.flush()?;
             }
             std::fs::remove_file(dir.join(INSTALL_MARKER))?;
         }
-        if let Some(file) = &file {
-            sm.snapshot_durable(&file.meta);
+        if let Some(meta) = sm.read_snapshot_meta()? {
+            sm.snapshot_durable(&meta);
         }
         Ok(sm)
+    }
+
+    /// The snapshot file's metadata only: it comes first in the file, so the data (which may be
+    /// large) is not read.
+    fn read_snapshot_meta(&self) -> Result<Option<SnapshotMeta<NodeId, Member>>, StorageError> {
+        #[derive(Deserialize)]
+        struct Head {
+            meta: SnapshotMeta<NodeId, Member>,
+        }
+        match std::fs::File::open(self.dir.join(SNAPSHOT_FILE)) {
+            Ok(f) => {
+                let head: Head = bincode::deserialize_from(std::io::BufReader::new(f))?;
+                Ok(Some(head.meta))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The last log index the snapshot on disk covers. openraft purges the log up to a
