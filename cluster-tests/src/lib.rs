@@ -26,6 +26,11 @@ pub use pb::lease_client::LeaseClient;
 pub use pb::maintenance_client::MaintenanceClient;
 pub use pb::watch_client::WatchClient;
 
+/// Whether the member that answered this status says it is the leader.
+pub fn claims_leadership(s: &pb::StatusResponse) -> bool {
+    s.leader != 0 && s.header.as_ref().is_some_and(|h| h.member_id == s.leader)
+}
+
 /// The rkube binary, built once per test process.
 pub fn rkube_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -538,11 +543,8 @@ impl Cluster {
     /// Index of the member that is leader and that the others agree on, if any.
     pub async fn leader(&self) -> Option<usize> {
         for i in 0..self.members.len() {
-            if let Some(s) = self.status(i).await {
-                let me = s.header.as_ref().map_or(0, |h| h.member_id);
-                if s.leader != 0 && s.leader == me {
-                    return Some(i);
-                }
+            if self.status(i).await.is_some_and(|s| claims_leadership(&s)) {
+                return Some(i);
             }
         }
         None

@@ -496,10 +496,7 @@ async fn monitor(
                 if g == before[*i] {
                     lock(&rec.revisions).push((format!("member-m{i}.{g}"), now, h.revision));
                 }
-                if s.leader != 0
-                    && s.leader == h.member_id
-                    && best.is_none_or(|(_, t)| s.raft_term > t)
-                {
+                if crate::claims_leadership(s) && best.is_none_or(|(_, t)| s.raft_term > t) {
                     best = Some((*i, s.raft_term));
                 }
             }
@@ -575,32 +572,12 @@ impl Run {
         bail!("no member accepted a write within {bound:?}")
     }
 
-    async fn wait_leader(&self, bound: Duration) -> Option<usize> {
+    /// Waits (bounded) until a member other than `skip` says it leads; that member, if any.
+    async fn wait_leader_except(&self, skip: Option<usize>, bound: Duration) -> Option<usize> {
         let end = Instant::now() + bound;
         while Instant::now() < end {
-            if let Some(l) = self.sys.leader().await {
+            if let Some(l) = self.sys.leader_except(skip).await {
                 return Some(l);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
-    }
-
-    /// Waits until a leader other than `old` is seen (bounded); the new one, if any.
-    async fn wait_other_leader(&self, old: usize, bound: Duration) -> Option<usize> {
-        let end = Instant::now() + bound;
-        while Instant::now() < end {
-            let mut found = None;
-            for i in (0..self.sys.size()).filter(|i| *i != old) {
-                if let Some(s) = self.sys.status(i).await {
-                    let me = s.header.as_ref().map_or(0, |h| h.member_id);
-                    if s.leader != 0 && s.leader == me {
-                        found = Some(i);
-                    }
-                }
-            }
-            if found.is_some() {
-                return found;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -697,14 +674,16 @@ impl Run {
 
     async fn inject(&mut self, fault: Fault) -> Result<FaultRecord> {
         let n = self.sys.size();
-        let leader = self.wait_leader(Duration::from_secs(30)).await;
+        let leader = self.wait_leader_except(None, Duration::from_secs(30)).await;
         let l = leader.unwrap_or(0);
         let now = || self.rec.now();
         Ok(match fault {
             Fault::KillLeader => {
                 self.sys.kill(l);
                 let at = now();
-                let new = self.wait_other_leader(l, Duration::from_secs(30)).await;
+                let new = self
+                    .wait_leader_except(Some(l), Duration::from_secs(30))
+                    .await;
                 self.sys.restart(l, &[])?;
                 self.record(
                     fault,
@@ -873,7 +852,10 @@ impl Run {
     /// Whether a deposed leader refuses writes once a new leader is in charge: asks it for one
     /// write after the others elected someone.
     async fn old_leader_refuses(&self, old: usize) -> String {
-        let Some(new) = self.wait_other_leader(old, Duration::from_secs(10)).await else {
+        let Some(new) = self
+            .wait_leader_except(Some(old), Duration::from_secs(10))
+            .await
+        else {
             return "kept leading (no other leader within 10 s)".into();
         };
         let mut kv = pb::kv_client::KvClient::new(self.sys.channel(old));
@@ -960,7 +942,7 @@ impl Run {
     /// appends found.
     async fn final_reads(&self) -> Result<HashSet<String>> {
         let l = self
-            .wait_leader(RECOVERY_BOUND)
+            .wait_leader_except(None, RECOVERY_BOUND)
             .await
             .context("no leader after healing")?;
         let mut kv = pb::kv_client::KvClient::new(self.sys.channel(l));

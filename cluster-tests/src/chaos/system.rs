@@ -301,12 +301,17 @@ impl System {
 
     /// The member that says it leads, if one does.
     pub async fn leader(&self) -> Option<usize> {
-        let all = futures::future::join_all((0..self.size()).map(|i| self.status(i))).await;
-        all.iter().enumerate().find_map(|(i, s)| {
-            let s = s.as_ref()?;
-            let me = s.header.as_ref()?.member_id;
-            (s.leader != 0 && s.leader == me).then_some(i)
-        })
+        self.leader_except(None).await
+    }
+
+    /// The member other than `skip` that says it leads, if one does.
+    pub async fn leader_except(&self, skip: Option<usize>) -> Option<usize> {
+        let others = (0..self.size()).filter(|i| Some(*i) != skip);
+        let all =
+            futures::future::join_all(others.map(|i| async move { (i, self.status(i).await) }))
+                .await;
+        all.into_iter()
+            .find_map(|(i, s)| s.filter(crate::claims_leadership).map(|_| i))
     }
 
     /// Removes member i from the cluster, wipes its data and adds it back as a new member
