@@ -377,6 +377,11 @@ struct ServerArgs {
     /// surviving member, once, with every other member stopped.
     #[arg(long)]
     force_new_cluster: bool,
+    /// Acknowledge writes without syncing the write-ahead log (etcd's flag of the same name).
+    /// A power cut then loses acknowledged writes: for tests that must show it, never for data
+    /// anyone wants back.
+    #[arg(long)]
+    unsafe_no_fsync: bool,
     /// While leader, write a backup file this often, e.g. 30m, 1h, 10s (0: never).
     #[arg(long, default_value = "0", value_parser = flags::parse_snapshot_interval)]
     snapshot_interval: Duration,
@@ -423,6 +428,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
         quota_backend_bytes: a.quota_backend_bytes,
         force_new_cluster: a.force_new_cluster,
+        unsafe_no_fsync: a.unsafe_no_fsync,
         snapshot_schedule,
     })
 }

@@ -62,9 +62,9 @@ pub fn restore_into(file: &Path, data_dir: &Path, bump: i64) -> Result<backup::B
     }
     std::fs::create_dir_all(data_dir)?;
     let db = sled::Config::new().path(data_dir.join("db")).open()?;
-    let store = rkube_store::mvcc::MvccStore::open(&db)?;
+    let store = rkube_store::mvcc::MvccStore::open_dir(&db, &data_dir.join("db"))?;
     store.restore_for_new_cluster(dump, bump)?;
-    db.flush()?;
+    store.sync()?;
     Ok(info)
 }
 

@@ -154,6 +154,8 @@ impl Dump {
 
 pub struct MvccStore {
     trees: Trees,
+    /// The sled database's directory, for [`MvccStore::sync`] (none for a temporary one).
+    dir: Option<std::path::PathBuf>,
     lock: RwLock<()>,
     revision: AtomicI64,
     compact_revision: AtomicI64,
@@ -221,6 +223,14 @@ fn read_i64(tree: &sled::Tree, key: &[u8]) -> Result<i64, StorageError> {
 }
 
 impl MvccStore {
+    /// Opens (or creates) the MVCC trees in sled's database in `dir`, which
+    /// [`MvccStore::sync`] makes durable.
+    pub fn open_dir(db: &sled::Db, dir: &std::path::Path) -> Result<Self, StorageError> {
+        let mut store = Self::open(db)?;
+        store.dir = Some(dir.to_path_buf());
+        Ok(store)
+    }
+
     /// Opens (or creates) the MVCC trees in `db`.
     pub fn open(db: &sled::Db) -> Result<Self, StorageError> {
         let trees = Trees {
@@ -236,6 +246,7 @@ impl MvccStore {
         let (hub, _) = broadcast::channel(4096);
         let store = Self {
             trees,
+            dir: None,
             lock: RwLock::new(()),
             revision: AtomicI64::new(revision),
             compact_revision: AtomicI64::new(compact),
@@ -1040,12 +1051,21 @@ impl MvccStore {
         Ok(Dump { trees })
     }
 
-    /// Replaces the whole state with a dump.
-    /// Makes everything written so far durable (sled's trees share one log).
-    pub fn flush(&self) -> Result<(), StorageError> {
+    /// Makes everything written so far durable. sled's own flush writes its buffers but ends
+    /// in `sync_file_range`, which syncs neither the file's metadata nor the drive's cache;
+    /// the fsync of sled's file and directory that follows does. Not on the commit path: the
+    /// Raft log is what makes a write durable, and this runs only where the log is about to
+    /// forget entries (a snapshot install, a forced new cluster) and at shutdown.
+    pub fn sync(&self) -> Result<(), StorageError> {
         self.trees.meta.flush()?;
+        if let Some(dir) = &self.dir {
+            std::fs::File::open(dir.join("db"))?.sync_all()?;
+            std::fs::File::open(dir)?.sync_all()?;
+        }
         Ok(())
     }
+
+    /// Replaces the whole state with a dump.
 
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());

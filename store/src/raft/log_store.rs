@@ -1,12 +1,16 @@
-//! The Raft log and vote in sled.
+//! openraft's log storage over the write-ahead log ([`super::wal`]).
 //!
 //! # Correctness
-//! `append` reports completion only after sled has flushed (fsync) the entries; `save_vote`
-//! flushes before returning. The log and the state machine share one sled database, so a flush
-//! also makes every state change applied before it durable.
+//! `append` hands openraft's callback to the log's group commit, which calls it only after an
+//! fdatasync that covers the entries; `save_vote`, `truncate` and `purge` return once their
+//! record is synced. The state machine (sled) is not synced on this path at all: it is made
+//! durable lazily, and at start-up openraft applies again the entries after the state machine's
+//! durable applied index, which the log still has because a purge waits until a snapshot
+//! covering it is on disk.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,38 +19,38 @@ use prometheus_client::metrics::histogram::Histogram;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
-use crate::failpoints::{crash_point, RAFT_LOG_AFTER_FSYNC, RAFT_LOG_BEFORE_FSYNC};
-
+use super::wal::{Waiter, Wal, WalError, WalStats};
 use super::{
-    logs_delete, logs_read, logs_write, store_read, store_write, vote_write, Entry, LogId,
-    RaftStorageError, TypeConfig, Vote,
+    logs_delete, logs_read, logs_write, vote_write, Entry, LogId, RaftStorageError, TypeConfig,
+    Vote,
 };
 
-const VOTE: &[u8] = b"vote";
-const COMMITTED: &[u8] = b"committed";
-const LAST_PURGED: &[u8] = b"last_purged";
+/// Where the log lives inside a data dir.
+pub const WAL_DIR: &str = "wal";
 
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
-    log: sled::Tree,
-    meta: sled::Tree,
+    wal: Arc<Wal>,
     /// The committed index as openraft last reported it, for status and metrics.
     committed: Arc<AtomicU64>,
-    fsync_seconds: Option<Histogram>,
     /// The state machine's [`super::state_machine::StateMachine::snapshot_watermark`]: a purge
     /// is persisted only once a snapshot covering it is on disk.
     snapshot_on_disk: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl LogStore {
-    pub fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+    /// Opens the log in `DATA_DIR/wal`. A data dir of an older rkube keeps its log in sled's
+    /// `raft_log` and `raft_meta` trees: that log is moved into the new one first.
+    pub fn open(data_dir: &Path, db: &sled::Db, no_fsync: bool) -> Result<Self, WalError> {
+        let dir = data_dir.join(WAL_DIR);
+        let fresh = !dir.exists();
+        let wal = Wal::open(&dir, no_fsync)?;
+        if fresh {
+            import_sled_log(&wal, db)?;
+        }
         Ok(Self {
-            db: db.clone(),
-            log: db.open_tree("raft_log")?,
-            meta: db.open_tree("raft_meta")?,
+            wal,
             committed: Arc::new(AtomicU64::new(0)),
-            fsync_seconds: None,
             snapshot_on_disk: None,
         })
     }
@@ -58,64 +62,85 @@ impl LogStore {
     }
 
     /// Reports the committed index into `committed` and fsync times into `fsync_seconds`.
-    pub fn observed(mut self, committed: Arc<AtomicU64>, fsync_seconds: Histogram) -> Self {
-        self.committed = committed;
-        self.fsync_seconds = Some(fsync_seconds);
-        self
+    pub fn observed(self, committed: Arc<AtomicU64>, fsync_seconds: Histogram) -> Self {
+        self.wal.observe_fsyncs(fsync_seconds);
+        Self { committed, ..self }
     }
 
-    fn get_meta<T: for<'de> serde::Deserialize<'de>>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, RaftStorageError> {
-        match self.meta.get(key).map_err(store_read)? {
-            Some(v) => bincode::deserialize(&v).map(Some).map_err(store_read),
-            None => Ok(None),
-        }
-    }
-
-    fn put_meta<T: serde::Serialize>(&self, key: &[u8], value: &T) -> Result<(), RaftStorageError> {
-        let bytes = bincode::serialize(value).map_err(store_write)?;
-        self.meta.insert(key, bytes).map_err(store_write)?;
-        Ok(())
-    }
-
-    async fn flush(&self) -> Result<(), sled::Error> {
-        let started = std::time::Instant::now();
-        // On tokio's blocking pool, whose threads stay: sled's own flush_async hands each flush
-        // to its I/O pool, which starts threads afresh under load (measured: about 40% of a
-        // leader's CPU at 64 clients went to those threads).
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))??;
-        if let Some(h) = &self.fsync_seconds {
-            h.observe(started.elapsed().as_secs_f64());
-        }
-        Ok(())
+    /// Counts of the log's fdatasyncs and appended batches.
+    pub fn stats(&self) -> Arc<WalStats> {
+        self.wal.stats.clone()
     }
 
     /// Number of entries currently kept.
     pub fn len(&self) -> usize {
-        self.log.len()
+        self.wal.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.log.is_empty()
+        self.wal.is_empty()
     }
 
     /// Forgets the whole log, the vote and the commit index, durably (a forced new cluster
     /// starts its Raft state afresh over the applied data).
-    pub fn wipe(&self) -> Result<(), sled::Error> {
-        self.log.clear()?;
-        self.meta.clear()?;
-        self.db.flush()?;
-        Ok(())
+    pub fn wipe(&self) -> Result<(), WalError> {
+        self.wal.wipe()
     }
 }
 
-fn index_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
+/// Moves a log kept in sled (rkube before the write-ahead log) into `wal`, then drops the
+/// trees. The new log is synced before the old one goes.
+fn import_sled_log(wal: &Wal, db: &sled::Db) -> Result<(), WalError> {
+    let names = db.tree_names();
+    if !names
+        .iter()
+        .any(|n| n.as_ref() == b"raft_log" || n.as_ref() == b"raft_meta")
+    {
+        return Ok(());
+    }
+    let corrupt = |e: String| WalError::Corrupt {
+        path: Path::new("db").to_path_buf(),
+        offset: 0,
+        reason: format!("the old log in sled: {e}"),
+    };
+    let log = db
+        .open_tree("raft_log")
+        .map_err(|e| corrupt(e.to_string()))?;
+    let meta = db
+        .open_tree("raft_meta")
+        .map_err(|e| corrupt(e.to_string()))?;
+    let get = |key: &[u8]| -> Result<Option<sled::IVec>, WalError> {
+        meta.get(key).map_err(|e| corrupt(e.to_string()))
+    };
+    let vote: Option<Vote> = match get(b"vote")? {
+        Some(v) => Some(bincode::deserialize(&v)?),
+        None => None,
+    };
+    let committed: Option<LogId> = match get(b"committed")? {
+        Some(v) => bincode::deserialize::<Option<LogId>>(&v)?,
+        None => None,
+    };
+    let purged: Option<LogId> = match get(b"last_purged")? {
+        Some(v) => Some(bincode::deserialize(&v)?),
+        None => None,
+    };
+    let mut entries = Vec::new();
+    for item in log.iter() {
+        let (_, v) = item.map_err(|e| corrupt(e.to_string()))?;
+        entries.push(bincode::deserialize::<Entry>(&v)?);
+    }
+    if vote.is_none() && entries.is_empty() && purged.is_none() {
+        return Ok(());
+    }
+    tracing::info!(
+        entries = entries.len(),
+        "moving the Raft log from sled into the write-ahead log"
+    );
+    wal.import(vote, committed, purged, entries)?;
+    for name in ["raft_log", "raft_meta"] {
+        db.drop_tree(name).map_err(|e| corrupt(e.to_string()))?;
+    }
+    Ok(())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -128,16 +153,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        let mut out = Vec::new();
-        for item in self.log.range(index_key(start)..) {
-            let (k, v) = item.map_err(logs_read)?;
-            let index = u64::from_be_bytes(k.as_ref().try_into().unwrap_or([0xff; 8]));
-            if !range.contains(&index) {
-                break;
-            }
-            out.push(bincode::deserialize(&v).map_err(logs_read)?);
-        }
-        Ok(out)
+        let end = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => *i,
+            Bound::Unbounded => u64::MAX,
+        };
+        self.wal.read(start, end).map_err(logs_read)
     }
 }
 
@@ -145,17 +166,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
-        let last_purged: Option<LogId> = self.get_meta(LAST_PURGED)?;
-        let last = match self.log.last().map_err(logs_read)? {
-            Some((_, v)) => {
-                let entry: Entry = bincode::deserialize(&v).map_err(logs_read)?;
-                Some(entry.log_id)
-            }
-            None => last_purged,
-        };
+        let (last_purged_log_id, last_log_id) = self.wal.state();
         Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last,
+            last_purged_log_id,
+            last_log_id,
         })
     }
 
@@ -164,22 +178,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
-        self.put_meta(VOTE, vote)?;
-        self.flush().await.map_err(vote_write)
+        self.wal.save_vote(vote).await.map_err(vote_write)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
-        self.get_meta(VOTE)
+        Ok(self.wal.vote())
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
         self.committed
             .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
-        self.put_meta(COMMITTED, &committed)
+        self.wal.set_committed(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
-        let committed = self.get_meta::<Option<LogId>>(COMMITTED)?.flatten();
+        let committed = self.wal.committed();
         self.committed
             .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
         Ok(committed)
@@ -194,27 +208,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
-        for entry in entries {
-            let bytes = bincode::serialize(&entry).map_err(logs_write)?;
-            batch.insert(&index_key(entry.log_id.index), bytes);
-        }
-        self.log.apply_batch(batch).map_err(logs_write)?;
-        crash_point(RAFT_LOG_BEFORE_FSYNC);
-        let flushed = self.flush().await.map_err(std::io::Error::other);
-        crash_point(RAFT_LOG_AFTER_FSYNC);
-        callback.log_io_completed(flushed);
-        Ok(())
+        self.wal
+            .append(entries, Waiter::Log(callback))
+            .map_err(logs_write)
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
-        let mut batch = sled::Batch::default();
-        for item in self.log.range(index_key(log_id.index)..) {
-            let (k, _) = item.map_err(logs_delete)?;
-            batch.remove(k);
-        }
-        self.log.apply_batch(batch).map_err(logs_delete)?;
-        self.flush().await.map_err(logs_delete)
+        self.wal.truncate(log_id.index).await.map_err(logs_delete)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
@@ -238,13 +238,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
             }
         }
-        self.put_meta(LAST_PURGED, &log_id)?;
-        let mut batch = sled::Batch::default();
-        for item in self.log.range(..=index_key(log_id.index)) {
-            let (k, _) = item.map_err(logs_delete)?;
-            batch.remove(k);
-        }
-        self.log.apply_batch(batch).map_err(logs_delete)?;
-        Ok(())
+        self.wal.purge(log_id).await.map_err(logs_delete)
     }
 }

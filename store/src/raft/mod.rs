@@ -1,9 +1,11 @@
-//! Consensus: openraft over sled. One file per openraft trait: the log storage, the state
-//! machine, and the network (a tonic client per peer).
+//! Consensus: openraft over a write-ahead log of its own (`wal`) and the MVCC store in sled.
+//! One file per openraft trait: the log storage, the state machine, and the network (a tonic
+//! client per peer).
 
 pub mod log_store;
 pub mod network;
 pub mod state_machine;
+pub mod wal;
 
 #[cfg(test)]
 mod conformance;
@@ -71,8 +73,6 @@ storage_error_fns! {
     logs_read => S::Logs, V::Read;
     logs_write => S::Logs, V::Write;
     logs_delete => S::Logs, V::Delete;
-    store_read => S::Store, V::Read;
-    store_write => S::Store, V::Write;
     vote_write => S::Vote, V::Write;
     sm_read => S::StateMachine, V::Read;
     sm_write => S::StateMachine, V::Write;

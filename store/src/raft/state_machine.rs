@@ -7,8 +7,13 @@
 //! # Correctness
 //! The last applied log id and the membership are committed in the same sled transaction as the
 //! command they belong to, so after a crash openraft re-applies exactly the entries that follow.
-//! Installing a snapshot first writes the snapshot file and a marker; the marker is removed when
-//! the trees hold the snapshot, and a member that finds the marker at start-up installs again.
+//! sled is not synced when an entry is applied (the write-ahead log made the entry durable
+//! already; sled's background flusher syncs every half second), so after a power cut the trees
+//! may be older than the newest snapshot file, whose entries the log may have purged: at open,
+//! a state machine behind the snapshot on disk is restored from it first, and openraft then
+//! re-applies the log from there. Installing a snapshot first writes the snapshot file and a
+//! marker; the marker is removed once the trees hold the snapshot and are synced, and a member
+//! that finds the marker at start-up installs again.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -70,11 +75,25 @@ impl StateMachine {
         if dir.join(INSTALL_MARKER).exists() {
             if let Some(file) = sm.read_snapshot_file()? {
                 sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
-                sm.mvcc.flush()?;
+                sm.mvcc.sync()?;
             }
             std::fs::remove_file(dir.join(INSTALL_MARKER))?;
         }
         if let Some(meta) = sm.read_snapshot_meta()? {
+            let applied = sm.applied()?;
+            if meta.last_log_id > applied {
+                tracing::warn!(
+                    applied = %applied.map_or("none".into(), |l| l.to_string()),
+                    snapshot = %meta.last_log_id.map_or("none".into(), |l| l.to_string()),
+                    "the state machine is behind the snapshot on disk (its last changes were not \
+                     yet synced when the member stopped): restoring it from the snapshot, then \
+                     applying the log again"
+                );
+                if let Some(file) = sm.read_snapshot_file()? {
+                    sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
+                    sm.mvcc.sync()?;
+                }
+            }
             sm.snapshot_durable(&meta);
         }
         Ok(sm)
@@ -326,7 +345,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             sm.mvcc.restore(dump)?;
             // The marker goes only once the restored trees are on disk: a crash before that
             // restores again at the next start.
-            sm.mvcc.flush()?;
+            sm.mvcc.sync()?;
             std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
             crash_point(SNAPSHOT_INSTALL_AFTER);
             sm.installs.fetch_add(1, Ordering::Relaxed);

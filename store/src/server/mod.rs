@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub quota_backend_bytes: u64,
     /// Start as the only member of the cluster with this member's data (quorum-loss recovery).
     pub force_new_cluster: bool,
+    /// `--unsafe-no-fsync`: the write-ahead log acknowledges without fdatasync.
+    pub unsafe_no_fsync: bool,
     /// Scheduled snapshots on the leader; `None` takes none.
     pub snapshot_schedule: Option<snapshot_schedule::SnapshotSchedule>,
 }
@@ -154,7 +156,8 @@ impl RunningServer {
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
         }
-        let _ = self.node.db.flush_async().await;
+        let mvcc = self.node.mvcc.clone();
+        let _ = tokio::task::spawn_blocking(move || mvcc.sync()).await;
     }
 }
 
@@ -222,13 +225,13 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .cache_capacity(256 * 1024 * 1024)
         .open()
         .map_err(|e| storage_err(e.into()))?;
-    let mvcc = Arc::new(MvccStore::open(&db).map_err(storage_err)?);
+    let mvcc = Arc::new(MvccStore::open_dir(&db, &cfg.data_dir.join("db")).map_err(storage_err)?);
     let metrics = Arc::new(metrics::Metrics::new());
     let mut sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
     sm.installs = metrics.snapshot_installs.clone();
     let committed = Arc::new(AtomicU64::new(0));
-    let mut log_store = LogStore::open(&db)
-        .map_err(|e| storage_err(e.into()))?
+    let mut log_store = LogStore::open(&cfg.data_dir, &db, cfg.unsafe_no_fsync)
+        .map_err(|e| storage_err(crate::error::StorageError::Io(e.into())))?
         .observed(committed.clone(), metrics.fsync_seconds.clone())
         .purging_behind(sm.snapshot_watermark());
 

@@ -30,6 +30,8 @@ pub enum RecoveryError {
     Storage(#[from] crate::error::StorageError),
     #[error(transparent)]
     Sled(#[from] sled::Error),
+    #[error(transparent)]
+    Wal(#[from] crate::raft::wal::WalError),
 }
 
 /// What a forced new cluster kept.
@@ -57,6 +59,8 @@ pub async fn force_new_cluster(
     }
     sm.mvcc().set_baseline_pending(true)?;
     sm.forget_raft_state()?;
+    // The log is about to forget entries only the state machine now holds.
+    sm.mvcc().sync()?;
     log.wipe()?;
     Ok(Forced {
         replayed,

@@ -140,11 +140,11 @@ impl Maintenance for MaintenanceService {
         &self,
         _request: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        self.0
-            .db
-            .flush_async()
+        let mvcc = self.0.mvcc.clone();
+        tokio::task::spawn_blocking(move || mvcc.sync())
             .await
-            .map_err(|e| status(crate::error::StorageError::from(e).into()))?;
+            .map_err(|e| status(crate::error::StorageError::Io(std::io::Error::other(e)).into()))?
+            .map_err(|e| status(e.into()))?;
         self.0.refresh_db_size();
         Ok(Response::new(pb::DefragmentResponse {
             header: self.0.header(self.0.mvcc.revision()),
