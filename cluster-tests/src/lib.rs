@@ -17,6 +17,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 pub mod chaos;
 pub mod etcdctl;
 pub mod kubectl;
+pub mod powerfs;
 mod process;
 
 pub use etcdctl::{Etcdctl, EtcdctlChild, EtcdctlOutput};

@@ -353,7 +353,8 @@ struct ServerArgs {
     /// Raft heartbeat interval, milliseconds.
     #[arg(long, default_value_t = 100)]
     heartbeat_interval: u64,
-    /// Raft election timeout, milliseconds (randomized up to twice this).
+    /// Raft election timeout, milliseconds: a follower that hears no leader for 1.0-1.2 times
+    /// this campaigns (each member draws its factor once, at start).
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
     /// Take a Raft snapshot after this many applied entries.

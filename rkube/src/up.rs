@@ -91,6 +91,11 @@ pub struct UpArgs {
     /// are at hand, else sim (and `up` says why).
     #[arg(long, value_parser = ["cri", "sim"])]
     pub runtime: Option<String>,
+    /// For a new DIR: the servers acknowledge writes without syncing their write-ahead logs
+    /// (`rkube server --unsafe-no-fsync`). A power cut then loses acknowledged writes; for
+    /// tests that must show it.
+    #[arg(long)]
+    pub unsafe_no_fsync: bool,
     /// More flags for every agent (e.g. --agent-args=--lease-interval=1s).
     #[arg(long = "agent-args", allow_hyphen_values = true)]
     pub agent_args: Vec<String>,
@@ -131,6 +136,9 @@ pub struct LocalCluster {
     /// Node agents (`agent1`, `agent2`...), started after the servers.
     #[serde(default)]
     pub agents: usize,
+    /// `--unsafe-no-fsync` for every server.
+    #[serde(default)]
+    pub unsafe_no_fsync: bool,
     #[serde(default)]
     pub agent_flags: Vec<String>,
     /// The agents run containers through containerd, each a host on this network (absent: the
@@ -348,6 +356,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         store_only: args.store_only,
         controller_flags: Vec::new(),
         agents: if args.store_only { 0 } else { args.agents },
+        unsafe_no_fsync: args.unsafe_no_fsync,
         agent_flags: args.agent_args.clone(),
         network,
     })
@@ -502,7 +511,8 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
         .args([
             "--quota-backend-bytes",
             &cluster.quota_backend_bytes.to_string(),
-        ]);
+        ])
+        .args(cluster.unsafe_no_fsync.then_some("--unsafe-no-fsync"));
     if cluster.snapshot_interval_ms > 0 {
         command
             .args([

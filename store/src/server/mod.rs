@@ -220,9 +220,12 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         dir: cfg.data_dir.clone(),
         source,
     };
+    // sled's own flusher would write and sync_file_range continuously while writes come in;
+    // the state machine is synced by `sync_state` instead, once a second.
     let db = sled::Config::new()
         .path(cfg.data_dir.join("db"))
         .cache_capacity(256 * 1024 * 1024)
+        .flush_every_ms(None)
         .open()
         .map_err(|e| storage_err(e.into()))?;
     let mvcc = Arc::new(MvccStore::open_dir(&db, &cfg.data_dir.join("db")).map_err(storage_err)?);
@@ -259,16 +262,28 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     // random timeout in [min, max) without a heartbeat. These bounds make that 1.0-1.2 times
     // --election-timeout, which is what the flag means in etcd (its first election starts
     // after 1-2 times the timeout); min and max of [1x, 2x) would mean 3-4x.
+    //
+    // openraft 0.9 also bounds every AppendEntries by its heartbeat interval, so a peer round
+    // trip (or a follower's fsync) longer than --heartbeat-interval would fail every
+    // replication and commit nothing. Its heartbeat interval is therefore the longest an
+    // AppendEntries may take — just under the vote RPC's budget (election_timeout_min) — and
+    // the leader's heartbeats at --heartbeat-interval come from `Node::send_heartbeats`.
     let election_ms = cfg.election_timeout.as_millis() as u64;
+    let heartbeat_ms = cfg.heartbeat.as_millis() as u64;
+    let election_timeout_min = election_ms * 2 / 5;
+    if heartbeat_ms >= election_timeout_min {
+        return Err(ServerError::Config(format!(
+            "--heartbeat-interval ({heartbeat_ms} ms) must be less than 2/5 of --election-timeout ({election_ms} ms); etcd recommends an election timeout of 10 heartbeats"
+        )));
+    }
     let raft_config = openraft::Config {
         cluster_name: cfg.cluster_token.clone(),
-        heartbeat_interval: cfg.heartbeat.as_millis() as u64,
-        election_timeout_min: election_ms * 2 / 5,
+        heartbeat_interval: election_timeout_min - 1,
+        election_timeout_min,
         election_timeout_max: election_ms * 3 / 5,
         install_snapshot_timeout: 10_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
         max_in_snapshot_log_to_keep: cfg.snapshot_catchup_entries,
-        // AppendEntries must finish within one heartbeat interval (openraft's RPC timeout).
         max_payload_entries: 64,
         ..Default::default()
     }
@@ -418,6 +433,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     }
 
     tasks.push(tokio::spawn(background(node.clone(), stopped())));
+    tasks.push(tokio::spawn(sync_state(node.mvcc.clone(), stopped())));
+    tasks.push(tokio::spawn(
+        node.clone().send_heartbeats(cfg.heartbeat, stopped()),
+    ));
     if node.mvcc.baseline_pending().map_err(storage_err)? {
         let (node, stop) = (node.clone(), stopped());
         tasks.push(tokio::spawn(async move {
@@ -475,6 +494,34 @@ async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
                     leader = now;
                 }
             }
+        }
+    }
+}
+
+/// How often the state machine is made durable. Not for correctness (the write-ahead log is):
+/// it bounds how much of the log a restart applies again.
+const STATE_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Syncs the state machine's trees every [`STATE_SYNC_INTERVAL`] when something changed.
+async fn sync_state(mvcc: Arc<MvccStore>, stopped: impl Future<Output = ()>) {
+    tokio::pin!(stopped);
+    let mut tick = tokio::time::interval(STATE_SYNC_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut synced = mvcc.revision();
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tick.tick() => {}
+        }
+        let revision = mvcc.revision();
+        if revision == synced {
+            continue;
+        }
+        let m = mvcc.clone();
+        match tokio::task::spawn_blocking(move || m.sync()).await {
+            Ok(Ok(())) => synced = revision,
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not sync the state machine"),
+            Err(e) => tracing::warn!(error = %e, "state machine sync task failed"),
         }
     }
 }

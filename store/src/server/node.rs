@@ -712,6 +712,31 @@ impl Node {
 
     // ---- leadership transfer ----
 
+    /// While leader, asks openraft for a heartbeat to every follower each `every` (openraft's
+    /// own heartbeat interval is the AppendEntries timeout, see `server::start`). A heartbeat
+    /// queues behind an AppendEntries still in flight to a slow follower instead of failing it.
+    /// None during a leadership transfer, which needs the followers' leases to run out.
+    pub async fn send_heartbeats(
+        self: Arc<Self>,
+        every: Duration,
+        stopped: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(stopped);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                _ = tick.tick() => {}
+            }
+            if self.is_leader() && !self.transferring.load(Ordering::Acquire) {
+                if self.raft.trigger().heartbeat().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
     /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
     /// leads now.
     pub async fn move_leader(&self, to: NodeId) -> Result<(), StoreError> {
