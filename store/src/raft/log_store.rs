@@ -188,8 +188,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
         self.committed
             .store(committed.map_or(0, |l| l.index), Ordering::Relaxed);
-        self.wal.set_committed(committed);
-        Ok(())
+        self.wal.set_committed(committed).map_err(logs_write)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {

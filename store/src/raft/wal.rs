@@ -160,20 +160,6 @@ impl Inner {
     }
 }
 
-impl Drop for Wal {
-    /// A commit index not yet written goes out with a clean close (unsynced: it only spares
-    /// openraft a wait for the leader after the restart).
-    fn drop(&mut self) {
-        let mut inner = self.lock();
-        if inner.committed != inner.committed_written {
-            let c = inner.committed;
-            let mut buf = Vec::new();
-            if encode_into(&mut buf, &RecordRef::Committed(&c)).is_ok() {
-                let _ = self.write(&mut inner, &buf);
-            }
-        }
-    }
-}
 
 /// What the syncer tells when a sync is done.
 pub enum Waiter {
@@ -474,18 +460,13 @@ impl Wal {
         }
     }
 
-    /// Writes entries (with the commit index if it moved) in one write and indexes them.
+    /// Writes entries in one write and indexes them.
     fn write_entries(
         &self,
         inner: &mut Inner,
         entries: impl IntoIterator<Item = Entry>,
     ) -> Result<(), WalError> {
         let mut buf = Vec::new();
-        if inner.committed != inner.committed_written {
-            let c = inner.committed;
-            encode_into(&mut buf, &RecordRef::Committed(&c))?;
-            inner.committed_written = c;
-        }
         let mut spans = Vec::new();
         for entry in entries {
             let start = buf.len();
@@ -495,7 +476,6 @@ impl Wal {
         if buf.is_empty() {
             return Ok(());
         }
-        // `write` may start a new segment, whose first records repeat the commit index.
         let at = self.write(inner, &buf)?;
         let seq = inner.active;
         for (start, len, log_id) in spans {
@@ -530,10 +510,20 @@ impl Wal {
         self.lock().vote
     }
 
-    /// Records the commit index; it is written with the next append (or segment), never
-    /// synced on its own: openraft only needs it to re-apply sooner after a restart.
-    pub fn set_committed(&self, committed: Option<LogId>) {
-        self.lock().committed = committed;
+    /// Records the commit index: written at once (so a member killed and restarted applies
+    /// everything committed before it serves), never synced on its own — after a power cut
+    /// an older commit index only means the member waits for its leader to re-apply the rest.
+    pub fn set_committed(&self, committed: Option<LogId>) -> Result<(), WalError> {
+        let mut inner = self.lock();
+        inner.committed = committed;
+        if inner.committed_written == committed {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        encode_into(&mut buf, &RecordRef::Committed(&committed))?;
+        self.write(&mut inner, &buf)?;
+        inner.committed_written = committed;
+        Ok(())
     }
 
     pub fn committed(&self) -> Option<LogId> {
@@ -959,7 +949,7 @@ mod tests {
             for i in 1..=200 {
                 append(&wal, vec![blank(1, i)]).await;
             }
-            wal.set_committed(Some(log_id(1, 0, 150)));
+            wal.set_committed(Some(log_id(1, 0, 150))).expect("committed");
             let before = segments(&wal_dir).len();
             wal.purge(log_id(1, 0, 120)).await.expect("purge");
             let after = segments(&wal_dir).len();
