@@ -38,6 +38,10 @@ pub struct Metrics {
     pub scheduled_snapshot_failures: Counter,
     pub scheduled_snapshot_seconds: Histogram,
     pub scheduled_snapshot_last_success: Gauge,
+    /// The write-ahead log's counters, mirrored into the two gauges below at each scrape.
+    pub wal: Arc<crate::raft::wal::WalStats>,
+    wal_fsyncs: Gauge,
+    wal_appends: Gauge,
 }
 
 impl Default for Metrics {
@@ -70,7 +74,20 @@ impl Metrics {
             scheduled_snapshot_failures: Counter::default(),
             scheduled_snapshot_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             scheduled_snapshot_last_success: Gauge::default(),
+            wal: Arc::default(),
+            wal_fsyncs: Gauge::default(),
+            wal_appends: Gauge::default(),
         };
+        r.register(
+            "wal_fsyncs",
+            "fdatasync calls on the write-ahead log since start (group commits, votes, truncations, purges, new segments)",
+            m.wal_fsyncs.clone(),
+        );
+        r.register(
+            "wal_appends",
+            "Batches of Raft entries appended to the write-ahead log since start",
+            m.wal_appends.clone(),
+        );
         r.register(
             "raft_snapshot_installs",
             "Snapshots installed from a leader since start",
@@ -187,6 +204,10 @@ pub fn refresh(node: &Node, committed: &AtomicU64) {
     m.db_size
         .set(node.db_size.load(std::sync::atomic::Ordering::Relaxed) as i64);
     m.watchers.set(node.mvcc.watcher_count() as i64);
+    m.wal_fsyncs
+        .set(m.wal.syncs.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    m.wal_appends
+        .set(m.wal.appends.load(std::sync::atomic::Ordering::Relaxed) as i64);
     m.snapshot_installs_gauge.set(
         m.snapshot_installs
             .load(std::sync::atomic::Ordering::Relaxed) as i64,

@@ -229,7 +229,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .open()
         .map_err(|e| storage_err(e.into()))?;
     let mvcc = Arc::new(MvccStore::open_dir(&db, &cfg.data_dir.join("db")).map_err(storage_err)?);
-    let metrics = Arc::new(metrics::Metrics::new());
+    let mut metrics = metrics::Metrics::new();
     let mut sm = StateMachine::open(mvcc.clone(), &cfg.data_dir).map_err(storage_err)?;
     sm.installs = metrics.snapshot_installs.clone();
     let committed = Arc::new(AtomicU64::new(0));
@@ -237,6 +237,8 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .map_err(|e| storage_err(crate::error::StorageError::Io(e.into())))?
         .observed(committed.clone(), metrics.fsync_seconds.clone())
         .purging_behind(sm.snapshot_watermark());
+    metrics.wal = log_store.stats();
+    let metrics = Arc::new(metrics);
 
     let forced = if cfg.force_new_cluster {
         if data_dir.fresh {
