@@ -256,6 +256,28 @@ impl MvccStore {
         Ok(store)
     }
 
+    /// The read side of `lock`. A long commit (a DeleteRange of a hundred thousand keys takes
+    /// seconds in sled) holds the write side; a reader on one of the async runtime's workers
+    /// then waits through `block_in_place`, which hands the worker's other tasks to another
+    /// thread, so the peer service still answers heartbeats and votes meanwhile.
+    fn read_lock(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        match self.lock.try_read() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let wait = || self.lock.read().unwrap_or_else(|e| e.into_inner());
+                let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
+                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+                });
+                if multi_thread {
+                    tokio::task::block_in_place(wait)
+                } else {
+                    wait()
+                }
+            }
+        }
+    }
+
     /// The newest revision.
     pub fn revision(&self) -> i64 {
         self.revision.load(Ordering::Acquire)
@@ -299,7 +321,7 @@ impl MvccStore {
     /// A range read at the newest or at a past revision. Returns the result and the store
     /// revision the read saw.
     pub fn range(&self, req: &RangeRequest) -> Result<(RangeResult, i64), MvccError> {
-        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.read_lock();
         let current = self.revision();
         let result = self.range_locked(req, current, None)?;
         Ok((result, current))
@@ -462,7 +484,7 @@ impl MvccStore {
         prev_kv: bool,
         max_events: usize,
     ) -> Result<Vec<RevisionBatch>, MvccError> {
-        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.read_lock();
         let compact = self.compact_revision();
         if from < compact {
             return Err(MvccError::Compacted {
@@ -577,7 +599,7 @@ impl MvccStore {
     /// A hash of the key history in (compact revision, `revision`], equal on every member that
     /// applied the same log (etcd's HashKV). Returns the hash and the compact revision.
     pub fn hash_kv(&self, revision: i64) -> Result<(u32, i64), MvccError> {
-        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.read_lock();
         let current = self.revision();
         let at = if revision > 0 { revision } else { current };
         if at > current {
@@ -1038,7 +1060,7 @@ impl MvccStore {
 
     /// A raw copy of every tree, consistent with one point of the applied log.
     pub fn dump(&self) -> Result<Dump, StorageError> {
-        let _guard = self.lock.read().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.read_lock();
         let mut trees = Vec::new();
         for (name, tree) in self.trees.all() {
             let mut rows = Vec::new();

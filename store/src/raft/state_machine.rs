@@ -181,6 +181,46 @@ impl StateMachine {
         })
     }
 
+    /// Applies entries in order, each command one sled transaction with its applied log id.
+    fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, RaftStorageError> {
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            crash_point(APPLY_BEFORE);
+            let mut meta = vec![(
+                META_APPLIED.to_vec(),
+                bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
+            )];
+            let applied = match &entry.payload {
+                EntryPayload::Normal(Command::Batch(cmds)) => self
+                    .apply_batch(entry.log_id, cmds, meta)
+                    .map_err(sm_write)?,
+                EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
+                EntryPayload::Membership(m) => {
+                    let stored = StoredMembership::new(Some(entry.log_id), m.clone());
+                    meta.push((
+                        META_MEMBERSHIP.to_vec(),
+                        bincode::serialize(&stored).map_err(sm_write)?,
+                    ));
+                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
+                    Applied {
+                        revision: self.mvcc.revision(),
+                        output: Ok(Output::None),
+                    }
+                }
+                EntryPayload::Blank => {
+                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
+                    Applied {
+                        revision: self.mvcc.revision(),
+                        output: Ok(Output::None),
+                    }
+                }
+            };
+            crash_point(APPLY_AFTER);
+            out.push(applied);
+        }
+        Ok(out)
+    }
+
     /// The last applied log id as committed in the store.
     pub fn applied(&self) -> Result<Option<LogId>, StorageError> {
         match self.mvcc.meta(META_APPLIED)? {
@@ -281,42 +321,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
-        let mut out = Vec::new();
-        for entry in entries {
-            crash_point(APPLY_BEFORE);
-            let mut meta = vec![(
-                META_APPLIED.to_vec(),
-                bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
-            )];
-            let applied = match &entry.payload {
-                EntryPayload::Normal(Command::Batch(cmds)) => self
-                    .apply_batch(entry.log_id, cmds, meta)
-                    .map_err(sm_write)?,
-                EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
-                EntryPayload::Membership(m) => {
-                    let stored = StoredMembership::new(Some(entry.log_id), m.clone());
-                    meta.push((
-                        META_MEMBERSHIP.to_vec(),
-                        bincode::serialize(&stored).map_err(sm_write)?,
-                    ));
-                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
-                    Applied {
-                        revision: self.mvcc.revision(),
-                        output: Ok(Output::None),
-                    }
-                }
-                EntryPayload::Blank => {
-                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
-                    Applied {
-                        revision: self.mvcc.revision(),
-                        output: Ok(Output::None),
-                    }
-                }
-            };
-            crash_point(APPLY_AFTER);
-            out.push(applied);
-        }
-        Ok(out)
+        // sled's transactions block: on tokio's blocking pool, so that a large command (a
+        // DeleteRange of a hundred thousand keys) holds no runtime worker, which the peer
+        // service and openraft's own tasks need to answer heartbeats and votes meanwhile.
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let sm = self.clone();
+        tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+            .await
+            .map_err(|e| sm_write(std::io::Error::other(e.to_string())))?
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
