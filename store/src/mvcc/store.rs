@@ -256,8 +256,10 @@ impl MvccStore {
         Ok(store)
     }
 
-    /// The read side of `lock`. A long commit (a DeleteRange of a hundred thousand keys takes
-    /// seconds in sled) holds the write side; a reader on one of the async runtime's workers
+    /// The read side of `lock`, which every public read takes. A long commit (a DeleteRange of
+    /// a hundred thousand keys takes seconds in sled, and sled's transaction blocks every other
+    /// access to the database meanwhile) holds the write side; a reader on one of the async
+    /// runtime's workers
     /// then waits through `block_in_place`, which hands the worker's other tasks to another
     /// thread, so the peer service still answers heartbeats and votes meanwhile.
     fn read_lock(&self) -> std::sync::RwLockReadGuard<'_, ()> {
@@ -299,6 +301,7 @@ impl MvccStore {
 
     /// A value the caller committed alongside a command.
     pub fn meta(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        let _guard = self.read_lock();
         Ok(self.trees.meta.get(key)?.map(|v| v.to_vec()))
     }
 
@@ -551,6 +554,7 @@ impl MvccStore {
 
     /// All leases with their TTL.
     pub fn leases(&self) -> Result<Vec<Lease>, StorageError> {
+        let _guard = self.read_lock();
         let mut out = Vec::new();
         for item in self.trees.leases.iter() {
             let (_, v) = item?;
@@ -560,6 +564,7 @@ impl MvccStore {
     }
 
     pub fn lease(&self, id: i64) -> Result<Option<Lease>, StorageError> {
+        let _guard = self.read_lock();
         match self.trees.leases.get((id as u64).to_be_bytes())? {
             Some(v) => Ok(Some(decode(&v)?)),
             None => Ok(None),
@@ -567,6 +572,7 @@ impl MvccStore {
     }
 
     pub fn lease_keys(&self, id: i64) -> Result<Vec<Vec<u8>>, StorageError> {
+        let _guard = self.read_lock();
         let mut out = Vec::new();
         for item in self.trees.lkeys.scan_prefix((id as u64).to_be_bytes()) {
             let (k, _) = item?;
@@ -576,6 +582,7 @@ impl MvccStore {
     }
 
     pub fn member_attrs(&self) -> Result<HashMap<u64, MemberAttrs>, StorageError> {
+        let _guard = self.read_lock();
         let mut out = HashMap::new();
         for item in self.trees.meta.scan_prefix(META_MEMBER_PREFIX) {
             let (k, v) = item?;
@@ -590,6 +597,7 @@ impl MvccStore {
 
     /// The active alarms, in member then kind order.
     pub fn alarms(&self) -> Result<Vec<Alarm>, StorageError> {
+        let _guard = self.read_lock();
         match self.trees.meta.get(META_ALARMS)? {
             Some(v) => decode(&v),
             None => Ok(Vec::new()),
