@@ -353,7 +353,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let dump = bincode::deserialize(&file.data)?;
             crash_point(SNAPSHOT_INSTALL_BEFORE);
             sm.write_snapshot_file(&file)?;
-            std::fs::write(sm.dir.join(INSTALL_MARKER), b"")?;
+            std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
+            std::fs::File::open(&sm.dir)?.sync_all()?;
             sm.mvcc.restore(dump)?;
             // The marker goes only once the restored trees are on disk: a crash before that
             // restores again at the next start.

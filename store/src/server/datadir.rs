@@ -111,8 +111,14 @@ impl DataDir {
                         dir: path.to_path_buf(),
                         reason: e.to_string(),
                     })?;
-                std::fs::write(&tmp, json).map_err(io)?;
+                {
+                    use std::io::Write as _;
+                    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+                    f.write_all(&json).map_err(io)?;
+                    f.sync_all().map_err(io)?;
+                }
                 std::fs::rename(&tmp, &record_path).map_err(io)?;
+                std::fs::File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
                 true
             }
             Err(e) => return Err(io(e)),
