@@ -4,6 +4,10 @@
 //! check failed, leaving the seed and the histories in --dir. `--system kubernetes` runs the
 //! Kubernetes-level campaign instead (`chaos::k8s`: API clients and a Deployment on a local
 //! `rkube up` cluster while members are killed and paused).
+//!
+//! The power cuts (`--faults power-follower,power-leader,power-two,power-all`) put every
+//! member's data dir on a powerfs of its own (`--power-fs`, on whenever they are drawn);
+//! `--unsafe-no-fsync` makes rkube acknowledge without syncing its log, which they must catch.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,6 +56,19 @@ struct Args {
     /// The rkube binary (default: the workspace's debug build, built if needed).
     #[arg(long, env = "RKUBE_BIN")]
     rkube_bin: Option<PathBuf>,
+    /// Every member's data dir on a powerfs of its own (a FUSE filesystem that loses what was
+    /// not fsynced when the power is cut; needs /dev/fuse). Default: on when power faults are
+    /// drawn; when --faults is not given and powerfs cannot run here, the power faults are
+    /// left out.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    power_fs: Option<bool>,
+    /// rkube members acknowledge writes without syncing their log (`rkube server
+    /// --unsafe-no-fsync`): the power cuts must then fail the campaign.
+    #[arg(long)]
+    unsafe_no_fsync: bool,
+    /// An extra argument for every rkube member (repeat it for more).
+    #[arg(long = "rkube-arg", allow_hyphen_values = true)]
+    rkube_args: Vec<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -96,13 +113,34 @@ async fn main() -> Result<()> {
     };
     let rkube_bin = match a.rkube_bin {
         Some(b) => b,
+        // Not used by an etcd campaign: not built for one.
+        None if system == Kind::Etcd => PathBuf::from("rkube"),
         None => cluster_tests::rkube_bin().to_path_buf(),
     };
-    let faults = if a.faults.is_empty() {
+    let mut faults = if a.faults.is_empty() {
         Fault::ALL.to_vec()
     } else {
-        a.faults
+        a.faults.clone()
     };
+    let power_fs = match a.power_fs {
+        Some(on) => on,
+        None if a.faults.is_empty() => match cluster_tests::powerfs::available() {
+            Ok(()) => true,
+            Err(why) => {
+                eprintln!("leaving the power faults out: {why}");
+                faults.retain(|f| !f.is_power_cut());
+                false
+            }
+        },
+        None => faults.iter().any(|f| f.is_power_cut()),
+    };
+    let mut rkube_args = a.rkube_args;
+    if a.unsafe_no_fsync {
+        if system == Kind::Etcd {
+            anyhow::bail!("etcd 3.4 has no --unsafe-no-fsync (it came with etcd 3.5)");
+        }
+        rkube_args.push("--unsafe-no-fsync".into());
+    }
     eprintln!("seed {seed}; members' data and logs in {}", dir.display());
     let summary = campaign::run(Config {
         system,
@@ -118,6 +156,8 @@ async fn main() -> Result<()> {
             election_timeout_ms: a.election_timeout,
             ..Tuning::default()
         },
+        power_fs,
+        rkube_args,
     })
     .await
     .context("the campaign could not run")?;

@@ -1,6 +1,7 @@
 //! A seedable randomized campaign: the system under test starts, the clients run, and faults
 //! drawn from the chosen kinds are injected one after another until the duration is over;
-//! then everything heals, the final state is read, and the histories are checked.
+//! then everything heals, the final state is read, the histories are checked, and every
+//! member must hold the same keys and history at one revision (HashKV).
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -16,8 +17,9 @@ use tokio::time::Instant;
 
 use super::check::{self, Kind as OpKind, Op};
 use super::proxy::LinkFault;
-use super::system::{Kind, System, Tuning};
+use super::system::{Kind, Setup, System, Tuning};
 use super::workload::{self, lock, Record};
+use crate::powerfs::CutReport;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fault {
@@ -34,10 +36,14 @@ pub enum Fault {
     ReplaceMember,
     Failpoint,
     RollingRestart,
+    PowerFollower,
+    PowerLeader,
+    PowerTwo,
+    PowerAll,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 17] = [
         Fault::KillLeader,
         Fault::KillMember,
         Fault::QuorumLoss,
@@ -51,6 +57,18 @@ impl Fault {
         Fault::ReplaceMember,
         Fault::Failpoint,
         Fault::RollingRestart,
+        Fault::PowerFollower,
+        Fault::PowerLeader,
+        Fault::PowerTwo,
+        Fault::PowerAll,
+    ];
+
+    /// The power cuts: they need the members' data dirs on powerfs ([`Config::power_fs`]).
+    pub const POWER: [Fault; 4] = [
+        Fault::PowerFollower,
+        Fault::PowerLeader,
+        Fault::PowerTwo,
+        Fault::PowerAll,
     ];
 
     pub fn name(self) -> &'static str {
@@ -68,7 +86,15 @@ impl Fault {
             Fault::ReplaceMember => "replace-member",
             Fault::Failpoint => "failpoint",
             Fault::RollingRestart => "rolling-restart",
+            Fault::PowerFollower => "power-follower",
+            Fault::PowerLeader => "power-leader",
+            Fault::PowerTwo => "power-two",
+            Fault::PowerAll => "power-all",
         }
+    }
+
+    pub fn is_power_cut(self) -> bool {
+        Fault::POWER.contains(&self)
     }
 
     pub fn parse(s: &str) -> Result<Fault> {
@@ -99,6 +125,11 @@ pub struct Config {
     pub dir: PathBuf,
     pub rkube_bin: PathBuf,
     pub tuning: Tuning,
+    /// Every member's data dir on a powerfs of its own (needed by the power cuts; root and
+    /// /dev/fuse).
+    pub power_fs: bool,
+    /// Extra arguments for every rkube member, e.g. `--unsafe-no-fsync`.
+    pub rkube_args: Vec<String>,
 }
 
 /// One injected fault and how the cluster came back from it.
@@ -116,6 +147,9 @@ pub struct FaultRecord {
     pub recovered: bool,
     /// False when the harness could not inject it (a failed member replacement, say).
     pub injected: bool,
+    /// For a power cut: each member whose power was cut, what its filesystem threw away, and
+    /// the fsyncs that filesystem had seen until then.
+    pub cuts: Vec<(usize, CutReport, u64)>,
 }
 
 #[derive(Debug)]
@@ -127,11 +161,17 @@ pub struct Summary {
     pub unknown: usize,
     pub appends_tried: u64,
     pub acked: usize,
+    /// Acknowledged appends missing from the final state (none when it could not be read).
     pub lost: Vec<String>,
+    /// Whether the final state could be read (a cluster that never came back cannot be).
+    pub final_state: Result<(), String>,
     pub linearizable: check::Verdict,
     pub check_time: Duration,
     pub watch: check::WatchReport,
     pub revisions: Result<(), String>,
+    /// Whether every member has the same HashKV at one revision after the campaign: what
+    /// they agreed on, or where they did not.
+    pub hashes: Result<String, String>,
     pub elapsed: Duration,
 }
 
@@ -139,6 +179,7 @@ impl Summary {
     pub fn passed(&self) -> bool {
         let w = &self.watch;
         self.lost.is_empty()
+            && self.final_state.is_ok()
             && self.linearizable.linearizable == Some(true)
             && w.ordered
             && w.unique
@@ -147,6 +188,7 @@ impl Summary {
             && w.resumable
             && w.bookmarkable
             && self.revisions.is_ok()
+            && self.hashes.is_ok()
             && self.faults.iter().all(|f| f.recovered && f.injected)
     }
 
@@ -191,12 +233,41 @@ impl Summary {
                 }
             );
         }
+        let cuts: Vec<&FaultRecord> = self.faults.iter().filter(|f| !f.cuts.is_empty()).collect();
+        if !cuts.is_empty() {
+            out +=
+                "power cuts (what each member's filesystem threw away; its fsyncs until then):\n";
+        }
+        for r in cuts {
+            let each: Vec<String> = r
+                .cuts
+                .iter()
+                .map(|(m, report, fsyncs)| {
+                    format!("m{m} {}, {fsyncs} fsyncs", describe_cut(report))
+                })
+                .collect();
+            out += &format!(
+                "  {:<14} at {:>6.1} s: {}\n",
+                r.fault.name(),
+                r.reference as f64 / 1e9,
+                each.join("; ")
+            );
+        }
         let yes = |b: bool| if b { "yes" } else { "NO" };
         out += &format!(
             "operations: {} register/txn ({} answered, {} unknown outcome); appends {} ({} acknowledged)\n",
             self.ops, self.answered, self.unknown, self.appends_tried, self.acked
         );
-        out += &format!("acknowledged writes lost: {}\n", self.lost.len());
+        out += &match &self.final_state {
+            Ok(()) if self.lost.is_empty() => "acknowledged writes lost: 0\n".to_string(),
+            Ok(()) => format!(
+                "acknowledged writes lost: {} ({}{})\n",
+                self.lost.len(),
+                self.lost[..self.lost.len().min(5)].join(", "),
+                if self.lost.len() > 5 { ", ..." } else { "" }
+            ),
+            Err(e) => format!("acknowledged writes lost: unknown: {e}\n"),
+        };
         out += &format!(
             "linearizable: {} ({} ops in {} key groups, checked in {:.2} s){}\n",
             match self.linearizable.linearizable {
@@ -235,9 +306,26 @@ impl Summary {
                 Err(e) => format!("NO: {e}"),
             }
         );
+        out += &format!(
+            "members agree (HashKV): {}\n",
+            match &self.hashes {
+                Ok(what) => format!("yes, {what}"),
+                Err(e) => format!("NO: {e}"),
+            }
+        );
         out += &format!("result: {}\n", if self.passed() { "PASS" } else { "FAIL" });
         out
     }
+}
+
+/// "dropped 12.0 KiB in 3 files, 0 directory entries".
+pub fn describe_cut(r: &CutReport) -> String {
+    format!(
+        "dropped {:.1} KiB in {} files, {} directory entries",
+        r.bytes_dropped as f64 / 1024.0,
+        r.files_reverted,
+        r.entries_reverted
+    )
 }
 
 pub fn percentiles(xs: &[Duration]) -> String {
@@ -269,6 +357,14 @@ struct Run {
 
 pub async fn run(config: Config) -> Result<Summary> {
     let began = Instant::now();
+    if !config.power_fs {
+        if let Some(f) = config.faults.iter().find(|f| f.is_power_cut()) {
+            bail!(
+                "{} cuts the power of members, which needs their data dirs on powerfs (--power-fs)",
+                f.name()
+            );
+        }
+    }
     std::fs::create_dir_all(&config.dir)?;
     let sys = System::start(
         config.system,
@@ -276,6 +372,13 @@ pub async fn run(config: Config) -> Result<Summary> {
         &config.dir,
         config.tuning.clone(),
         &config.rkube_bin,
+        &Setup {
+            power_fs: config.power_fs,
+            rkube_args: match config.system {
+                Kind::Rkube => config.rkube_args.clone(),
+                Kind::Etcd => Vec::new(),
+            },
+        },
     )
     .await?;
     let rec = Arc::new(Record::new());
@@ -295,7 +398,7 @@ pub async fn run(config: Config) -> Result<Summary> {
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(monitor(
         statuses,
-        run.sys.generations.clone(),
+        run.sys.epochs.clone(),
         rec.clone(),
         run.claims.clone(),
     )));
@@ -370,7 +473,14 @@ pub async fn run(config: Config) -> Result<Summary> {
             eprintln!("  did not recover within {RECOVERY_BOUND:?}");
         }
         eprintln!("  {}", r.detail);
+        let recovered = r.recovered;
         records.push(r);
+        if !recovered {
+            // A cluster that stays down has failed the campaign; more faults would tell
+            // nothing more.
+            eprintln!("  stopping the faults: the cluster did not recover");
+            break;
+        }
         // Quiet time between faults.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
@@ -383,18 +493,33 @@ pub async fn run(config: Config) -> Result<Summary> {
             run.sys.restart(i, &[])?;
         }
     }
-    let _ = run.wait_writable(RECOVERY_BOUND).await;
+    // After a fault the cluster never recovered from, a short second chance.
+    let bound = if records.last().is_some_and(|r| !r.recovered) {
+        Duration::from_secs(15)
+    } else {
+        RECOVERY_BOUND
+    };
+    let healed = run.wait_writable(bound).await;
     eprintln!(
         "[{:>6.1} s] healed; stopping the clients",
         rec.start.elapsed().as_secs_f64()
     );
     rec.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(tasks)).await;
-    let found = run.final_reads().await?;
-    eprintln!(
-        "[{:>6.1} s] final state read; checking",
-        rec.start.elapsed().as_secs_f64()
-    );
+    let found = match healed {
+        Ok(()) => run
+            .final_reads()
+            .await
+            .map_err(|e| format!("the final state could not be read: {e:#}")),
+        Err(e) => Err(format!(
+            "the cluster did not come back after healing: {e:#}"
+        )),
+    };
+    let hashes = match &found {
+        Ok(_) => run.members_agree().await,
+        Err(_) => Err("not checked (no final state)".into()),
+    };
+    eprintln!("[{:>6.1} s] checking", rec.start.elapsed().as_secs_f64());
 
     // Recovery times from the monitor's and the prober's records.
     for r in &mut records {
@@ -406,13 +531,17 @@ pub async fn run(config: Config) -> Result<Summary> {
     let ops = std::mem::take(&mut *lock(&rec.ops));
     let answered = ops.iter().filter(|o| o.ret.is_some()).count();
     let acked = lock(&rec.acked).clone();
-    let lost = check::lost_writes(&acked, &found);
+    let lost = match &found {
+        Ok(found) => check::lost_writes(&acked, found),
+        Err(_) => Vec::new(),
+    };
     let t = std::time::Instant::now();
     let linearizable = check::linearizable(&ops, Duration::from_secs(120));
     let check_time = t.elapsed();
     let watches = std::mem::take(&mut *lock(&rec.watches));
     let watch = check::check_watches(&watches, None);
-    let revisions = check::revisions_monotonic(&lock(&rec.revisions));
+    let observed = std::mem::take(&mut *lock(&rec.revisions));
+    let revisions = check::revisions_monotonic(&observed);
     let summary = Summary {
         config: config.clone(),
         faults: records,
@@ -422,14 +551,16 @@ pub async fn run(config: Config) -> Result<Summary> {
         appends_tried: rec.appends_tried.load(std::sync::atomic::Ordering::Relaxed),
         acked: acked.len(),
         lost,
+        final_state: found.map(|_| ()),
         linearizable,
         check_time,
         watch,
         revisions,
+        hashes,
         elapsed: began.elapsed(),
     };
     if !summary.passed() {
-        save_failure(&config, &summary, &ops, &watches)?;
+        save_failure(&config, &summary, &ops, &watches, &observed)?;
     }
     Ok(summary)
 }
@@ -440,10 +571,24 @@ fn save_failure(
     summary: &Summary,
     ops: &[Op],
     watches: &[check::WatchLog],
+    revisions: &[(String, u64, i64)],
 ) -> Result<()> {
     let d = &config.dir;
     std::fs::write(d.join("seed"), format!("{}\n", config.seed))?;
     std::fs::write(d.join("summary.txt"), summary.table())?;
+    let mut f = String::new();
+    for r in &summary.faults {
+        f += &format!(
+            "{:>8.1} s {}: {}\n",
+            r.reference as f64 / 1e9,
+            r.fault.name(),
+            r.detail
+        );
+    }
+    std::fs::write(d.join("faults.txt"), f)?;
+    if !summary.lost.is_empty() {
+        std::fs::write(d.join("lost.txt"), summary.lost.join("\n") + "\n")?;
+    }
     let mut h = String::new();
     for o in ops {
         h += &format!("{o:?}\n");
@@ -454,6 +599,11 @@ fn save_failure(
         w += &format!("{l:?}\n");
     }
     std::fs::write(d.join("watches.txt"), w)?;
+    let mut r = String::new();
+    for (who, at, revision) in revisions {
+        r += &format!("{:.6} {who} {revision}\n", *at as f64 / 1e9);
+    }
+    std::fs::write(d.join("revisions.txt"), r)?;
     eprintln!(
         "the seed, the summary and the histories are in {}",
         d.display()
@@ -462,10 +612,20 @@ fn save_failure(
 }
 
 /// Polls every member's status: the leader claims (the highest term's claimant wins) and
-/// each member's revision, which must never go back, restarts included.
+/// each member's revision, which must never go back, restarts included, within one epoch of
+/// the member (see [`System::epochs`]).
+///
+/// # Correctness
+/// A power cut starts a new epoch: the member's own revision may then be lower than before,
+/// until it has applied its log again. etcd allows that: a status, like a serializable read,
+/// is answered from the member's local state, which "may access stale data with respect to
+/// quorum" (etcd's API guarantees), and etcd's maintainers keep serving such stale reads
+/// while a restarted member catches up (etcd issue 3879: ask for a linearizable read to avoid
+/// them). Linearizable requests get no such excuse: every client's revisions are checked
+/// across all faults, and the final HashKV check shows the member caught up.
 async fn monitor(
     channels: Vec<tonic::transport::Channel>,
-    generations: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    epochs: Arc<Vec<std::sync::atomic::AtomicU64>>,
     rec: Arc<Record>,
     claims: Claims,
 ) {
@@ -482,7 +642,7 @@ async fn monitor(
                 (i, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
             }
         });
-        let gen = |i: usize| generations[i].load(std::sync::atomic::Ordering::SeqCst);
+        let gen = |i: usize| epochs[i].load(std::sync::atomic::Ordering::SeqCst);
         let before: Vec<u64> = (0..channels.len()).map(gen).collect();
         let all = futures::future::join_all(polls).await;
         let now = rec.now();
@@ -490,8 +650,8 @@ async fn monitor(
         for (i, s) in &all {
             let Some(s) = s else { continue };
             if let Some(h) = &s.header {
-                // A wiped and re-added member is a new member: its revisions start over (an
-                // answer from while it was being replaced is not attributed).
+                // A new epoch's revisions start over (an answer from while the member was
+                // being replaced or restarted after a power cut is not attributed).
                 let g = gen(*i);
                 if g == before[*i] {
                     lock(&rec.revisions).push((format!("member-m{i}.{g}"), now, h.revision));
@@ -624,6 +784,7 @@ impl Run {
             to_write: None,
             recovered: false,
             injected: true,
+            cuts: Vec::new(),
         }
     }
 
@@ -824,6 +985,17 @@ impl Run {
                 )
             }
             Fault::Failpoint => self.failpoint(l).await?,
+            Fault::PowerFollower | Fault::PowerLeader | Fault::PowerTwo | Fault::PowerAll => {
+                let others = self.others(l);
+                let f = others[self.rng.gen_range(0..others.len())];
+                let members = match fault {
+                    Fault::PowerFollower => vec![f],
+                    Fault::PowerLeader => vec![l],
+                    Fault::PowerTwo => vec![l, f],
+                    _ => (0..n).collect(),
+                };
+                self.power_cut(fault, &members, leader).await?
+            }
             Fault::RollingRestart => {
                 let at = now();
                 for m in 0..n {
@@ -840,6 +1012,119 @@ impl Run {
                 )
             }
         })
+    }
+
+    /// Cuts the power of `members` at once while the clients write: SIGKILL to all of them
+    /// right after the clients' next acknowledged append, each reaped, everything it had not
+    /// fsynced thrown away, and each restarted from the same data dir.
+    async fn power_cut(
+        &mut self,
+        fault: Fault,
+        members: &[usize],
+        leader: Option<usize>,
+    ) -> Result<FaultRecord> {
+        let writing = self.next_acknowledgement(Duration::from_secs(10)).await;
+        self.sys.kill_all(members);
+        let at = self.rec.now();
+        let mut cuts = Vec::new();
+        for &m in members {
+            let (report, fsyncs) = self.sys.cut_power(m)?;
+            cuts.push((m, report, fsyncs));
+        }
+        for &m in members {
+            self.sys.restart(m, &[])?;
+        }
+        let who: Vec<String> = members
+            .iter()
+            .map(|&m| {
+                if Some(m) == leader {
+                    format!("m{m} (leader)")
+                } else {
+                    format!("m{m}")
+                }
+            })
+            .collect();
+        let lost: Vec<String> = cuts
+            .iter()
+            .map(|(m, report, _)| format!("m{m} {}", describe_cut(report)))
+            .collect();
+        let mut r = self.record(
+            fault,
+            format!(
+                "cut the power of {} {}; {}",
+                who.join(", "),
+                if writing {
+                    "right after an acknowledged append"
+                } else {
+                    "(no append acknowledged in the 10 s before)"
+                },
+                lost.join("; ")
+            ),
+            at,
+            leader.is_some_and(|l| members.contains(&l)),
+        );
+        r.cuts = cuts;
+        Ok(r)
+    }
+
+    /// Waits (bounded) for the clients' next acknowledged append: whether one came.
+    async fn next_acknowledgement(&self, bound: Duration) -> bool {
+        let seen = lock(&self.rec.acked).len();
+        let end = Instant::now() + bound;
+        while Instant::now() < end {
+            if lock(&self.rec.acked).len() > seen {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        false
+    }
+
+    /// After the campaign: every member reaches the leader's revision and has the same
+    /// HashKV (hash and compaction revision) there. What they agree on, or where they differ.
+    async fn members_agree(&self) -> Result<String, String> {
+        let l = self
+            .wait_leader_except(None, RECOVERY_BOUND)
+            .await
+            .ok_or("no leader to take the revision from")?;
+        let head = self
+            .sys
+            .status(l)
+            .await
+            .and_then(|s| s.header)
+            .map(|h| h.revision)
+            .ok_or_else(|| format!("leader m{l} did not answer a status request"))?;
+        let mut hashes = Vec::new();
+        for m in 0..self.sys.size() {
+            if self.wait_caught_up(m, head, RECOVERY_BOUND).await.is_none() {
+                return Err(format!(
+                    "m{m} did not reach revision {head} within {RECOVERY_BOUND:?}"
+                ));
+            }
+            let mut mc = pb::maintenance_client::MaintenanceClient::new(self.sys.channel(m));
+            let call = mc.hash_kv(pb::HashKvRequest { revision: head });
+            match tokio::time::timeout(Duration::from_secs(10), call).await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    hashes.push((m, r.hash, r.compact_revision));
+                }
+                Ok(Err(e)) => return Err(format!("m{m}: HashKV at {head}: {}", e.message())),
+                Err(_) => return Err(format!("m{m} did not answer HashKV at {head} in 10 s")),
+            }
+        }
+        let (m0, hash, compacted) = hashes[0];
+        match hashes
+            .iter()
+            .find(|(_, h, c)| (*h, *c) != (hash, compacted))
+        {
+            None => Ok(format!(
+                "hash {hash:08x} at revision {head} (compacted at {compacted})"
+            )),
+            Some((m, h, c)) => Err(format!(
+                "at revision {head} m{m0} has hash {hash:08x} (compacted at {compacted}) \
+                 and m{m} has {h:08x} (compacted at {c})"
+            )),
+        }
     }
 
     async fn head_revision_of(&self, m: usize) -> Option<i64> {

@@ -1,8 +1,14 @@
 //! The system under test: three rkube servers, or three etcd 3.4 members for the side-by-side
 //! run, each a process in its own network namespace (a host of its own), reaching the others
 //! only through the fault proxies. The campaign kills (SIGKILL), pauses (SIGSTOP/SIGCONT),
-//! stops (SIGTERM), restarts (optionally with failpoints armed) and replaces (remove, wipe, add
-//! back) members here.
+//! stops (SIGTERM), restarts (optionally with failpoints armed), replaces (remove, wipe, add
+//! back) and cuts the power of members here.
+//!
+//! With [`Setup::power_fs`] every member's data dir is a [`PowerFs`] of its own, mounted in
+//! this process before the member first starts (a mount made before `ip netns exec` is seen in
+//! the member's namespace: it copies this process's mounts) and unmounted when the system is
+//! dropped, after the members are dead. Cutting a member's power throws away everything it
+//! had not fsynced.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -15,6 +21,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::net::Hosts;
 use super::proxy::FaultProxies;
+use crate::powerfs::{CutReport, PowerFs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -52,6 +59,15 @@ impl Default for Tuning {
     }
 }
 
+/// How the members are set up, beyond their timing.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// Each member's data dir on a powerfs of its own, so that its power can be cut.
+    pub power_fs: bool,
+    /// Extra arguments for every rkube member (`--unsafe-no-fsync`, say); not for etcd.
+    pub rkube_args: Vec<String>,
+}
+
 const CLIENT_PORT: u16 = 2379;
 const PEER_PORT: u16 = 2380;
 
@@ -63,26 +79,47 @@ pub struct System {
     /// Each member's process while it runs.
     children: Vec<Option<Child>>,
     paused: Vec<bool>,
-    /// Bumped when member i is wiped and added back: a new member, whose revisions start over.
-    pub generations: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>>,
+    /// Bumped whenever member i's own revision may start over lower: when it is wiped and
+    /// added back (a new member), and when its power is cut (its state rolls back to what it
+    /// had synced, until it has applied its log again).
+    pub epochs: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>>,
     token: String,
     tls: Option<ClientTlsConfig>,
     bin: PathBuf,
+    rkube_args: Vec<String>,
+    /// Member i's data dir, when the members run on powerfs. Dropped after the members are
+    /// killed (`Drop for System` runs first).
+    power: Vec<PowerFs>,
     // Dropped last: the namespaces go once the processes are dead.
     pub hosts: Hosts,
 }
 
 impl System {
-    /// Makes the hosts, proxies and certificates and starts `n` members as a new cluster.
+    /// Makes the hosts, proxies, certificates and (with `setup.power_fs`) the members'
+    /// filesystems, and starts `n` members as a new cluster.
     pub async fn start(
         kind: Kind,
         n: usize,
         dir: &Path,
         tuning: Tuning,
         bin: &Path,
+        setup: &Setup,
     ) -> Result<Self> {
         if let Some(why) = super::net::unavailable() {
             bail!("{why}");
+        }
+        let mut power = Vec::new();
+        if setup.power_fs {
+            crate::powerfs::available().map_err(anyhow::Error::msg)?;
+            for i in 0..n {
+                let at = dir.join(Self::name(i));
+                let fs = PowerFs::mount(&at)
+                    .with_context(|| format!("mounting powerfs at {}", at.display()))?;
+                // etcd wants its data dir private to its user; rkube does not mind.
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o700))?;
+                power.push(fs);
+            }
         }
         let hosts = Hosts::create(n)?;
         let targets = (0..n)
@@ -101,10 +138,12 @@ impl System {
             proxies,
             children: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
-            generations: std::sync::Arc::new((0..n).map(|_| Default::default()).collect()),
+            epochs: std::sync::Arc::new((0..n).map(|_| Default::default()).collect()),
             token,
             tls,
             bin: bin.to_path_buf(),
+            rkube_args: setup.rkube_args.clone(),
+            power,
             hosts,
         };
         for i in 0..n {
@@ -172,6 +211,7 @@ impl System {
                         "--snapshot-catchup-entries",
                         &t.snapshot_catchup_entries.to_string(),
                     ])
+                    .args(&self.rkube_args)
                     .env("RUST_LOG", "info");
                 c
             }
@@ -238,11 +278,36 @@ impl System {
 
     /// SIGKILL, and waits for the process to be gone.
     pub fn kill(&mut self, i: usize) {
-        self.signal(i, libc::SIGKILL);
-        if let Some(mut c) = self.children[i].take() {
-            let _ = c.wait();
+        self.kill_all(&[i]);
+    }
+
+    /// SIGKILL to every member of `members` at once (no waiting between the signals), then
+    /// waits for each process to be gone.
+    pub fn kill_all(&mut self, members: &[usize]) {
+        for &i in members {
+            self.signal(i, libc::SIGKILL);
         }
-        self.paused[i] = false;
+        for &i in members {
+            if let Some(mut c) = self.children[i].take() {
+                let _ = c.wait();
+            }
+            self.paused[i] = false;
+        }
+    }
+
+    /// Throws away everything member i has not fsynced, as a power cut does; the member must
+    /// have been killed and reaped. What was lost, and the fsyncs its filesystem has seen.
+    pub fn cut_power(&mut self, i: usize) -> Result<(CutReport, u64)> {
+        if self.running(i) {
+            bail!("the power of m{i} cannot be cut while its process runs");
+        }
+        let fs = self
+            .power
+            .get(i)
+            .context("the members' data dirs are not on powerfs")?;
+        let report = fs.cut_power();
+        self.epochs[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok((report, fs.fsyncs()))
     }
 
     /// SIGTERM, and waits (up to 20 s, then SIGKILL) for the process to exit.
@@ -342,7 +407,7 @@ impl System {
             .await
             .context("member remove")?;
         std::fs::remove_dir_all(self.data_dir(i)).ok();
-        self.generations[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.epochs[i].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // The removal is committed by a quorum; adding back right away is what an operator does.
         let mut added = None;
         for _ in 0..150 {

@@ -181,8 +181,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.wal.save_vote(vote).await.map_err(vote_write)
     }
 
+    /// The saved vote, never as committed: openraft 0.9 makes a member whose saved vote is a
+    /// committed vote for itself leader again at once, in the same term, with the commit index
+    /// it read back — which may be older than what it had acknowledged before a power cut (the
+    /// commit index is written unsynced), so its read index would be stale. An uncommitted vote
+    /// makes it win a new election first, and a new leader commits an entry of its own term
+    /// before it serves a read index. (The power-loss campaign caught stale reads without this.)
     async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
-        Ok(self.wal.vote())
+        Ok(self.wal.vote().map(|mut v| {
+            v.committed = false;
+            v
+        }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {

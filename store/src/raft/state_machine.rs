@@ -56,8 +56,8 @@ pub struct StateMachine {
     counter: Arc<AtomicU64>,
     /// Snapshots installed from a leader since start.
     pub installs: Arc<AtomicU64>,
-    /// The last log index that the snapshot file on disk covers, raised once a new one is
-    /// durable. The log store waits for it before it persists a purge (see
+    /// The last log index that durable state covers (the snapshot file on disk, raised once a
+    /// new one is durable, or the trees as synced at open). The log store waits for it before it persists a purge (see
     /// [`StateMachine::snapshot_watermark`]).
     durable: Arc<tokio::sync::watch::Sender<u64>>,
 }
@@ -95,6 +95,12 @@ impl StateMachine {
                 }
             }
             sm.snapshot_durable(&meta);
+        }
+        // What the trees hold at open is made durable now, so the log may be purged up to it
+        // (openraft purges a log that ends before the applied index at start-up).
+        sm.mvcc.sync()?;
+        if let Some(applied) = sm.applied()? {
+            sm.durable.send_modify(|d| *d = (*d).max(applied.index));
         }
         Ok(sm)
     }
