@@ -928,6 +928,13 @@ impl Server {
 }
 
 impl Filesystem for Server {
+    /// Files are served with direct I/O; a shared mmap of one (etcd's bbolt maps its database)
+    /// is allowed only when the kernel is asked for it (Linux 6.6 and later).
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let st = self.lock();
         match st
