@@ -143,6 +143,20 @@ struct Inner {
 }
 
 impl Inner {
+    /// Nothing read yet.
+    fn empty() -> Self {
+        Inner {
+            segments: BTreeMap::new(),
+            active: 0,
+            write_at: 0,
+            locs: BTreeMap::new(),
+            vote: None,
+            committed: None,
+            committed_written: None,
+            last_purged: None,
+        }
+    }
+
     fn last_log_id(&self) -> Option<LogId> {
         self.locs
             .last_key_value()
@@ -159,7 +173,6 @@ impl Inner {
         self.locs = self.locs.split_off(&upto.saturating_add(1));
     }
 }
-
 
 /// What the syncer tells when a sync is done.
 pub enum Waiter {
@@ -259,16 +272,7 @@ impl Wal {
             }
         }
         seqs.sort_unstable();
-        let mut inner = Inner {
-            segments: BTreeMap::new(),
-            active: 0,
-            write_at: 0,
-            locs: BTreeMap::new(),
-            vote: None,
-            committed: None,
-            committed_written: None,
-            last_purged: None,
-        };
+        let mut inner = Inner::empty();
         let last_seq = seqs.last().copied();
         for seq in seqs {
             let path = segment_path(dir, seq);
@@ -949,7 +953,8 @@ mod tests {
             for i in 1..=200 {
                 append(&wal, vec![blank(1, i)]).await;
             }
-            wal.set_committed(Some(log_id(1, 0, 150))).expect("committed");
+            wal.set_committed(Some(log_id(1, 0, 150)))
+                .expect("committed");
             let before = segments(&wal_dir).len();
             wal.purge(log_id(1, 0, 120)).await.expect("purge");
             let after = segments(&wal_dir).len();
@@ -1017,16 +1022,7 @@ mod tests {
         f.write_all(b"x").expect("garbage");
         drop(f);
         let f = File::open(&path).expect("open");
-        let mut inner = Inner {
-            segments: BTreeMap::new(),
-            active: 1,
-            write_at: 0,
-            locs: BTreeMap::new(),
-            vote: None,
-            committed: None,
-            committed_written: None,
-            last_purged: None,
-        };
+        let mut inner = Inner::empty();
         let (end, _, torn) = replay_segment(&f, &path, 1, &mut inner).expect("replay");
         assert_eq!(end, 0);
         assert!(torn.is_some());

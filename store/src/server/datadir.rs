@@ -118,7 +118,9 @@ impl DataDir {
                     f.sync_all().map_err(io)?;
                 }
                 std::fs::rename(&tmp, &record_path).map_err(io)?;
-                std::fs::File::open(path).and_then(|d| d.sync_all()).map_err(io)?;
+                std::fs::File::open(path)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io)?;
                 true
             }
             Err(e) => return Err(io(e)),
