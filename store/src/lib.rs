@@ -9,6 +9,7 @@
 //! - [`failpoints`]: crash points in the write path for chaos tests (`RKUBE_FAILPOINTS`).
 
 pub mod backup;
+pub mod durable_file;
 pub mod error;
 pub mod failpoints;
 pub mod mvcc;

@@ -72,33 +72,36 @@ impl StateMachine {
             installs: Arc::new(AtomicU64::new(0)),
             durable: Arc::new(tokio::sync::watch::channel(0).0),
         };
-        if dir.join(INSTALL_MARKER).exists() {
+        // An install a crash interrupted, or trees that lost their last changes (they are
+        // synced lazily) while the snapshot on disk, which the log may be purged behind, did
+        // not: both start from the snapshot, and openraft applies the log again from there.
+        let interrupted = dir.join(INSTALL_MARKER).exists();
+        let meta = sm.read_snapshot_meta()?;
+        let applied = sm.applied()?;
+        let behind = meta.as_ref().is_some_and(|m| m.last_log_id > applied);
+        if behind {
+            tracing::warn!(
+                applied = %applied.map_or("none".into(), |l| l.to_string()),
+                snapshot = %meta.as_ref().and_then(|m| m.last_log_id).map_or("none".into(), |l| l.to_string()),
+                "the state machine is behind the snapshot on disk (its last changes were not \
+                 yet synced when the member stopped): restoring it from the snapshot, then \
+                 applying the log again"
+            );
+        }
+        if interrupted || behind {
             if let Some(file) = sm.read_snapshot_file()? {
                 sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
-                sm.mvcc.sync()?;
             }
+        }
+        // What the trees hold now is made durable, so the log may be purged up to it (openraft
+        // purges a log that ends before the applied index at start-up), and the marker may go.
+        sm.mvcc.sync()?;
+        if interrupted {
             std::fs::remove_file(dir.join(INSTALL_MARKER))?;
         }
-        if let Some(meta) = sm.read_snapshot_meta()? {
-            let applied = sm.applied()?;
-            if meta.last_log_id > applied {
-                tracing::warn!(
-                    applied = %applied.map_or("none".into(), |l| l.to_string()),
-                    snapshot = %meta.last_log_id.map_or("none".into(), |l| l.to_string()),
-                    "the state machine is behind the snapshot on disk (its last changes were not \
-                     yet synced when the member stopped): restoring it from the snapshot, then \
-                     applying the log again"
-                );
-                if let Some(file) = sm.read_snapshot_file()? {
-                    sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
-                    sm.mvcc.sync()?;
-                }
-            }
-            sm.snapshot_durable(&meta);
+        if let Some(meta) = &meta {
+            sm.snapshot_durable(meta);
         }
-        // What the trees hold at open is made durable now, so the log may be purged up to it
-        // (openraft purges a log that ends before the applied index at start-up).
-        sm.mvcc.sync()?;
         if let Some(applied) = sm.applied()? {
             sm.durable.send_modify(|d| *d = (*d).max(applied.index));
         }
@@ -253,15 +256,7 @@ impl StateMachine {
     fn write_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         let bytes = bincode::serialize(file)?;
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
-        // The rename is durable once the directory is.
-        std::fs::File::open(&self.dir)?.sync_all()?;
+        crate::durable_file::replace(&self.dir.join(SNAPSHOT_FILE), &tmp, &bytes)?;
         self.snapshot_durable(&file.meta);
         Ok(())
     }

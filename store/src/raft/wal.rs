@@ -213,7 +213,7 @@ pub struct Wal {
     /// use it to show that the power-loss test catches a store that does not sync.
     no_fsync: bool,
     pub stats: Arc<WalStats>,
-    fsync_seconds: Mutex<Option<Histogram>>,
+    fsync_seconds: std::sync::OnceLock<Histogram>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
@@ -329,7 +329,7 @@ impl Wal {
             sync_tx: Mutex::new(sync_tx),
             no_fsync,
             stats: Arc::new(WalStats::default()),
-            fsync_seconds: Mutex::new(None),
+            fsync_seconds: std::sync::OnceLock::new(),
         });
         {
             let mut inner = wal.lock();
@@ -345,9 +345,9 @@ impl Wal {
         Ok(wal)
     }
 
-    /// Reports the duration of every fdatasync into `h`.
+    /// Reports the duration of every fdatasync into `h` (the first histogram given stays).
     pub fn observe_fsyncs(&self, h: Histogram) {
-        *self.fsync_seconds.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        let _ = self.fsync_seconds.set(h);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -361,7 +361,7 @@ impl Wal {
         let started = Instant::now();
         let r = fdatasync(file);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Some(h) = &*self.fsync_seconds.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(h) = self.fsync_seconds.get() {
             h.observe(started.elapsed().as_secs_f64());
         }
         r

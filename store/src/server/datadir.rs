@@ -111,16 +111,7 @@ impl DataDir {
                         dir: path.to_path_buf(),
                         reason: e.to_string(),
                     })?;
-                {
-                    use std::io::Write as _;
-                    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-                    f.write_all(&json).map_err(io)?;
-                    f.sync_all().map_err(io)?;
-                }
-                std::fs::rename(&tmp, &record_path).map_err(io)?;
-                std::fs::File::open(path)
-                    .and_then(|d| d.sync_all())
-                    .map_err(io)?;
+                crate::durable_file::replace(&record_path, &tmp, &json).map_err(io)?;
                 true
             }
             Err(e) => return Err(io(e)),

@@ -8,7 +8,6 @@
 //! file under a snapshot's name. Retention deletes only files with that name pattern.
 
 use std::future::Future;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -153,16 +152,7 @@ pub fn take(store: &MvccStore, dir: &Path, now: DateTime<Utc>) -> Result<Taken, 
     let path = dir.join(&name.file);
     // Hidden and without the .snap suffix: never listed, restored or pruned as a snapshot.
     let tmp = dir.join(format!(".{}.tmp", name.file));
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, &path)?;
-        // The rename itself is durable only once the directory is synced.
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if let Err(source) = written {
+    if let Err(source) = crate::durable_file::replace(&path, &tmp, &bytes) {
         let _ = std::fs::remove_file(&tmp);
         return Err(ScheduleError::Write { path, source });
     }
