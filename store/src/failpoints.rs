@@ -24,9 +24,10 @@ pub const ENV: &str = "RKUBE_FAILPOINTS";
 pub const RAFT_LOG_BEFORE_FSYNC: &str = "raft-log-before-fsync";
 /// After that fsync, before openraft learns the entries are durable.
 pub const RAFT_LOG_AFTER_FSYNC: &str = "raft-log-after-fsync";
-/// Before an entry is applied to the state machine (`raft/state_machine.rs`, `apply`).
+/// Before entries are applied to the state machine (`raft/state_machine.rs`, `apply`).
 pub const APPLY_BEFORE: &str = "apply-before";
-/// After an entry's sled transaction, before its result goes back to openraft.
+/// After the sled transaction of the entries openraft handed over, before their results go
+/// back to it.
 pub const APPLY_AFTER: &str = "apply-after";
 /// In a snapshot build, after the dump and before `snapshot.bin` is written (`build_snapshot`).
 pub const SNAPSHOT_BUILD_BEFORE_SAVE: &str = "snapshot-build-before-save";

@@ -10,5 +10,5 @@ pub mod watch;
 #[cfg(test)]
 mod tests;
 
-pub use store::{validate_txn, MemberAttrs, MvccStore, RevisionBatch, MAX_LEASE_TTL};
+pub use store::{validate_txn, Changes, MemberAttrs, MvccStore, RevisionBatch, MAX_LEASE_TTL};
 pub use types::*;

@@ -11,10 +11,12 @@
 //!   caller (the Raft state machine) commits with each change.
 //!
 //! # Correctness
-//! Only [`MvccStore::apply`] and [`MvccStore::restore`] write, and the Raft state machine calls
-//! them one at a time. Each applied command is one sled transaction over every tree, together with
-//! the caller's metadata (the last applied log id), so a crash never leaves half a command on disk
-//! and re-applying the log after a restart starts exactly where the state ends. The one command
+//! Only [`MvccStore::commit`] (which [`MvccStore::apply`] uses) and [`MvccStore::restore`]
+//! write, and the Raft state machine calls them one at a time. Commands are staged in memory
+//! ([`Changes`]) and committed together in one sled transaction over every tree, with the
+//! caller's metadata (the last applied log id), so a crash never leaves half a set of
+//! commands on disk and re-applying the log after a restart starts exactly where the state
+//! ends. The one command
 //! whose work follows its commit, a compaction, commits its revision first and is finished on
 //! the next open. Readers hold the read side of `lock` while the writer holds the write side for
 //! the commit, so a read never sees half a transaction.
@@ -162,29 +164,45 @@ pub struct MvccStore {
     hub: broadcast::Sender<Arc<RevisionBatch>>,
 }
 
-/// Changes computed by a command, committed at once.
-#[derive(Default)]
-struct WriteSet {
+/// What one command changes, over the changes of the commands staged before it in the same
+/// [`Changes`].
+struct WriteSet<'a> {
+    /// The revision this command's changes get.
     main: i64,
     next_sub: i64,
-    /// Pending view of changed keys, for reads inside the same transaction.
+    /// Keys changed by the commands staged before this one.
+    base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>,
+    /// Keys changed by this command so far, over `base`.
     overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
     records: Vec<(Revision, Record)>,
     events: Vec<Event>,
     lease_puts: Vec<Lease>,
     lease_removes: Vec<i64>,
-    lkey_puts: Vec<(i64, Vec<u8>)>,
-    lkey_removes: Vec<(i64, Vec<u8>)>,
+    /// Lease attachments (`true`) and detachments, in order.
+    lkeys: Vec<(i64, Vec<u8>, bool)>,
     meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
+    compact: Option<i64>,
 }
 
-impl WriteSet {
-    /// Detaches `key` from `lease`, together with an attachment made earlier in this command:
-    /// the commit removes before it inserts, so a pending insert would otherwise survive.
+impl<'a> WriteSet<'a> {
+    fn new(main: i64, base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>) -> Self {
+        Self {
+            main,
+            next_sub: 0,
+            base,
+            overlay: BTreeMap::new(),
+            records: Vec::new(),
+            events: Vec::new(),
+            lease_puts: Vec::new(),
+            lease_removes: Vec::new(),
+            lkeys: Vec::new(),
+            meta_puts: Vec::new(),
+            compact: None,
+        }
+    }
+
     fn detach(&mut self, lease: i64, key: &[u8]) {
-        self.lkey_puts
-            .retain(|(id, k)| !(*id == lease && k.as_slice() == key));
-        self.lkey_removes.push((lease, key.to_vec()));
+        self.lkeys.push((lease, key.to_vec(), false));
     }
 
     /// The revision of the next change in this transaction.
@@ -195,6 +213,109 @@ impl WriteSet {
         };
         self.next_sub += 1;
         rev
+    }
+
+    /// What the command changed, without the borrow of the earlier commands' keys.
+    fn finish(self) -> Staged {
+        Staged {
+            main: self.main,
+            overlay: self.overlay,
+            records: self.records,
+            events: self.events,
+            lease_puts: self.lease_puts,
+            lease_removes: self.lease_removes,
+            lkeys: self.lkeys,
+            meta_puts: self.meta_puts,
+            compact: self.compact,
+        }
+    }
+}
+
+/// A finished [`WriteSet`].
+struct Staged {
+    main: i64,
+    overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    records: Vec<(Revision, Record)>,
+    events: Vec<Event>,
+    lease_puts: Vec<Lease>,
+    lease_removes: Vec<i64>,
+    lkeys: Vec<(i64, Vec<u8>, bool)>,
+    meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
+    compact: Option<i64>,
+}
+
+/// The changes of consecutive commands (and the caller's metadata), staged in memory by
+/// [`MvccStore::stage`] and committed together, in one sled transaction, by
+/// [`MvccStore::commit`].
+///
+/// # Correctness
+/// Each command reads the store as the commands staged before it left it: key reads go
+/// through the staged keys first. Only transactions whose reads are all at the newest
+/// revision are staged after other commands; every other command (lease grants and revokes,
+/// compactions, alarms, member attributes, a transaction that reads at a past revision) reads
+/// state that only sled holds, so it is staged only into empty changes and closes them.
+pub struct Changes {
+    /// The newest revision, staged changes included.
+    revision: i64,
+    /// Keys changed by the staged commands.
+    keys: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    records: Vec<(Revision, Record)>,
+    /// The events of each staged revision, published after the commit.
+    batches: Vec<RevisionBatch>,
+    lease_puts: Vec<Lease>,
+    lease_removes: Vec<i64>,
+    lkeys: Vec<(i64, Vec<u8>, bool)>,
+    meta: BTreeMap<Vec<u8>, Vec<u8>>,
+    compact: Option<i64>,
+    commands: usize,
+    closed: bool,
+}
+
+impl Changes {
+    /// The newest revision, counting the staged commands.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Commits `value` under `key` in the store's metadata with the staged changes.
+    pub fn set_meta(&mut self, key: &[u8], value: Vec<u8>) {
+        self.meta.insert(key.to_vec(), value);
+    }
+
+    fn absorb(&mut self, staged: Staged) {
+        if !staged.records.is_empty() {
+            self.revision = staged.main;
+            self.batches.push(RevisionBatch {
+                revision: staged.main,
+                events: staged.events,
+                restored: false,
+            });
+        }
+        self.keys.extend(staged.overlay);
+        self.records.extend(staged.records);
+        self.lease_puts.extend(staged.lease_puts);
+        self.lease_removes.extend(staged.lease_removes);
+        self.lkeys.extend(staged.lkeys);
+        self.meta.extend(staged.meta_puts);
+        if staged.compact.is_some() {
+            self.compact = staged.compact;
+        }
+    }
+}
+
+/// Whether `cmd` reads only what [`Changes`] overlays (live keys), so that it can be staged
+/// after other commands.
+fn stageable_after_others(cmd: &Command) -> bool {
+    fn reads_live_only(ops: &[Op]) -> bool {
+        ops.iter().all(|op| match op {
+            Op::Range(req) => req.revision == 0,
+            Op::Txn(inner) => reads_live_only(&inner.success) && reads_live_only(&inner.failure),
+            Op::Put(_) | Op::Delete(_) => true,
+        })
+    }
+    match cmd {
+        Command::Txn(txn) => reads_live_only(&txn.success) && reads_live_only(&txn.failure),
+        _ => false,
     }
 }
 
@@ -336,6 +457,10 @@ impl MvccStore {
         current: i64,
         ws: Option<&WriteSet>,
     ) -> Result<RangeResult, MvccError> {
+        let layers = match ws {
+            Some(ws) => vec![ws.base, &ws.overlay],
+            None => Vec::new(),
+        };
         let at = if req.revision > 0 {
             req.revision
         } else {
@@ -351,7 +476,7 @@ impl MvccStore {
             });
         }
         let mut kvs = if at == current {
-            self.scan_current(&req.range, ws)
+            self.scan_current(&req.range, &layers)
                 .map_err(|_| MvccError::FutureRevision)?
         } else {
             self.scan_at(&req.range, at)
@@ -384,7 +509,7 @@ impl MvccStore {
     fn scan_current(
         &self,
         range: &KeyRange,
-        ws: Option<&WriteSet>,
+        layers: &[&BTreeMap<Vec<u8>, Option<KeyValue>>],
     ) -> Result<Vec<KeyValue>, StorageError> {
         let mut out: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
         if range.is_single() {
@@ -401,8 +526,20 @@ impl MvccStore {
                 out.insert(k.to_vec(), decode(&v)?);
             }
         }
-        if let Some(ws) = ws {
-            for (k, v) in &ws.overlay {
+        for layer in layers {
+            if range.is_single() {
+                match layer.get(&range.key) {
+                    Some(Some(kv)) => {
+                        out.insert(range.key.clone(), kv.clone());
+                    }
+                    Some(None) => {
+                        out.remove(&range.key);
+                    }
+                    None => {}
+                }
+                continue;
+            }
+            for (k, v) in layer.iter() {
                 if range.contains(k) {
                     match v {
                         Some(kv) => out.insert(k.clone(), kv.clone()),
@@ -641,11 +778,51 @@ impl MvccStore {
         cmd: &Command,
         extra_meta: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Applied, StorageError> {
-        let current = self.revision();
-        let mut ws = WriteSet {
-            main: current + 1,
-            ..Default::default()
-        };
+        let mut changes = self.changes();
+        for (k, v) in extra_meta {
+            changes.set_meta(&k, v);
+        }
+        let applied = self
+            .stage(&mut changes, cmd)?
+            .ok_or_else(|| StorageError::Corrupt("empty changes refused a command".into()))?;
+        self.commit(changes)?;
+        Ok(applied)
+    }
+
+    /// Empty changes over the newest revision, for [`MvccStore::stage`].
+    pub fn changes(&self) -> Changes {
+        Changes {
+            revision: self.revision(),
+            keys: BTreeMap::new(),
+            records: Vec::new(),
+            batches: Vec::new(),
+            lease_puts: Vec::new(),
+            lease_removes: Vec::new(),
+            lkeys: Vec::new(),
+            meta: BTreeMap::new(),
+            compact: None,
+            commands: 0,
+            closed: false,
+        }
+    }
+
+    /// Applies `cmd` to `changes`, in memory, and returns what it produced; nothing is written
+    /// until [`MvccStore::commit`]. `None` when the command needs changes of its own (see
+    /// [`Changes`]): commit these first and stage it into new ones. An `Err` inside
+    /// [`Applied::output`] means the command was refused and changed nothing.
+    pub fn stage(
+        &self,
+        changes: &mut Changes,
+        cmd: &Command,
+    ) -> Result<Option<Applied>, StorageError> {
+        let alone = !stageable_after_others(cmd);
+        if changes.closed || (alone && changes.commands > 0) {
+            return Ok(None);
+        }
+        changes.commands += 1;
+        changes.closed |= alone;
+        let current = changes.revision;
+        let mut ws = WriteSet::new(current + 1, &changes.keys);
         let no_space = || -> Result<bool, StorageError> {
             Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
         };
@@ -668,6 +845,7 @@ impl MvccStore {
                         META_COMPACT_SCHEDULED.to_vec(),
                         revision.to_be_bytes().to_vec(),
                     ));
+                    ws.compact = Some(*revision);
                     Output::Compacted
                 })
             }
@@ -711,54 +889,59 @@ impl MvccStore {
                 Ok(Output::Alarms(if changed { vec![this] } else { vec![] }))
             }
         };
-        let output = match output {
-            Ok(o) => o,
-            Err(e) => {
-                // Refused: drop every computed change, keep only the caller's metadata.
-                ws = WriteSet {
-                    main: current + 1,
-                    meta_puts: Vec::new(),
-                    ..Default::default()
-                };
-                self.commit(ws, extra_meta)?;
-                return Ok(Applied {
-                    revision: current,
-                    output: Err(e),
-                });
+        match output {
+            // Refused: the command's changes are dropped.
+            Err(e) => Ok(Some(Applied {
+                revision: current,
+                output: Err(e),
+            })),
+            Ok(output) => {
+                let staged = ws.finish();
+                changes.absorb(staged);
+                Ok(Some(Applied {
+                    revision: changes.revision,
+                    output: Ok(output),
+                }))
             }
-        };
-        let revision = self.commit(ws, extra_meta)?;
-        if let Command::Compact { revision: rev } = cmd {
-            self.compact(*rev)?;
         }
-        Ok(Applied {
-            revision,
-            output: Ok(output),
-        })
     }
 
-    /// Commits the changes; returns the store revision after them.
-    fn commit(
-        &self,
-        mut ws: WriteSet,
-        extra_meta: Vec<(Vec<u8>, Vec<u8>)>,
-    ) -> Result<i64, StorageError> {
-        let changed = !ws.records.is_empty();
-        let revision = if changed { ws.main } else { ws.main - 1 };
+    /// Commits staged changes in one sled transaction, then publishes their events and carries
+    /// out a staged compaction.
+    pub fn commit(&self, changes: Changes) -> Result<(), StorageError> {
+        let Changes {
+            revision,
+            keys,
+            records,
+            batches,
+            lease_puts,
+            lease_removes,
+            lkeys,
+            mut meta,
+            compact,
+            ..
+        } = changes;
+        let changed = !records.is_empty();
         if changed {
-            ws.meta_puts
-                .push((META_REVISION.to_vec(), revision.to_be_bytes().to_vec()));
+            meta.insert(META_REVISION.to_vec(), revision.to_be_bytes().to_vec());
         }
-        ws.meta_puts.extend(extra_meta);
-        let records: Vec<(Revision, Vec<u8>, Record)> = ws
-            .records
+        if !changed && meta.is_empty() && lease_puts.is_empty() && lease_removes.is_empty() {
+            return Ok(());
+        }
+        // Encoded before the lock is taken: readers wait only for sled. `cur` gets each
+        // changed key's last version once.
+        let history: Vec<([u8; 16], Vec<u8>, Vec<u8>)> = records
             .iter()
-            .map(|(rev, r)| (*rev, encode(r), r.clone()))
+            .map(|(rev, r)| (rev.to_bytes(), encode(r), index_key(&r.kv.key, *rev)))
+            .collect();
+        let live: Vec<(Vec<u8>, Option<Vec<u8>>)> = keys
+            .into_iter()
+            .map(|(k, v)| (k, v.map(|kv| encode(&kv))))
             .collect();
         let t = &self.trees;
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         (&t.hist, &t.kidx, &t.cur, &t.leases, &t.lkeys, &t.meta).transaction(
-            |(hist, kidx, cur, leases, lkeys, meta): &(
+            |(hist, kidx, cur, leases, lkeys_tree, meta_tree): &(
                 TransactionalTree,
                 TransactionalTree,
                 TransactionalTree,
@@ -766,29 +949,31 @@ impl MvccStore {
                 TransactionalTree,
                 TransactionalTree,
             )| {
-                for (rev, bytes, record) in &records {
-                    hist.insert(&rev.to_bytes()[..], bytes.as_slice())?;
-                    kidx.insert(index_key(&record.kv.key, *rev), &[][..])?;
-                    if record.tombstone {
-                        cur.remove(record.kv.key.as_slice())?;
-                    } else {
-                        cur.insert(record.kv.key.as_slice(), encode(&record.kv))?;
-                    }
+                for (rev, bytes, idx) in &history {
+                    hist.insert(&rev[..], bytes.as_slice())?;
+                    kidx.insert(idx.as_slice(), &[][..])?;
                 }
-                for lease in &ws.lease_puts {
+                for (key, value) in &live {
+                    match value {
+                        Some(v) => cur.insert(key.as_slice(), v.as_slice())?,
+                        None => cur.remove(key.as_slice())?,
+                    };
+                }
+                for lease in &lease_puts {
                     leases.insert(&(lease.id as u64).to_be_bytes()[..], encode(lease))?;
                 }
-                for id in &ws.lease_removes {
+                for id in &lease_removes {
                     leases.remove(&(*id as u64).to_be_bytes()[..])?;
                 }
-                for (id, key) in &ws.lkey_removes {
-                    lkeys.remove(lkey(*id, key))?;
+                for (id, key, attach) in &lkeys {
+                    if *attach {
+                        lkeys_tree.insert(lkey(*id, key), &[][..])?;
+                    } else {
+                        lkeys_tree.remove(lkey(*id, key))?;
+                    }
                 }
-                for (id, key) in &ws.lkey_puts {
-                    lkeys.insert(lkey(*id, key), &[][..])?;
-                }
-                for (k, v) in &ws.meta_puts {
-                    meta.insert(k.as_slice(), v.as_slice())?;
+                for (k, v) in &meta {
+                    meta_tree.insert(k.as_slice(), v.as_slice())?;
                 }
                 Ok::<(), ConflictableTransactionError<StorageError>>(())
             },
@@ -797,19 +982,18 @@ impl MvccStore {
             self.revision.store(revision, Ordering::Release);
         }
         drop(_guard);
-        if changed {
-            // No receivers is fine: nobody is watching.
-            let _ = self.hub.send(Arc::new(RevisionBatch {
-                revision,
-                events: std::mem::take(&mut ws.events),
-                restored: false,
-            }));
+        // No receivers is fine: nobody is watching.
+        for batch in batches {
+            let _ = self.hub.send(Arc::new(batch));
         }
-        Ok(revision)
+        if let Some(rev) = compact {
+            self.compact(rev)?;
+        }
+        Ok(())
     }
 
     fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
-        if let Some(v) = ws.overlay.get(key) {
+        if let Some(v) = ws.overlay.get(key).or_else(|| ws.base.get(key)) {
             return Ok(v.clone());
         }
         match self.trees.cur.get(key)? {
@@ -826,7 +1010,7 @@ impl MvccStore {
     ) -> Result<TxnResult, MvccError> {
         let mut succeeded = true;
         for cmp in &txn.compare {
-            if !self.compare(cmp)? {
+            if !self.compare(cmp, ws.base)? {
                 succeeded = false;
                 break;
             }
@@ -849,9 +1033,14 @@ impl MvccStore {
     /// # Correctness
     /// As in etcd (`compareToPath`), every compare of a transaction, those of nested
     /// transactions included, sees the state before the transaction, never its own writes.
-    fn compare(&self, cmp: &Compare) -> Result<bool, MvccError> {
+    /// Earlier commands of the same [`Changes`] are seen through `staged`.
+    fn compare(
+        &self,
+        cmp: &Compare,
+        staged: &BTreeMap<Vec<u8>, Option<KeyValue>>,
+    ) -> Result<bool, MvccError> {
         let kvs = self
-            .scan_current(&cmp.range, None)
+            .scan_current(&cmp.range, &[staged])
             .map_err(|_| MvccError::FutureRevision)?;
         if kvs.is_empty() {
             if matches!(cmp.target, CompareTarget::Value(_)) {
@@ -911,7 +1100,7 @@ impl MvccStore {
                     }
                 }
                 if lease != 0 {
-                    ws.lkey_puts.push((lease, req.key.clone()));
+                    ws.lkeys.push((lease, req.key.clone(), true));
                 }
                 ws.overlay.insert(req.key.clone(), Some(kv.clone()));
                 ws.records.push((
@@ -931,7 +1120,9 @@ impl MvccStore {
                 }))
             }
             Op::Delete(req) => {
-                let existing = self.scan_current(&req.range, Some(ws)).map_err(storage)?;
+                let existing = self
+                    .scan_current(&req.range, &[ws.base, &ws.overlay])
+                    .map_err(storage)?;
                 for prev in &existing {
                     let rev = ws.next_revision();
                     let tomb = KeyValue {
@@ -1183,19 +1374,6 @@ impl MvccStore {
             self.trees.meta.remove(META_BASELINE_PENDING)?;
         }
         Ok(())
-    }
-
-    /// Commits only caller metadata (for log entries that carry no command).
-    pub fn commit_meta(&self, extra_meta: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StorageError> {
-        let current = self.revision();
-        self.commit(
-            WriteSet {
-                main: current + 1,
-                ..Default::default()
-            },
-            extra_meta,
-        )
-        .map(|_| ())
     }
 }
 

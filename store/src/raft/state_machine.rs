@@ -5,10 +5,12 @@
 //! kept as a file in the data dir, written to a temporary name and renamed into place.
 //!
 //! # Correctness
-//! The last applied log id and the membership are committed in the same sled transaction as the
-//! command they belong to, so after a crash openraft re-applies exactly the entries that follow.
-//! sled is not synced when an entry is applied (the write-ahead log made the entry durable
-//! already; sled's background flusher syncs every half second), so after a power cut the trees
+//! The entries openraft hands over in one call are applied in one sled transaction (split only
+//! where a command must be committed on its own, see [`crate::mvcc::Changes`]), committed with
+//! the last applied log id, the membership and, where a batch entry is split, how many of its
+//! commands are in; so after a crash openraft re-applies exactly the entries (and commands)
+//! that follow. sled is not synced when entries are applied (the write-ahead log made them
+//! durable already; the server syncs sled once a second), so after a power cut the trees
 //! may be older than the newest snapshot file, whose entries the log may have purged: at open,
 //! a state machine behind the snapshot on disk is restored from it first, and openraft then
 //! re-applies the log from there. Installing a snapshot first writes the snapshot file and a
@@ -33,7 +35,7 @@ use crate::failpoints::{
     crash_point, APPLY_AFTER, APPLY_BEFORE, SNAPSHOT_BUILD_AFTER_SAVE, SNAPSHOT_BUILD_BEFORE_SAVE,
     SNAPSHOT_INSTALL_AFTER, SNAPSHOT_INSTALL_BEFORE,
 };
-use crate::mvcc::{Applied, Command, MvccStore, Output};
+use crate::mvcc::{Applied, Changes, Command, MvccStore, Output};
 
 const META_APPLIED: &[u8] = b"raft_applied";
 const META_MEMBERSHIP: &[u8] = b"raft_membership";
@@ -155,79 +157,77 @@ impl StateMachine {
         }
     }
 
-    /// Applies the commands of a batch entry one by one, each committed with the batch's
-    /// progress and the last with `applied_meta` (the entry's applied log id).
-    fn apply_batch(
-        &self,
-        log_id: LogId,
-        cmds: &[Command],
-        applied_meta: Vec<(Vec<u8>, Vec<u8>)>,
-    ) -> Result<Applied, StorageError> {
-        let done = match self.mvcc.meta(META_BATCH_PROGRESS)? {
-            Some(v) => match bincode::deserialize::<(LogId, usize)>(&v)? {
-                (id, n) if id == log_id => n,
-                _ => 0,
-            },
-            None => 0,
-        };
-        let mut results = Vec::with_capacity(cmds.len());
-        if done >= cmds.len() {
-            self.mvcc.commit_meta(applied_meta.clone())?;
-        }
-        for (i, cmd) in cmds.iter().enumerate().skip(done) {
-            let mut meta = vec![(
-                META_BATCH_PROGRESS.to_vec(),
-                bincode::serialize(&(log_id, i + 1))?,
-            )];
-            if i + 1 == cmds.len() {
-                meta.extend(applied_meta.iter().cloned());
-            }
-            results.push(self.mvcc.apply(cmd, meta)?);
-        }
-        Ok(Applied {
-            revision: self.mvcc.revision(),
-            output: Ok(Output::Batch(results)),
-        })
-    }
-
-    /// Applies entries in order, each command one sled transaction with its applied log id.
-    fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, RaftStorageError> {
+    /// Applies entries in order, all in one sled transaction with the last one's applied log
+    /// id (a command that must be committed on its own splits them; see
+    /// [`crate::mvcc::Changes`]).
+    fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, StorageError> {
+        let mut changes = self.mvcc.changes();
         let mut out = Vec::with_capacity(entries.len());
+        crash_point(APPLY_BEFORE);
         for entry in entries {
-            crash_point(APPLY_BEFORE);
-            let mut meta = vec![(
-                META_APPLIED.to_vec(),
-                bincode::serialize(&Some(entry.log_id)).map_err(sm_write)?,
-            )];
             let applied = match &entry.payload {
-                EntryPayload::Normal(Command::Batch(cmds)) => self
-                    .apply_batch(entry.log_id, cmds, meta)
-                    .map_err(sm_write)?,
-                EntryPayload::Normal(cmd) => self.mvcc.apply(cmd, meta).map_err(sm_write)?,
+                EntryPayload::Normal(Command::Batch(cmds)) => {
+                    // A crash between two commits of this entry's commands left how many of
+                    // them are in the store.
+                    let done = match self.mvcc.meta(META_BATCH_PROGRESS)? {
+                        Some(v) => match bincode::deserialize::<(LogId, usize)>(&v)? {
+                            (id, n) if id == entry.log_id => n,
+                            _ => 0,
+                        },
+                        None => 0,
+                    };
+                    let mut results = Vec::with_capacity(cmds.len());
+                    for (i, cmd) in cmds.iter().enumerate().skip(done) {
+                        results.push(self.stage(&mut changes, cmd, Some((entry.log_id, i)))?);
+                    }
+                    Applied {
+                        revision: changes.revision(),
+                        output: Ok(Output::Batch(results)),
+                    }
+                }
+                EntryPayload::Normal(cmd) => self.stage(&mut changes, cmd, None)?,
                 EntryPayload::Membership(m) => {
                     let stored = StoredMembership::new(Some(entry.log_id), m.clone());
-                    meta.push((
-                        META_MEMBERSHIP.to_vec(),
-                        bincode::serialize(&stored).map_err(sm_write)?,
-                    ));
-                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
+                    changes.set_meta(META_MEMBERSHIP, bincode::serialize(&stored)?);
                     Applied {
-                        revision: self.mvcc.revision(),
+                        revision: changes.revision(),
                         output: Ok(Output::None),
                     }
                 }
-                EntryPayload::Blank => {
-                    self.mvcc.commit_meta(meta).map_err(sm_write)?;
-                    Applied {
-                        revision: self.mvcc.revision(),
-                        output: Ok(Output::None),
-                    }
-                }
+                EntryPayload::Blank => Applied {
+                    revision: changes.revision(),
+                    output: Ok(Output::None),
+                },
             };
-            crash_point(APPLY_AFTER);
+            changes.set_meta(META_APPLIED, bincode::serialize(&Some(entry.log_id))?);
             out.push(applied);
         }
+        self.mvcc.commit(changes)?;
+        crash_point(APPLY_AFTER);
         Ok(out)
+    }
+
+    /// Stages `cmd` (command `batch.1` of the batch entry `batch.0`, if it is one); a command
+    /// that needs a commit of its own gets one, after what was staged before it, which is
+    /// committed with the batch's progress.
+    fn stage(
+        &self,
+        changes: &mut Changes,
+        cmd: &Command,
+        batch: Option<(LogId, usize)>,
+    ) -> Result<Applied, StorageError> {
+        if let Some(applied) = self.mvcc.stage(changes, cmd)? {
+            return Ok(applied);
+        }
+        let mut staged = std::mem::replace(changes, self.mvcc.changes());
+        if let Some(progress) = batch {
+            staged.set_meta(META_BATCH_PROGRESS, bincode::serialize(&progress)?);
+        }
+        self.mvcc.commit(staged)?;
+        *changes = self.mvcc.changes();
+        self.mvcc
+            .stage(changes, cmd)?
+            .ok_or_else(|| StorageError::Corrupt("empty changes refused a command".into()))
     }
 
     /// The last applied log id as committed in the store.
@@ -327,7 +327,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // service and openraft's own tasks need to answer heartbeats and votes meanwhile.
         let entries: Vec<Entry> = entries.into_iter().collect();
         let sm = self.clone();
-        tokio::task::spawn_blocking(move || sm.apply_entries(entries))
+        tokio::task::spawn_blocking(move || sm.apply_entries(entries).map_err(sm_write))
             .await
             .map_err(|e| sm_write(std::io::Error::other(e.to_string())))?
     }
