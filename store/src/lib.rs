@@ -33,3 +33,22 @@ pub mod proto {
         tonic::include_proto!("rkubepeer");
     }
 }
+
+/// Opens the sled database at `path` for a test that reopens one it just dropped: sled's
+/// background IO threads may still hold the old handle's file lock for a moment, so a lock
+/// conflict is retried for up to ten seconds.
+#[cfg(test)]
+pub(crate) fn reopen_sled(path: &std::path::Path) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match sled::Config::new().path(path).open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}

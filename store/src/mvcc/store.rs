@@ -21,13 +21,11 @@
 //! the next open. Readers hold the read side of `lock` while the writer holds the write side for
 //! the commit, so a read never sees half a transaction.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionalTree};
-use sled::Transactional;
 use tokio::sync::broadcast;
 
 use super::keys::{escape_key, index_key, split_index_key, Revision};
@@ -46,10 +44,34 @@ const META_COMPACT_SCHEDULED: &[u8] = b"compact_scheduled";
 const META_MEMBER_PREFIX: &[u8] = b"member/";
 /// The active alarms, one sorted list.
 const META_ALARMS: &[u8] = b"alarms";
+/// The header of the last commit's writes ([`RedoHead`]); its chunks follow under
+/// `redo/<index>` ([`redo_chunk_key`]).
+const META_REDO: &[u8] = b"redo";
+const REDO_CHUNK: usize = 64 * 1024;
 /// Set when the data did not come through this cluster's Raft log (a restore, a forced new
 /// cluster): the log cannot rebuild it, so a snapshot must be taken and the log purged before
 /// a member is caught up from it.
 const META_BASELINE_PENDING: &[u8] = b"baseline_snapshot_pending";
+
+/// One blind write of a commit: (tree, key, value or removal).
+type Write = (u8, Vec<u8>, Option<Vec<u8>>);
+const TREE_HIST: u8 = 0;
+const TREE_KIDX: u8 = 1;
+const TREE_CUR: u8 = 2;
+const TREE_LEASES: u8 = 3;
+const TREE_LKEYS: u8 = 4;
+const TREE_META: u8 = 5;
+
+#[derive(Serialize, Deserialize)]
+struct RedoHead {
+    chunks: u32,
+    len: u64,
+    crc: u32,
+}
+
+fn redo_chunk_key(i: usize) -> Vec<u8> {
+    format!("redo/{i}").into_bytes()
+}
 
 /// One change in the history: a new version of a key, or its deletion (a tombstone).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -159,6 +181,8 @@ pub struct MvccStore {
     /// The sled database's directory, for [`MvccStore::sync`] (none for a temporary one).
     dir: Option<std::path::PathBuf>,
     lock: RwLock<()>,
+    /// Blob files [`MvccStore::sync`] has synced.
+    synced_blobs: std::sync::Mutex<HashSet<std::ffi::OsString>>,
     revision: AtomicI64,
     compact_revision: AtomicI64,
     hub: broadcast::Sender<Arc<RevisionBatch>>,
@@ -282,6 +306,59 @@ impl Changes {
         self.meta.insert(key.to_vec(), value);
     }
 
+    /// The blind writes that commit the changes, in order. Encoded before the store's lock is
+    /// taken, so that readers wait only for sled; `cur` gets each changed key's last version
+    /// once.
+    pub(super) fn into_commit(self) -> Commit {
+        let Changes {
+            revision,
+            keys,
+            records,
+            batches,
+            lease_puts,
+            lease_removes,
+            lkeys,
+            mut meta,
+            compact,
+            ..
+        } = self;
+        let changed = !records.is_empty();
+        if changed {
+            meta.insert(META_REVISION.to_vec(), revision.to_be_bytes().to_vec());
+        }
+        let mut writes: Vec<Write> =
+            Vec::with_capacity(2 * records.len() + keys.len() + meta.len());
+        for (rev, r) in &records {
+            writes.push((TREE_HIST, rev.to_bytes().to_vec(), Some(encode(r))));
+            writes.push((TREE_KIDX, index_key(&r.kv.key, *rev), Some(Vec::new())));
+        }
+        for (key, kv) in keys {
+            writes.push((TREE_CUR, key, kv.map(|kv| encode(&kv))));
+        }
+        for lease in &lease_puts {
+            writes.push((
+                TREE_LEASES,
+                (lease.id as u64).to_be_bytes().to_vec(),
+                Some(encode(lease)),
+            ));
+        }
+        for id in &lease_removes {
+            writes.push((TREE_LEASES, (*id as u64).to_be_bytes().to_vec(), None));
+        }
+        for (id, key, attach) in &lkeys {
+            writes.push((TREE_LKEYS, lkey(*id, key), attach.then(Vec::new)));
+        }
+        for (k, v) in meta {
+            writes.push((TREE_META, k, Some(v)));
+        }
+        Commit {
+            writes,
+            revision: changed.then_some(revision),
+            batches,
+            compact,
+        }
+    }
+
     fn absorb(&mut self, staged: Staged) {
         if !staged.records.is_empty() {
             self.revision = staged.main;
@@ -301,6 +378,15 @@ impl Changes {
             self.compact = staged.compact;
         }
     }
+}
+
+/// What [`MvccStore::commit`] does with [`Changes`].
+pub(super) struct Commit {
+    pub(super) writes: Vec<Write>,
+    /// The new revision, if the changes made one.
+    revision: Option<i64>,
+    batches: Vec<RevisionBatch>,
+    compact: Option<i64>,
 }
 
 /// Whether `cmd` reads only what [`Changes`] overlays (live keys), so that it can be staged
@@ -362,17 +448,24 @@ impl MvccStore {
             lkeys: db.open_tree("mvcc_lkeys")?,
             meta: db.open_tree("mvcc_meta")?,
         };
-        let revision = read_i64(&trees.meta, META_REVISION)?;
-        let compact = read_i64(&trees.meta, META_COMPACT)?;
-        let (hub, _) = broadcast::channel(4096);
         let store = Self {
             trees,
             dir: None,
             lock: RwLock::new(()),
-            revision: AtomicI64::new(revision),
-            compact_revision: AtomicI64::new(compact),
-            hub,
+            synced_blobs: Default::default(),
+            revision: AtomicI64::new(0),
+            compact_revision: AtomicI64::new(0),
+            hub: broadcast::channel(4096).0,
         };
+        store.finish_redo()?;
+        store.revision.store(
+            read_i64(&store.trees.meta, META_REVISION)?,
+            Ordering::Release,
+        );
+        store.compact_revision.store(
+            read_i64(&store.trees.meta, META_COMPACT)?,
+            Ordering::Release,
+        );
         store.finish_compaction()?;
         Ok(store)
     }
@@ -909,76 +1002,20 @@ impl MvccStore {
     /// Commits staged changes in one sled transaction, then publishes their events and carries
     /// out a staged compaction.
     pub fn commit(&self, changes: Changes) -> Result<(), StorageError> {
-        let Changes {
+        let Commit {
+            writes,
             revision,
-            keys,
-            records,
             batches,
-            lease_puts,
-            lease_removes,
-            lkeys,
-            mut meta,
             compact,
-            ..
-        } = changes;
-        let changed = !records.is_empty();
-        if changed {
-            meta.insert(META_REVISION.to_vec(), revision.to_be_bytes().to_vec());
-        }
-        if !changed && meta.is_empty() && lease_puts.is_empty() && lease_removes.is_empty() {
+        } = changes.into_commit();
+        if writes.is_empty() {
             return Ok(());
         }
-        // Encoded before the lock is taken: readers wait only for sled. `cur` gets each
-        // changed key's last version once.
-        let history: Vec<([u8; 16], Vec<u8>, Vec<u8>)> = records
-            .iter()
-            .map(|(rev, r)| (rev.to_bytes(), encode(r), index_key(&r.kv.key, *rev)))
-            .collect();
-        let live: Vec<(Vec<u8>, Option<Vec<u8>>)> = keys
-            .into_iter()
-            .map(|(k, v)| (k, v.map(|kv| encode(&kv))))
-            .collect();
-        let t = &self.trees;
+        let redo = encode(&writes);
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        (&t.hist, &t.kidx, &t.cur, &t.leases, &t.lkeys, &t.meta).transaction(
-            |(hist, kidx, cur, leases, lkeys_tree, meta_tree): &(
-                TransactionalTree,
-                TransactionalTree,
-                TransactionalTree,
-                TransactionalTree,
-                TransactionalTree,
-                TransactionalTree,
-            )| {
-                for (rev, bytes, idx) in &history {
-                    hist.insert(&rev[..], bytes.as_slice())?;
-                    kidx.insert(idx.as_slice(), &[][..])?;
-                }
-                for (key, value) in &live {
-                    match value {
-                        Some(v) => cur.insert(key.as_slice(), v.as_slice())?,
-                        None => cur.remove(key.as_slice())?,
-                    };
-                }
-                for lease in &lease_puts {
-                    leases.insert(&(lease.id as u64).to_be_bytes()[..], encode(lease))?;
-                }
-                for id in &lease_removes {
-                    leases.remove(&(*id as u64).to_be_bytes()[..])?;
-                }
-                for (id, key, attach) in &lkeys {
-                    if *attach {
-                        lkeys_tree.insert(lkey(*id, key), &[][..])?;
-                    } else {
-                        lkeys_tree.remove(lkey(*id, key))?;
-                    }
-                }
-                for (k, v) in &meta {
-                    meta_tree.insert(k.as_slice(), v.as_slice())?;
-                }
-                Ok::<(), ConflictableTransactionError<StorageError>>(())
-            },
-        )?;
-        if changed {
+        self.write_redo(&redo)?;
+        self.write(writes)?;
+        if let Some(revision) = revision {
             self.revision.store(revision, Ordering::Release);
         }
         drop(_guard);
@@ -990,6 +1027,77 @@ impl MvccStore {
             self.compact(rev)?;
         }
         Ok(())
+    }
+
+    /// Keeps the blind writes of a commit under `META_REDO`, in chunks small enough to stay
+    /// in sled's log (larger values go to blob files, which sled does not sync), the header
+    /// last.
+    fn write_redo(&self, redo: &[u8]) -> Result<(), StorageError> {
+        let chunks = redo.chunks(REDO_CHUNK).collect::<Vec<_>>();
+        for (i, chunk) in chunks.iter().enumerate() {
+            self.trees.meta.insert(redo_chunk_key(i), *chunk)?;
+        }
+        let head = RedoHead {
+            chunks: chunks.len() as u32,
+            len: redo.len() as u64,
+            crc: crc32fast::hash(redo),
+        };
+        self.trees.meta.insert(META_REDO, encode(&head))?;
+        Ok(())
+    }
+
+    /// Commits only the first `kept` writes of `changes` after their redo, as a crash in
+    /// their middle leaves them.
+    #[cfg(test)]
+    pub(super) fn commit_torn(&self, changes: Changes, kept: usize) -> Result<(), StorageError> {
+        let mut writes = changes.into_commit().writes;
+        self.write_redo(&encode(&writes))?;
+        writes.truncate(kept);
+        self.write(writes)
+    }
+
+    /// Makes `writes`, in order, one sled operation each.
+    fn write(&self, writes: Vec<Write>) -> Result<(), StorageError> {
+        let t = &self.trees;
+        for (tree, key, value) in writes {
+            let tree = match tree {
+                TREE_HIST => &t.hist,
+                TREE_KIDX => &t.kidx,
+                TREE_CUR => &t.cur,
+                TREE_LEASES => &t.leases,
+                TREE_LKEYS => &t.lkeys,
+                TREE_META => &t.meta,
+                other => return Err(StorageError::Corrupt(format!("redo names tree {other}"))),
+            };
+            match value {
+                Some(v) => tree.insert(key, v)?,
+                None => tree.remove(key)?,
+            };
+        }
+        Ok(())
+    }
+
+    /// Makes the writes of the last commit again: after a crash in their middle the store
+    /// holds a prefix of them (sled recovers a prefix of its log), and they are blind writes
+    /// of computed values, so writing them again completes the commit.
+    fn finish_redo(&self) -> Result<(), StorageError> {
+        let Some(head) = self.trees.meta.get(META_REDO)? else {
+            return Ok(());
+        };
+        let head: RedoHead = decode(&head)?;
+        let mut redo = Vec::with_capacity(head.len as usize);
+        for i in 0..head.chunks as usize {
+            let chunk = self.trees.meta.get(redo_chunk_key(i))?.ok_or_else(|| {
+                StorageError::Corrupt(format!("chunk {i} of the last commit's redo is missing"))
+            })?;
+            redo.extend_from_slice(&chunk);
+        }
+        if redo.len() as u64 != head.len || crc32fast::hash(&redo) != head.crc {
+            return Err(StorageError::Corrupt(
+                "the last commit's redo does not match its checksum".into(),
+            ));
+        }
+        self.write(decode(&redo)?)
     }
 
     fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
@@ -1265,6 +1373,10 @@ impl MvccStore {
             let mut rows = Vec::new();
             for item in tree.iter() {
                 let (k, v) = item?;
+                // The redo of this store's last commit is not part of its state.
+                if name == "meta" && k.starts_with(META_REDO) {
+                    continue;
+                }
                 rows.push((k.to_vec(), v.to_vec()));
             }
             trees.push((name.to_string(), rows));
@@ -1280,6 +1392,28 @@ impl MvccStore {
     pub fn sync(&self) -> Result<(), StorageError> {
         self.trees.meta.flush()?;
         if let Some(dir) = &self.dir {
+            // Values larger than a quarter of sled's segment go to files of their own, which
+            // sled writes and never syncs; each is written once, under a new name.
+            let blobs = dir.join("blobs");
+            if blobs.is_dir() {
+                let mut synced = self.synced_blobs.lock().unwrap_or_else(|e| e.into_inner());
+                let mut present = HashSet::new();
+                for item in std::fs::read_dir(&blobs)? {
+                    let name = item?.file_name();
+                    if !synced.contains(&name) {
+                        match std::fs::File::open(blobs.join(&name)) {
+                            Ok(f) => f.sync_all()?,
+                            // Removed by sled meanwhile.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    present.insert(name);
+                }
+                std::fs::File::open(&blobs)?.sync_all()?;
+                *synced = present;
+            }
+            // The log that points at them after them.
             std::fs::File::open(dir.join("db"))?.sync_all()?;
             std::fs::File::open(dir)?.sync_all()?;
         }

@@ -27,7 +27,7 @@ struct Member {
 
 impl Member {
     fn open(dir: &Path) -> Result<Self, StorageError> {
-        let db = sled::Config::new().path(dir.join("db")).open()?;
+        let db = crate::reopen_sled(&dir.join("db"))?;
         let log = LogStore::open(dir, &db, false).map_err(std::io::Error::from)?;
         let mvcc = Arc::new(MvccStore::open_dir(&db, &dir.join("db"))?);
         let sm = StateMachine::open(mvcc, dir)?;
