@@ -217,6 +217,37 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether applying the command touches a bounded number of keys: single-key puts, reads
+    /// and deletes (nested transactions included), lease grants, member attributes and alarms.
+    /// A range read or delete, a lease revoke (which deletes every key of the lease) and a
+    /// compaction can take seconds on a large store.
+    pub fn is_small(&self) -> bool {
+        fn ops_small(ops: &[Op]) -> bool {
+            ops.iter().all(|op| match op {
+                Op::Put(_) => true,
+                Op::Range(r) => r.range.is_single(),
+                Op::Delete(d) => d.range.is_single(),
+                Op::Txn(t) => {
+                    t.compare.iter().all(|c| c.range.is_single())
+                        && ops_small(&t.success)
+                        && ops_small(&t.failure)
+                }
+            })
+        }
+        match self {
+            Command::Txn(t) => {
+                t.compare.iter().all(|c| c.range.is_single())
+                    && ops_small(&t.success)
+                    && ops_small(&t.failure)
+            }
+            Command::LeaseGrant { .. } | Command::MemberAttrs { .. } | Command::Alarm { .. } => {
+                true
+            }
+            Command::Batch(cmds) => cmds.iter().all(Command::is_small),
+            Command::LeaseRevoke { .. } | Command::Compact { .. } => false,
+        }
+    }
+
     /// Whether applying the command can make the database grow: puts (in either branch of a
     /// transaction, as etcd's quota counts them) and lease grants. Deletes, revokes and
     /// compaction free space and are always accepted.

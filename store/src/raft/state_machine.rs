@@ -262,6 +262,28 @@ impl StateMachine {
     }
 }
 
+/// Most commands applied on the runtime's thread at once (see [`StateMachine::apply`]).
+const SMALL_APPLY: usize = 64;
+
+fn is_small(entries: &[Entry]) -> bool {
+    let mut commands = 0;
+    for entry in entries {
+        match &entry.payload {
+            EntryPayload::Normal(cmd) => {
+                if !cmd.is_small() {
+                    return false;
+                }
+                commands += match cmd {
+                    Command::Batch(cmds) => cmds.len(),
+                    _ => 1,
+                };
+            }
+            EntryPayload::Membership(_) | EntryPayload::Blank => commands += 1,
+        }
+    }
+    commands <= SMALL_APPLY
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, RaftStorageError> {
         let sm = self.clone();
@@ -322,10 +344,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + openraft::OptionalSend,
         I::IntoIter: openraft::OptionalSend,
     {
-        // sled's transactions block: on tokio's blocking pool, so that a large command (a
-        // DeleteRange of a hundred thousand keys) holds no runtime worker, which the peer
-        // service and openraft's own tasks need to answer heartbeats and votes meanwhile.
+        // Applying blocks the thread. A few small commands take tens of microseconds and are
+        // applied here; anything larger goes to tokio's blocking pool (one more thread hop),
+        // so that a large command (a DeleteRange of a hundred thousand keys) holds no runtime
+        // worker, which the peer service and openraft's own tasks need to answer heartbeats
+        // and votes meanwhile.
         let entries: Vec<Entry> = entries.into_iter().collect();
+        if is_small(&entries) {
+            return self.apply_entries(entries).map_err(sm_write);
+        }
         let sm = self.clone();
         tokio::task::spawn_blocking(move || sm.apply_entries(entries).map_err(sm_write))
             .await
