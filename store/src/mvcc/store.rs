@@ -44,7 +44,7 @@ const META_COMPACT_SCHEDULED: &[u8] = b"compact_scheduled";
 const META_MEMBER_PREFIX: &[u8] = b"member/";
 /// The active alarms, one sorted list.
 const META_ALARMS: &[u8] = b"alarms";
-/// The header of the last commit's writes ([`RedoHead`]); its chunks follow under
+/// The key of the last commit's [`RedoHead`] in the `redo` tree; its chunks are under
 /// `redo/<index>` ([`redo_chunk_key`]).
 const META_REDO: &[u8] = b"redo";
 const REDO_CHUNK: usize = 64 * 1024;
@@ -104,6 +104,8 @@ struct Trees {
     leases: sled::Tree,
     lkeys: sled::Tree,
     meta: sled::Tree,
+    /// The last commit's redo (not part of the state: not in dumps).
+    redo: sled::Tree,
 }
 
 impl Trees {
@@ -312,7 +314,6 @@ impl Changes {
     pub(super) fn into_commit(self) -> Commit {
         let Changes {
             revision,
-            keys,
             records,
             batches,
             lease_puts,
@@ -326,33 +327,34 @@ impl Changes {
         if changed {
             meta.insert(META_REVISION.to_vec(), revision.to_be_bytes().to_vec());
         }
-        let mut writes: Vec<Write> =
-            Vec::with_capacity(2 * records.len() + keys.len() + meta.len());
-        for (rev, r) in &records {
-            writes.push((TREE_HIST, rev.to_bytes().to_vec(), Some(encode(r))));
-            writes.push((TREE_KIDX, index_key(&r.kv.key, *rev), Some(Vec::new())));
-        }
-        for (key, kv) in keys {
-            writes.push((TREE_CUR, key, kv.map(|kv| encode(&kv))));
-        }
+        let mut other: Vec<Write> =
+            Vec::with_capacity(lease_puts.len() + lease_removes.len() + lkeys.len() + meta.len());
         for lease in &lease_puts {
-            writes.push((
+            other.push((
                 TREE_LEASES,
                 (lease.id as u64).to_be_bytes().to_vec(),
                 Some(encode(lease)),
             ));
         }
         for id in &lease_removes {
-            writes.push((TREE_LEASES, (*id as u64).to_be_bytes().to_vec(), None));
+            other.push((TREE_LEASES, (*id as u64).to_be_bytes().to_vec(), None));
         }
         for (id, key, attach) in &lkeys {
-            writes.push((TREE_LKEYS, lkey(*id, key), attach.then(Vec::new)));
+            other.push((TREE_LKEYS, lkey(*id, key), attach.then(Vec::new)));
         }
         for (k, v) in meta {
-            writes.push((TREE_META, k, Some(v)));
+            other.push((TREE_META, k, Some(v)));
         }
+        let span = |rev: Option<&Revision>| rev.map_or((0, 0), |r| (r.main, r.sub));
+        let redo = Redo {
+            first: span(records.first().map(|(r, _)| r)),
+            last: span(records.last().map(|(r, _)| r)),
+            records: records.len() as u64,
+            other,
+        };
         Commit {
-            writes,
+            redo,
+            records,
             revision: changed.then_some(revision),
             batches,
             compact,
@@ -380,9 +382,68 @@ impl Changes {
     }
 }
 
+/// What a commit is about to write, kept (in the `redo` tree) before anything else of it.
+///
+/// A commit writes its history records first, then for each the `kidx` and `cur` writes that
+/// follow from it, then `other`. sled recovers a prefix of its log after a crash, so at open
+/// ([`MvccStore::finish_redo`]): if every history record of the last commit is there, the
+/// rest is written (again: the writes are blind, so twice is harmless); if only some are, the
+/// crash came before anything else of the commit was written, and they are removed. Either
+/// way the store holds whole commits; the Raft log applies again whatever is not there.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Redo {
+    /// The first and last revision (main, sub) of the commit's history records, and how many
+    /// there are.
+    first: (i64, i64),
+    last: (i64, i64),
+    records: u64,
+    /// The writes to the other trees (leases, lease attachments, metadata).
+    other: Vec<Write>,
+}
+
+impl Commit {
+    /// How many writes the commit makes, and how many of them are history records.
+    #[cfg(test)]
+    pub(super) fn write_count(&self) -> (usize, usize) {
+        (
+            3 * self.records.len() + self.redo.other.len(),
+            self.records.len(),
+        )
+    }
+}
+
+/// Every write of a commit, in the order [`Redo`] relies on: history, then the index writes,
+/// then the rest.
+fn commit_writes(records: &[(Revision, Record)], other: Vec<Write>) -> Vec<Write> {
+    let mut writes = Vec::with_capacity(3 * records.len() + other.len());
+    for (rev, r) in records {
+        writes.push((TREE_HIST, rev.to_bytes().to_vec(), Some(encode(r))));
+    }
+    writes.extend(index_writes(records.iter().map(|(rev, r)| (rev, r))));
+    writes.extend(other);
+    writes
+}
+
+/// The `kidx` and `cur` writes that follow from history records: each record's index entry,
+/// then each key's last version once, in key order (sled inserts faster in order).
+fn index_writes<'a>(records: impl IntoIterator<Item = (&'a Revision, &'a Record)>) -> Vec<Write> {
+    let mut writes = Vec::new();
+    let mut live = BTreeMap::new();
+    for (rev, r) in records {
+        writes.push((TREE_KIDX, index_key(&r.kv.key, *rev), Some(Vec::new())));
+        live.insert(&r.kv.key, (!r.tombstone).then_some(&r.kv));
+    }
+    for (key, kv) in live {
+        writes.push((TREE_CUR, key.clone(), kv.map(encode)));
+    }
+    writes
+}
+
 /// What [`MvccStore::commit`] does with [`Changes`].
 pub(super) struct Commit {
-    pub(super) writes: Vec<Write>,
+    pub(super) redo: Redo,
+    /// The history records, in revision order.
+    records: Vec<(Revision, Record)>,
     /// The new revision, if the changes made one.
     revision: Option<i64>,
     batches: Vec<RevisionBatch>,
@@ -447,6 +508,7 @@ impl MvccStore {
             leases: db.open_tree("mvcc_leases")?,
             lkeys: db.open_tree("mvcc_lkeys")?,
             meta: db.open_tree("mvcc_meta")?,
+            redo: db.open_tree("mvcc_redo")?,
         };
         let store = Self {
             trees,
@@ -1003,15 +1065,17 @@ impl MvccStore {
     /// out a staged compaction.
     pub fn commit(&self, changes: Changes) -> Result<(), StorageError> {
         let Commit {
-            writes,
+            redo,
+            records,
             revision,
             batches,
             compact,
         } = changes.into_commit();
-        if writes.is_empty() {
+        if records.is_empty() && redo.other.is_empty() {
             return Ok(());
         }
-        let redo = encode(&writes);
+        let writes = commit_writes(&records, redo.other.clone());
+        let redo = encode(&redo);
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         self.write_redo(&redo)?;
         self.write(writes)?;
@@ -1029,20 +1093,19 @@ impl MvccStore {
         Ok(())
     }
 
-    /// Keeps the blind writes of a commit under `META_REDO`, in chunks small enough to stay
-    /// in sled's log (larger values go to blob files, which sled does not sync), the header
-    /// last.
+    /// Keeps a commit's [`Redo`] in the `redo` tree, in chunks small enough to stay in sled's
+    /// log (larger values go to blob files, which sled does not sync), the header last.
     fn write_redo(&self, redo: &[u8]) -> Result<(), StorageError> {
         let chunks = redo.chunks(REDO_CHUNK).collect::<Vec<_>>();
         for (i, chunk) in chunks.iter().enumerate() {
-            self.trees.meta.insert(redo_chunk_key(i), *chunk)?;
+            self.trees.redo.insert(redo_chunk_key(i), *chunk)?;
         }
         let head = RedoHead {
             chunks: chunks.len() as u32,
             len: redo.len() as u64,
             crc: crc32fast::hash(redo),
         };
-        self.trees.meta.insert(META_REDO, encode(&head))?;
+        self.trees.redo.insert(META_REDO, encode(&head))?;
         Ok(())
     }
 
@@ -1050,8 +1113,9 @@ impl MvccStore {
     /// their middle leaves them.
     #[cfg(test)]
     pub(super) fn commit_torn(&self, changes: Changes, kept: usize) -> Result<(), StorageError> {
-        let mut writes = changes.into_commit().writes;
-        self.write_redo(&encode(&writes))?;
+        let commit = changes.into_commit();
+        self.write_redo(&encode(&commit.redo))?;
+        let mut writes = commit_writes(&commit.records, commit.redo.other);
         writes.truncate(kept);
         self.write(writes)
     }
@@ -1077,27 +1141,61 @@ impl MvccStore {
         Ok(())
     }
 
-    /// Makes the writes of the last commit again: after a crash in their middle the store
-    /// holds a prefix of them (sled recovers a prefix of its log), and they are blind writes
-    /// of computed values, so writing them again completes the commit.
+    /// Completes or undoes the last commit, whichever its writes that survived a crash allow
+    /// (see [`Redo`]).
     fn finish_redo(&self) -> Result<(), StorageError> {
-        let Some(head) = self.trees.meta.get(META_REDO)? else {
+        let Some(head) = self.trees.redo.get(META_REDO)? else {
             return Ok(());
         };
         let head: RedoHead = decode(&head)?;
-        let mut redo = Vec::with_capacity(head.len as usize);
+        let mut bytes = Vec::with_capacity(head.len as usize);
         for i in 0..head.chunks as usize {
-            let chunk = self.trees.meta.get(redo_chunk_key(i))?.ok_or_else(|| {
+            let chunk = self.trees.redo.get(redo_chunk_key(i))?.ok_or_else(|| {
                 StorageError::Corrupt(format!("chunk {i} of the last commit's redo is missing"))
             })?;
-            redo.extend_from_slice(&chunk);
+            bytes.extend_from_slice(&chunk);
         }
-        if redo.len() as u64 != head.len || crc32fast::hash(&redo) != head.crc {
+        if bytes.len() as u64 != head.len || crc32fast::hash(&bytes) != head.crc {
             return Err(StorageError::Corrupt(
                 "the last commit's redo does not match its checksum".into(),
             ));
         }
-        self.write(decode(&redo)?)
+        let redo: Redo = decode(&bytes)?;
+        let mut found = Vec::new();
+        if redo.records > 0 {
+            let first = Revision {
+                main: redo.first.0,
+                sub: redo.first.1,
+            }
+            .to_bytes();
+            let last = Revision {
+                main: redo.last.0,
+                sub: redo.last.1,
+            }
+            .to_bytes();
+            for item in self.trees.hist.range(first..=last) {
+                let (k, v) = item?;
+                let rev = Revision::from_bytes(&k)
+                    .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+                found.push((rev, decode::<Record>(&v)?));
+            }
+        }
+        if found.len() as u64 == redo.records {
+            let mut writes = index_writes(found.iter().map(|(rev, r)| (rev, r)));
+            writes.extend(redo.other);
+            self.write(writes)
+        } else {
+            tracing::info!(
+                found = found.len(),
+                of = redo.records,
+                "the last commit was cut short before its history was written: undoing it"
+            );
+            let undo = found
+                .iter()
+                .map(|(rev, _)| (TREE_HIST, rev.to_bytes().to_vec(), None))
+                .collect();
+            self.write(undo)
+        }
     }
 
     fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
@@ -1373,10 +1471,6 @@ impl MvccStore {
             let mut rows = Vec::new();
             for item in tree.iter() {
                 let (k, v) = item?;
-                // The redo of this store's last commit is not part of its state.
-                if name == "meta" && k.starts_with(META_REDO) {
-                    continue;
-                }
                 rows.push((k.to_vec(), v.to_vec()));
             }
             trees.push((name.to_string(), rows));
@@ -1424,6 +1518,8 @@ impl MvccStore {
 
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        // The last commit's redo is about the state being replaced.
+        self.trees.redo.clear()?;
         for (name, tree) in self.trees.all() {
             tree.clear()?;
             if let Some((_, rows)) = dump.trees.iter().find(|(n, _)| n == name) {

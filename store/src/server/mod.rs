@@ -439,6 +439,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     tasks.push(tokio::spawn(
         node.clone().send_heartbeats(cfg.heartbeat, stopped()),
     ));
+    tasks.push(tokio::spawn(node.clone().watch_leader(
+        (cfg.election_timeout / 20).max(Duration::from_millis(5)),
+        stopped(),
+    )));
     if node.mvcc.baseline_pending().map_err(storage_err)? {
         let (node, stop) = (node.clone(), stopped());
         tasks.push(tokio::spawn(async move {

@@ -142,6 +142,8 @@ pub struct Node {
     /// Set on the leader while it hands its leadership over: it takes no new work meanwhile, so
     /// that the transferee catches up and nothing refreshes the followers' leader lease.
     transferring: AtomicBool,
+    /// Whether this member may campaign (off while a leader transfer holds elections).
+    elections: Arc<AtomicBool>,
     /// Group commit of this member's proposals while it leads.
     batcher: Batcher,
 }
@@ -193,6 +195,7 @@ impl Node {
             quota_bytes,
             db_size,
             transferring: AtomicBool::new(false),
+            elections: Arc::new(AtomicBool::new(true)),
             batcher,
         }
     }
@@ -737,6 +740,85 @@ impl Node {
         }
     }
 
+    /// Campaigns when the leader has been silent too long. openraft 0.9 checks that on a tick
+    /// of 1.5 times its heartbeat interval (which is 2/5 of the election timeout here, see
+    /// `server::start`: 600 ms for the default 1 s), so its first campaign came up to that much
+    /// late. This checks openraft's own condition — a follower campaigns once its vote was last
+    /// renewed by the leader more than the leader's lease (`election_timeout_max`) plus a
+    /// random timeout in [`election_timeout_min`, `election_timeout_max`) ago — every `every`;
+    /// openraft's tick stays as it was, so whichever sees it first campaigns.
+    pub async fn watch_leader(
+        self: Arc<Self>,
+        every: Duration,
+        stopped: impl std::future::Future<Output = ()>,
+    ) {
+        use rand::Rng;
+        let (min, max) = {
+            let c = self.raft.config();
+            (
+                c.election_timeout_min,
+                c.election_timeout_max.max(c.election_timeout_min + 1),
+            )
+        };
+        let id = self.id;
+        let mut renewed = None;
+        let mut timeout = Duration::ZERO;
+        tokio::pin!(stopped);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return,
+                _ = tick.tick() => {}
+            }
+            if !self.elections.load(Ordering::Acquire) {
+                continue;
+            }
+            let Ok((campaigner, committed, utime)) = self
+                .raft
+                .with_raft_state(move |st| {
+                    let voters = st.membership_state.effective().voter_ids().count();
+                    let voter = st.membership_state.effective().voter_ids().any(|v| v == id);
+                    (
+                        // openraft itself campaigns at once when it is the only voter.
+                        voter && voters > 1 && st.server_state != ServerState::Leader,
+                        st.vote_ref().is_committed(),
+                        st.vote_last_modified(),
+                    )
+                })
+                .await
+            else {
+                return;
+            };
+            let Some(utime) = utime else { continue };
+            if !campaigner {
+                continue;
+            }
+            if renewed != Some(utime) {
+                renewed = Some(utime);
+                timeout = Duration::from_millis(rand::thread_rng().gen_range(min..max));
+            }
+            let limit = if committed {
+                Duration::from_millis(max) + timeout
+            } else {
+                timeout
+            };
+            if utime.elapsed() > limit {
+                tracing::info!(
+                    silent_ms = utime.elapsed().as_millis() as u64,
+                    "no word from a leader within the election timeout: campaigning"
+                );
+                if self.raft.trigger().elect().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn allow_elections(&self, on: bool) {
+        allow_elections(&self.raft, &self.elections, on);
+    }
+
     /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
     /// leads now.
     pub async fn move_leader(&self, to: NodeId) -> Result<(), StoreError> {
@@ -766,7 +848,7 @@ impl Node {
         let result = self.transfer_to(to, &voters).await;
         let rc = self.raft.runtime_config();
         rc.heartbeat(true);
-        rc.elect(true);
+        self.allow_elections(true);
         self.transferring.store(false, Ordering::Release);
         result
     }
@@ -791,7 +873,7 @@ impl Node {
 
         let rc = self.raft.runtime_config();
         rc.heartbeat(false);
-        rc.elect(false);
+        self.allow_elections(false);
         let hold = Forward::HoldElections {
             to,
             millis: budget.as_millis() as u64,
@@ -827,13 +909,13 @@ impl Node {
 
     /// Keeps this member from campaigning until `to` leads, or for at most `window`.
     fn hold_elections(&self, to: NodeId, window: Duration) {
-        self.raft.runtime_config().elect(false);
-        let raft = self.raft.clone();
+        self.allow_elections(false);
+        let (raft, elections) = (self.raft.clone(), self.elections.clone());
         tokio::spawn(async move {
             let mut rx = raft.metrics();
             let _ =
                 tokio::time::timeout(window, rx.wait_for(|m| m.current_leader == Some(to))).await;
-            raft.runtime_config().elect(true);
+            allow_elections(&raft, &elections, true);
         });
     }
 
@@ -885,4 +967,10 @@ pub fn db_size_on_disk(db: &sled::Db) -> u64 {
 
 pub fn committed_index(committed: &AtomicU64) -> u64 {
     committed.load(Ordering::Relaxed)
+}
+
+/// Lets a member campaign (on both openraft's tick and [`Node::watch_leader`]) or not.
+fn allow_elections(raft: &Raft, elections: &AtomicBool, on: bool) {
+    elections.store(on, Ordering::Release);
+    raft.runtime_config().elect(on);
 }
