@@ -193,78 +193,57 @@ pub struct MvccStore {
 /// What one command changes, over the changes of the commands staged before it in the same
 /// [`Changes`].
 struct WriteSet<'a> {
-    /// The revision this command's changes get.
-    main: i64,
     next_sub: i64,
     /// Keys changed by the commands staged before this one.
     base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>,
-    /// Keys changed by this command so far, over `base`.
+    own: Staged,
+}
+
+impl<'a> WriteSet<'a> {
+    fn new(main: i64, base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>) -> Self {
+        Self {
+            next_sub: 0,
+            base,
+            own: Staged {
+                main,
+                overlay: BTreeMap::new(),
+                records: Vec::new(),
+                events: Vec::new(),
+                lease_puts: Vec::new(),
+                lease_removes: Vec::new(),
+                lkeys: Vec::new(),
+                meta_puts: Vec::new(),
+                compact: None,
+            },
+        }
+    }
+
+    fn detach(&mut self, lease: i64, key: &[u8]) {
+        self.own.lkeys.push((lease, key.to_vec(), false));
+    }
+
+    /// The revision of the next change in this transaction.
+    fn next_revision(&mut self) -> Revision {
+        let rev = Revision {
+            main: self.own.main,
+            sub: self.next_sub,
+        };
+        self.next_sub += 1;
+        rev
+    }
+}
+
+/// What one command changed.
+struct Staged {
+    /// The revision its changes get.
+    main: i64,
+    /// Keys it changed, over the earlier commands' keys.
     overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
     records: Vec<(Revision, Record)>,
     events: Vec<Event>,
     lease_puts: Vec<Lease>,
     lease_removes: Vec<i64>,
     /// Lease attachments (`true`) and detachments, in order.
-    lkeys: Vec<(i64, Vec<u8>, bool)>,
-    meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
-    compact: Option<i64>,
-}
-
-impl<'a> WriteSet<'a> {
-    fn new(main: i64, base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>) -> Self {
-        Self {
-            main,
-            next_sub: 0,
-            base,
-            overlay: BTreeMap::new(),
-            records: Vec::new(),
-            events: Vec::new(),
-            lease_puts: Vec::new(),
-            lease_removes: Vec::new(),
-            lkeys: Vec::new(),
-            meta_puts: Vec::new(),
-            compact: None,
-        }
-    }
-
-    fn detach(&mut self, lease: i64, key: &[u8]) {
-        self.lkeys.push((lease, key.to_vec(), false));
-    }
-
-    /// The revision of the next change in this transaction.
-    fn next_revision(&mut self) -> Revision {
-        let rev = Revision {
-            main: self.main,
-            sub: self.next_sub,
-        };
-        self.next_sub += 1;
-        rev
-    }
-
-    /// What the command changed, without the borrow of the earlier commands' keys.
-    fn finish(self) -> Staged {
-        Staged {
-            main: self.main,
-            overlay: self.overlay,
-            records: self.records,
-            events: self.events,
-            lease_puts: self.lease_puts,
-            lease_removes: self.lease_removes,
-            lkeys: self.lkeys,
-            meta_puts: self.meta_puts,
-            compact: self.compact,
-        }
-    }
-}
-
-/// A finished [`WriteSet`].
-struct Staged {
-    main: i64,
-    overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
-    records: Vec<(Revision, Record)>,
-    events: Vec<Event>,
-    lease_puts: Vec<Lease>,
-    lease_removes: Vec<i64>,
     lkeys: Vec<(i64, Vec<u8>, bool)>,
     meta_puts: Vec<(Vec<u8>, Vec<u8>)>,
     compact: Option<i64>,
@@ -613,7 +592,7 @@ impl MvccStore {
         ws: Option<&WriteSet>,
     ) -> Result<RangeResult, MvccError> {
         let layers = match ws {
-            Some(ws) => vec![ws.base, &ws.overlay],
+            Some(ws) => vec![ws.base, &ws.own.overlay],
             None => Vec::new(),
         };
         let at = if req.revision > 0 {
@@ -996,11 +975,11 @@ impl MvccStore {
                 self.check_compact(*revision, current).map(|_| {
                     // Committed with the command (and the caller's applied log id), so that a
                     // crash before the compaction is done cannot lose it.
-                    ws.meta_puts.push((
+                    ws.own.meta_puts.push((
                         META_COMPACT_SCHEDULED.to_vec(),
                         revision.to_be_bytes().to_vec(),
                     ));
-                    ws.compact = Some(*revision);
+                    ws.own.compact = Some(*revision);
                     Output::Compacted
                 })
             }
@@ -1011,7 +990,7 @@ impl MvccStore {
             } => {
                 let mut key = META_MEMBER_PREFIX.to_vec();
                 key.extend_from_slice(id.to_string().as_bytes());
-                ws.meta_puts.push((
+                ws.own.meta_puts.push((
                     key,
                     encode(&MemberAttrs {
                         name: name.clone(),
@@ -1039,7 +1018,9 @@ impl MvccStore {
                 }
                 let changed = *activate != present;
                 if changed {
-                    ws.meta_puts.push((META_ALARMS.to_vec(), encode(&alarms)));
+                    ws.own
+                        .meta_puts
+                        .push((META_ALARMS.to_vec(), encode(&alarms)));
                 }
                 Ok(Output::Alarms(if changed { vec![this] } else { vec![] }))
             }
@@ -1051,7 +1032,7 @@ impl MvccStore {
                 output: Err(e),
             })),
             Ok(output) => {
-                let staged = ws.finish();
+                let staged = ws.own;
                 changes.absorb(staged);
                 Ok(Some(Applied {
                     revision: changes.revision,
@@ -1199,7 +1180,7 @@ impl MvccStore {
     }
 
     fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
-        if let Some(v) = ws.overlay.get(key).or_else(|| ws.base.get(key)) {
+        if let Some(v) = ws.own.overlay.get(key).or_else(|| ws.base.get(key)) {
             return Ok(v.clone());
         }
         match self.trees.cur.get(key)? {
@@ -1306,17 +1287,17 @@ impl MvccStore {
                     }
                 }
                 if lease != 0 {
-                    ws.lkeys.push((lease, req.key.clone(), true));
+                    ws.own.lkeys.push((lease, req.key.clone(), true));
                 }
-                ws.overlay.insert(req.key.clone(), Some(kv.clone()));
-                ws.records.push((
+                ws.own.overlay.insert(req.key.clone(), Some(kv.clone()));
+                ws.own.records.push((
                     rev,
                     Record {
                         kv: kv.clone(),
                         tombstone: false,
                     },
                 ));
-                ws.events.push(Event {
+                ws.own.events.push(Event {
                     kind: EventKind::Put,
                     kv,
                     prev_kv: prev.clone(),
@@ -1327,7 +1308,7 @@ impl MvccStore {
             }
             Op::Delete(req) => {
                 let existing = self
-                    .scan_current(&req.range, &[ws.base, &ws.overlay])
+                    .scan_current(&req.range, &[ws.base, &ws.own.overlay])
                     .map_err(storage)?;
                 for prev in &existing {
                     let rev = ws.next_revision();
@@ -1339,15 +1320,15 @@ impl MvccStore {
                     if prev.lease != 0 {
                         ws.detach(prev.lease, &prev.key);
                     }
-                    ws.overlay.insert(prev.key.clone(), None);
-                    ws.records.push((
+                    ws.own.overlay.insert(prev.key.clone(), None);
+                    ws.own.records.push((
                         rev,
                         Record {
                             kv: tomb.clone(),
                             tombstone: true,
                         },
                     ));
-                    ws.events.push(Event {
+                    ws.own.events.push(Event {
                         kind: EventKind::Delete,
                         kv: tomb,
                         prev_kv: Some(prev.clone()),
@@ -1373,7 +1354,7 @@ impl MvccStore {
         {
             return Err(MvccError::LeaseExists);
         }
-        ws.lease_puts.push(Lease { id, ttl });
+        ws.own.lease_puts.push(Lease { id, ttl });
         Ok(Output::LeaseGranted { id, ttl })
     }
 
@@ -1387,7 +1368,7 @@ impl MvccStore {
         }
         let keys = self.lease_keys(id).map_err(|_| MvccError::LeaseNotFound)?;
         for key in keys {
-            let current = ws.main - 1;
+            let current = ws.own.main - 1;
             self.apply_op(
                 &Op::Delete(DeleteRequest {
                     range: KeyRange::single(key),
@@ -1397,7 +1378,7 @@ impl MvccStore {
                 ws,
             )?;
         }
-        ws.lease_removes.push(id);
+        ws.own.lease_removes.push(id);
         Ok(Output::LeaseRevoked)
     }
 
