@@ -259,31 +259,71 @@ impl Cri {
         Ok((id, ip))
     }
 
-    /// Makes sure the image is present: pulled when missing. The error is the pull's.
-    pub async fn ensure_image(&self, image: &str) -> Result<String> {
-        let mut images = self.images.clone();
-        let spec = pb::ImageSpec {
-            image: image.to_string(),
-        };
-        let have = images
+    /// The image's id when it is on the node.
+    pub async fn image_id(&self, image: &str) -> Result<Option<String>> {
+        let have = self
+            .images
+            .clone()
             .image_status(pb::ImageStatusRequest {
-                image: Some(spec.clone()),
+                image: Some(pb::ImageSpec {
+                    image: image.to_string(),
+                }),
                 verbose: false,
             })
-            .await?
+            .await
+            .map_err(|e| anyhow!("{}", e.message()))?
             .into_inner()
             .image;
-        if let Some(img) = have {
-            return Ok(img.id);
-        }
-        let pulled = images
+        Ok(have.map(|img| img.id))
+    }
+
+    /// Pulls the image; the error is the runtime's.
+    pub async fn pull_image(&self, image: &str) -> Result<String> {
+        let pulled = self
+            .images
+            .clone()
             .pull_image(pb::PullImageRequest {
-                image: Some(spec),
+                image: Some(pb::ImageSpec {
+                    image: image.to_string(),
+                }),
                 sandbox_config: None,
             })
             .await
             .map_err(|e| anyhow!("{}", e.message()))?;
         Ok(pulled.into_inner().image_ref)
+    }
+
+    /// What the runtime says of itself, as the kubelet words it for the Node's Ready
+    /// condition: `Ok(())` when RuntimeReady and NetworkReady are both true, otherwise the
+    /// sentence naming the first that is not (or the error of a runtime that does not answer).
+    pub async fn readiness(&self) -> Result<(), String> {
+        let status = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            self.runtime
+                .clone()
+                .status(pb::StatusRequest { verbose: false }),
+        )
+        .await
+        .map_err(|_| "container runtime is down: the runtime did not answer within 5s".to_string())?
+        .map_err(|e| format!("container runtime is down: {}", e.message()))?
+        .into_inner();
+        let conditions = status.status.map(|s| s.conditions).unwrap_or_default();
+        for (kind, what) in [
+            ("RuntimeReady", "container runtime not ready"),
+            ("NetworkReady", "container runtime network not ready"),
+        ] {
+            match conditions.iter().find(|c| c.r#type == kind) {
+                Some(c) if c.status => {}
+                Some(c) => {
+                    return Err(format!(
+                        "{what}: {kind}=false reason:{} message:{}",
+                        c.reason, c.message
+                    ))
+                }
+                None => return Err(format!("{what}: the runtime reports no {kind} condition")),
+            }
+        }
+        Ok(())
     }
 
     /// Creates and starts one container of the pod (attempt `attempt`).

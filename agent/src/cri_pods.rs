@@ -422,9 +422,49 @@ impl Work<'_> {
         };
         let name = s(&slot.spec, "/name").to_string();
         let image = s(&slot.spec, "/image").to_string();
-        if let Err(e) = self.cri.ensure_image(&image).await {
+        // The kubelet's image events: Pulling/Pulled, or Failed and BackOff.
+        let pulled = match self.cri.image_id(&image).await {
+            Ok(Some(_)) => {
+                self.event(
+                    "Pulled",
+                    &format!("Container image {image:?} already present on machine"),
+                    "Normal",
+                )
+                .await;
+                Ok(())
+            }
+            Ok(None) => {
+                self.event("Pulling", &format!("Pulling image {image:?}"), "Normal")
+                    .await;
+                let started = Instant::now();
+                match self.cri.pull_image(&image).await {
+                    Ok(_) => {
+                        self.event(
+                            "Pulled",
+                            &format!(
+                                "Successfully pulled image {image:?} in {:.3}s",
+                                started.elapsed().as_secs_f64()
+                            ),
+                            "Normal",
+                        )
+                        .await;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = pulled {
             // ErrImagePull at first, then ImagePullBackOff while the next try waits.
             let first = slot.pull_failures == 0;
+            self.event(
+                "Failed",
+                &format!("Failed to pull image {image:?}: {e:#}"),
+                "Warning",
+            )
+            .await;
+            self.event("Failed", "Error: ErrImagePull", "Warning").await;
             slot.waiting = Some((
                 if first {
                     "ErrImagePull"
@@ -436,6 +476,14 @@ impl Work<'_> {
             ));
             slot.retry_at = Some(now + backoff(slot.pull_failures));
             slot.pull_failures += 1;
+            self.event(
+                "BackOff",
+                &format!("Back-off pulling image {image:?}"),
+                "Normal",
+            )
+            .await;
+            self.event("Failed", "Error: ImagePullBackOff", "Warning")
+                .await;
             return;
         }
         slot.pull_failures = 0;

@@ -31,8 +31,15 @@ pub struct NodeConfig {
     pub name: String,
     pub node_ip: String,
     pub pod_cidr: Option<String>,
+    /// Capacity; on a containerd node left empty, they are detected (CPUs, memory, the size of
+    /// the filesystem of the agent's data dir).
     pub cpu: String,
     pub memory: String,
+    pub ephemeral_storage: String,
+    /// Capacity less the kubelet's default hard eviction thresholds (memory.available 100Mi,
+    /// nodefs.available 10%); filled in by [`run`].
+    pub allocatable_memory: String,
+    pub allocatable_ephemeral_storage: String,
     pub max_pods: u32,
     pub control_plane: bool,
     pub runtime_version: String,
@@ -107,6 +114,56 @@ pub fn pod_cidr_of(cidr: &str, i: u32, n: u32) -> Result<String> {
     Ok(format!("{}/24", std::net::Ipv4Addr::from(base + (i << 8))))
 }
 
+/// Fills in what the flags left empty: on a containerd node (`detect_on`: its data dir) the
+/// host's CPUs, memory and filesystem size; on simulated nodes 4 CPUs, 8Gi and 100Gi. The
+/// allocatable amounts are those less the kubelet's default hard eviction thresholds.
+fn resources(node: &mut NodeConfig, detect_on: Option<&std::path::Path>) {
+    let detected = |host: Option<String>, simulated: &str| match detect_on {
+        Some(_) => host.unwrap_or_else(|| simulated.to_string()),
+        None => simulated.to_string(),
+    };
+    if node.cpu.is_empty() {
+        let cpus = std::thread::available_parallelism()
+            .ok()
+            .map(|n| n.get().to_string());
+        node.cpu = detected(cpus, "4");
+    }
+    if node.memory.is_empty() {
+        let total = node::meminfo("MemTotal").map(|b| format!("{}Ki", b / 1024));
+        node.memory = detected(total, "8Gi");
+    }
+    if node.ephemeral_storage.is_empty() {
+        let size = detect_on
+            .and_then(node::filesystem)
+            .map(|(total, _)| format!("{}Ki", total / 1024));
+        node.ephemeral_storage = detected(size, "100Gi");
+    }
+    let bytes = |q: &str| {
+        let units = [
+            ("Ki", 1u64 << 10),
+            ("Mi", 1 << 20),
+            ("Gi", 1 << 30),
+            ("Ti", 1 << 40),
+        ];
+        units
+            .iter()
+            .find_map(|(u, m)| {
+                q.strip_suffix(u)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .map(|n| n * m)
+            })
+            .or_else(|| q.parse().ok())
+    };
+    node.allocatable_memory = match bytes(&node.memory) {
+        Some(b) => format!("{}Ki", b.saturating_sub(100 << 20) / 1024),
+        None => node.memory.clone(),
+    };
+    node.allocatable_ephemeral_storage = match bytes(&node.ephemeral_storage) {
+        Some(b) => format!("{}Ki", (b - b / 10) / 1024),
+        None => node.ephemeral_storage.clone(),
+    };
+}
+
 /// Joins and runs every node until the process is stopped.
 pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     if cfg.nodes == 0 {
@@ -139,6 +196,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
         }
         None => None,
     };
+    resources(&mut cfg.node, cri.is_some().then_some(cfg.dir.as_path()));
     let names: Vec<String> = if cfg.nodes == 1 {
         vec![cfg.name.clone()]
     } else {
@@ -156,6 +214,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             None => None,
         };
         let cfg = cfg.clone();
+        let runtime = cri.clone();
         joins.push(tokio::spawn(async move {
             let dir = if cfg.nodes == 1 {
                 cfg.dir.clone()
@@ -173,7 +232,12 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             .await?;
             let node = Arc::new(node);
             tokio::spawn(clients.clone().rotate_forever());
-            tokio::spawn(node::run(clients.clone(), node.clone()));
+            tokio::spawn(node::run(
+                clients.clone(),
+                node.clone(),
+                runtime,
+                dir.clone(),
+            ));
             anyhow::Ok((clients, node))
         }));
         // Many simulated nodes join a few at a time rather than all at once.

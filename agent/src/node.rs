@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
@@ -56,17 +56,128 @@ pub fn node_object(cfg: &NodeConfig) -> Value {
     })
 }
 
-/// The Node's status: resources, addresses, what runs it, and conditions.
-fn node_status(cfg: &NodeConfig, transitions: &str) -> Value {
+/// What the node observed of itself at one heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Ready, or why not (the container runtime's own status on containerd nodes).
+    pub ready: Result<(), String>,
+    /// Measured against the kubelet's default hard eviction thresholds; None where nothing is
+    /// measured (simulated nodes share their host with the others).
+    pub memory_pressure: Option<bool>,
+    pub disk_pressure: Option<bool>,
+}
+
+/// The kubelet's default hard eviction threshold for memory.available.
+const MEMORY_AVAILABLE_MIN: u64 = 100 * 1024 * 1024;
+/// ... and for nodefs.available, in percent of the filesystem.
+const NODEFS_AVAILABLE_MIN_PERCENT: u64 = 10;
+
+/// Observes the node: the runtime's readiness and, on containerd nodes, memory and disk
+/// against the kubelet's eviction thresholds (`dir`: the agent's data dir, on the node's
+/// filesystem).
+pub async fn observe(runtime: Option<&crate::cri::Cri>, dir: &std::path::Path) -> Observed {
+    match runtime {
+        None => Observed {
+            ready: Ok(()),
+            memory_pressure: None,
+            disk_pressure: None,
+        },
+        Some(cri) => Observed {
+            ready: cri.readiness().await,
+            memory_pressure: meminfo("MemAvailable").map(|a| a < MEMORY_AVAILABLE_MIN),
+            disk_pressure: filesystem(dir)
+                .map(|(total, avail)| avail * 100 < total * NODEFS_AVAILABLE_MIN_PERCENT),
+        },
+    }
+}
+
+/// A /proc/meminfo field, in bytes.
+pub fn meminfo(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    })
+}
+
+/// The size and the space available to unprivileged users of the filesystem holding `dir`,
+/// in bytes.
+pub fn filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `st` a statvfs the call fills in.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let frsize = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+}
+
+/// The Node's status: resources, addresses, what runs it, and the observed conditions; a
+/// condition keeps its transition time from `previous` (the Node's current conditions) while
+/// its status stays.
+fn node_status(cfg: &NodeConfig, observed: &Observed, previous: &[NodeCondition]) -> Value {
     let resources = json!({"cpu": cfg.cpu, "memory": cfg.memory,
-                           "pods": cfg.max_pods.to_string(), "ephemeral-storage": "100Gi"});
+                           "pods": cfg.max_pods.to_string(),
+                           "ephemeral-storage": cfg.ephemeral_storage});
+    let allocatable = json!({"cpu": cfg.cpu, "memory": cfg.allocatable_memory,
+                             "pods": cfg.max_pods.to_string(),
+                             "ephemeral-storage": cfg.allocatable_ephemeral_storage});
     let heartbeat = now();
     let cond = |t: &str, status: &str, reason: &str, message: &str| {
+        let since = previous
+            .iter()
+            .find(|c| c.type_ == t && c.status == status)
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .unwrap_or_else(now);
         json!({"type": t, "status": status, "reason": reason, "message": message,
-               "lastHeartbeatTime": heartbeat, "lastTransitionTime": transitions})
+               "lastHeartbeatTime": heartbeat, "lastTransitionTime": since})
     };
+    let mut conditions = Vec::new();
+    match observed.memory_pressure {
+        Some(false) => conditions.push(cond(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        )),
+        Some(true) => conditions.push(cond(
+            "MemoryPressure",
+            "True",
+            "KubeletHasInsufficientMemory",
+            "kubelet has insufficient memory available",
+        )),
+        None => {}
+    }
+    match observed.disk_pressure {
+        Some(false) => conditions.push(cond(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        )),
+        Some(true) => conditions.push(cond(
+            "DiskPressure",
+            "True",
+            "KubeletHasDiskPressure",
+            "kubelet has disk pressure",
+        )),
+        None => {}
+    }
+    conditions.push(match &observed.ready {
+        Ok(()) => cond(
+            "Ready",
+            "True",
+            "KubeletReady",
+            "kubelet is posting ready status",
+        ),
+        Err(why) => cond("Ready", "False", "KubeletNotReady", why),
+    });
     json!({
-        "capacity": resources, "allocatable": resources,
+        "capacity": resources, "allocatable": allocatable,
         "addresses": [{"type": "InternalIP", "address": cfg.node_ip},
                       {"type": "Hostname", "address": cfg.name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
@@ -76,12 +187,7 @@ fn node_status(cfg: &NodeConfig, transitions: &str) -> Value {
                      "kubeletVersion": crate::KUBELET_VERSION,
                      "kubeProxyVersion": crate::KUBELET_VERSION,
                      "operatingSystem": "linux", "architecture": arch()},
-        "conditions": [
-            cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            cond("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
-        ],
+        "conditions": conditions,
     })
 }
 
@@ -92,7 +198,7 @@ fn kernel_version() -> String {
 }
 
 /// Creates the Node (or finds it there) and posts its status; returns the Node's uid.
-async fn register(clients: &Clients, cfg: &NodeConfig) -> Result<String> {
+async fn register(clients: &Clients, cfg: &NodeConfig, observed: &Observed) -> Result<String> {
     let api: Api<Node> = Api::all(clients.get());
     let node: Node = serde_json::from_value(node_object(cfg))?;
     match api.create(&PostParams::default(), &node).await {
@@ -100,27 +206,27 @@ async fn register(clients: &Clients, cfg: &NodeConfig) -> Result<String> {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
-    post_status(clients, cfg)
+    post_status(clients, cfg, observed)
         .await?
         .ok_or_else(|| anyhow::anyhow!("the node was deleted while registering"))
 }
 
 /// Posts the Node's status; None when the Node is gone. Returns its uid.
-async fn post_status(clients: &Clients, cfg: &NodeConfig) -> Result<Option<String>> {
+async fn post_status(
+    clients: &Clients,
+    cfg: &NodeConfig,
+    observed: &Observed,
+) -> Result<Option<String>> {
     let api: Api<Node> = Api::all(clients.get());
     let Some(current) = api.get_opt(&cfg.name).await? else {
         return Ok(None);
     };
-    // A condition's transition time stays while its status does.
-    let since = current
+    let previous = current
         .status
         .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
-        .unwrap_or_else(now);
-    let patch = json!({"status": node_status(cfg, &since)});
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let patch = json!({"status": node_status(cfg, observed, &previous)});
     api.patch_status(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(current.metadata.uid)
@@ -163,17 +269,29 @@ async fn create_lease(clients: &Clients, cfg: &NodeConfig, node_uid: &str) -> Re
 /// the Node's status when the report interval has passed or after the heartbeat failed (the
 /// node controller may have marked the node meanwhile). A Node deleted meanwhile (its Lease
 /// goes with it) is registered again.
-pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
+pub async fn run(
+    clients: Arc<Clients>,
+    cfg: Arc<NodeConfig>,
+    runtime: Option<crate::cri::Cri>,
+    dir: std::path::PathBuf,
+) {
     let mut registered: Option<String> = None;
     let mut last_status = tokio::time::Instant::now();
     let mut stale = false;
+    let mut posted: Option<Observed> = None;
     loop {
+        let observed = observe(runtime.as_ref(), &dir).await;
+        if posted.as_ref().is_some_and(|p| *p != observed) {
+            tracing::info!(node = %cfg.name, ?observed, "the node's conditions changed");
+            stale = true;
+        }
         let uid = match &registered {
             Some(uid) => uid.clone(),
-            None => match register(&clients, &cfg).await {
+            None => match register(&clients, &cfg, &observed).await {
                 Ok(uid) => {
                     last_status = tokio::time::Instant::now();
                     stale = false;
+                    posted = Some(observed.clone());
                     registered = Some(uid.clone());
                     uid
                 }
@@ -215,10 +333,11 @@ pub async fn run(clients: Arc<Clients>, cfg: Arc<NodeConfig>) {
             }
         }
         if stale || last_status.elapsed() >= cfg.status_report_interval {
-            match post_status(&clients, &cfg).await {
+            match post_status(&clients, &cfg, &observed).await {
                 Ok(Some(_)) => {
                     last_status = tokio::time::Instant::now();
                     stale = false;
+                    posted = Some(observed.clone());
                 }
                 Ok(None) => {
                     registered = None;

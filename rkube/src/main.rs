@@ -169,10 +169,18 @@ struct AgentArgs {
     /// only worked out) as Prometheus text on http://ADDR/metrics.
     #[arg(long)]
     listen_metrics: Option<std::net::SocketAddr>,
-    #[arg(long, default_value = "4")]
-    cpu: String,
-    #[arg(long, default_value = "8Gi")]
-    memory: String,
+    /// The node's CPU capacity (default: the host's CPUs on a containerd node, 4 on simulated
+    /// nodes).
+    #[arg(long)]
+    cpu: Option<String>,
+    /// The node's memory capacity (default: the host's memory on a containerd node, 8Gi on
+    /// simulated nodes).
+    #[arg(long)]
+    memory: Option<String>,
+    /// The node's ephemeral-storage capacity (default: the size of the filesystem of --dir on a
+    /// containerd node, 100Gi on simulated nodes).
+    #[arg(long)]
+    ephemeral_storage: Option<String>,
     #[arg(long, default_value_t = 110)]
     max_pods: u32,
     /// Label the node control-plane and taint it NoSchedule (an agent beside a server).
@@ -228,8 +236,11 @@ async fn run_agent(mut a: AgentArgs) -> Result<()> {
             name,
             node_ip: a.node_ip,
             pod_cidr: a.pod_cidr,
-            cpu: a.cpu,
-            memory: a.memory,
+            cpu: a.cpu.unwrap_or_default(),
+            memory: a.memory.unwrap_or_default(),
+            ephemeral_storage: a.ephemeral_storage.unwrap_or_default(),
+            allocatable_memory: String::new(),
+            allocatable_ephemeral_storage: String::new(),
             max_pods: a.max_pods,
             control_plane: a.control_plane,
             runtime_version: if a.sim {

@@ -817,19 +817,12 @@ impl Containerd {
             cni = d.join("cni").display(),
         );
         std::fs::write(d.join("config.toml"), config).unwrap();
-        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
-        let child = std::process::Command::new("containerd")
-            .arg("--config")
-            .arg(d.join("config.toml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("containerd runs (Debian's containerd package)");
-        let me = Containerd {
+        let mut me = Containerd {
             bridge: format!("rkt{:x}", rand::random::<u32>() & 0xfffff),
             dir,
-            child: Some(child),
+            child: None,
         };
+        me.run();
         let images = me.dir.path().join("images");
         cluster_tests::build_images(&images);
         let sock = me.socket();
@@ -852,6 +845,32 @@ impl Containerd {
             );
         }
         me
+    }
+
+    /// Starts containerd (again) on the same state.
+    fn run(&mut self) {
+        let d = self.dir.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("containerd.log"))
+            .unwrap();
+        let child = std::process::Command::new("containerd")
+            .arg("--config")
+            .arg(d.join("config.toml"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("containerd runs (Debian's containerd package)");
+        self.child = Some(child);
+    }
+
+    /// Stops containerd (its containers' shims keep running, as on a real host).
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     fn containers(&self) -> usize {
@@ -900,7 +919,7 @@ impl Drop for Containerd {
 
 #[tokio::test]
 async fn an_agent_runs_real_containers_through_containerd() {
-    let ctd = Containerd::start().await;
+    let mut ctd = Containerd::start().await;
     let (c, k) = cluster_with(0, &[]).await;
     let words = join_command(&c).await;
     let pod_cidr = format!("10.251.{}.0/24", rand::random::<u8>());
@@ -940,6 +959,36 @@ async fn an_agent_runs_real_containers_through_containerd() {
         .await
         .ok();
     assert!(runtime.starts_with("containerd://"), "{runtime}");
+    // Capacity is the host's, not a default; the pressure conditions are measured.
+    let capacity = k
+        .run(&[
+            "get",
+            "node",
+            "cri1",
+            "-o",
+            "jsonpath={.status.capacity.cpu} {.status.capacity.memory} {.status.capacity.ephemeral-storage} {.status.conditions[*].type}",
+        ])
+        .await
+        .ok();
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemTotal:")
+                .map(|v| v.trim().trim_end_matches(" kB").to_string())
+        })
+        .unwrap();
+    let parts: Vec<&str> = capacity.split_whitespace().collect();
+    assert_eq!(parts[0], cpus.to_string(), "{capacity}");
+    assert_eq!(parts[1], format!("{mem_kib}Ki"), "{capacity}");
+    assert!(
+        parts[2].ends_with("Ki") && parts[2] != "100Gi",
+        "{capacity}"
+    );
+    for t in ["MemoryPressure", "DiskPressure", "Ready"] {
+        assert!(parts[3..].contains(&t), "{t} is missing: {capacity}");
+    }
 
     let deploy = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},
       "spec":{"replicas":2,"selector":{"matchLabels":{"app":"web"}},
@@ -1201,6 +1250,25 @@ async fn an_agent_runs_real_containers_through_containerd() {
         (out == "ErrImagePull" || out == "ImagePullBackOff").then_some(())
     })
     .await;
+    // `kubectl describe` says why, with the kubelet's events.
+    let described = wait_for("nowhere's image events", BOUND, || async {
+        let out = k.run(&["describe", "pod", "nowhere"]).await.stdout;
+        (out.contains("Back-off pulling image")).then_some(out)
+    })
+    .await;
+    for want in [
+        "Pulling image \"127.0.0.1:1/none:1\"",
+        "Failed to pull image \"127.0.0.1:1/none:1\"",
+        "Error: ErrImagePull",
+        "Error: ImagePullBackOff",
+    ] {
+        assert!(described.contains(want), "{want:?} is not in:\n{described}");
+    }
+    let present = k.run(&["describe", "pod", "crash"]).await.ok();
+    assert!(
+        present.contains("Container image \"rkube.local/busybox:1\" already present on machine"),
+        "{present}"
+    );
 
     // Init containers run in order before the app; resources become cgroup limits; a named
     // port serves a startup probe, which holds the container's `started` back; preStop runs
@@ -1320,6 +1388,32 @@ async fn an_agent_runs_real_containers_through_containerd() {
     .await;
     wait_for("no containers left in containerd", BOUND, || async {
         (ctd.containers() == 0).then_some(())
+    })
+    .await;
+
+    // A node whose runtime is down is NotReady, with the runtime's reason, and Ready again
+    // once it is back.
+    let ready = || async {
+        k.run(&[
+            "get",
+            "node",
+            "cri1",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status} {.status.conditions[?(@.type==\"Ready\")].message}",
+        ])
+        .await
+        .stdout
+    };
+    ctd.kill();
+    let down = wait_for("cri1 NotReady with containerd stopped", BOUND, || async {
+        let out = ready().await;
+        out.starts_with("False ").then_some(out)
+    })
+    .await;
+    assert!(down.contains("container runtime is down"), "{down}");
+    ctd.run();
+    wait_for("cri1 Ready again with containerd back", BOUND, || async {
+        (ready().await.starts_with("True ")).then_some(())
     })
     .await;
 }
