@@ -14,11 +14,6 @@ mod status;
 mod token;
 mod up;
 
-/// glibc's allocator took a sixth of a store member's time under write load (`perf`), most of
-/// it in its arena locks and consolidation between the runtime's threads; mimalloc's
-/// thread-local free lists do not.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

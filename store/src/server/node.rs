@@ -804,7 +804,7 @@ impl Node {
                 timeout
             };
             if utime.elapsed() > limit {
-                tracing::info!(
+                tracing::debug!(
                     silent_ms = utime.elapsed().as_millis() as u64,
                     "no word from a leader within the election timeout: campaigning"
                 );

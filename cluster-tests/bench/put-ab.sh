@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Two rkube binaries against each other (for example two allocators): put with 1, 16 and 256
+# clients on a fresh three-member `rkube up --store-only` cluster of each, alternating which goes
+# first, ROUNDS rounds (5). One line per round, binary and workload: throughput, p99 and the
+# largest member's peak RSS (VmHWM, reset before each workload).
+#
+#   cluster-tests/bench/put-ab.sh NAME_A=BINARY_A NAME_B=BINARY_B [WORKDIR] > results.txt
+set -u
+A=$1 B=$2 WORK=${3:-$(mktemp -d)} ROUNDS=${ROUNDS:-5} PORT=${PORT:-56379}
+for r in $(seq 1 "$ROUNDS"); do
+  order="$A $B"; [ $((r % 2)) = 0 ] && order="$B $A"
+  for v in $order; do
+    name=${v%%=*} bin=${v#*=} d=$WORK/r$r-${v%%=*}
+    rm -rf "$d"; mkdir -p "$d"
+    base=$((PORT + 30 * (r % 10)))
+    if ! timeout 120 "$bin" up --dir "$d" --base-port "$base" --store-only --detach >"$d/up.log" 2>&1; then
+      echo "round=$r variant=$name error=up-failed"; timeout 60 "$bin" down --dir "$d" >/dev/null 2>&1; continue
+    fi
+    # shellcheck disable=SC1091
+    . "$d/env"
+    for w in 1 16 256; do
+      total=20000; [ "$w" = 1 ] && total=2000
+      for n in 1 2 3; do echo 5 >"/proc/$(cat "$d/n$n.pid")/clear_refs"; done
+      out=$("$bin" bench --endpoints "$ETCDCTL_ENDPOINTS" --cacert "$ETCDCTL_CACERT" --cert "$ETCDCTL_CERT" \
+        --key "$ETCDCTL_KEY" put --clients "$w" --total "$total" 2>&1 | grep -v BENCH_JSON | tail -1)
+      hwm=$(for n in 1 2 3; do awk '/VmHWM/{print $2}' "/proc/$(cat "$d/n$n.pid")/status"; done | sort -n | tail -1)
+      echo "round=$r variant=$name clients=$w $(grep -o 'throughput=[0-9.]*' <<<"$out") $(grep -o 'p99_ms=[0-9.]*' <<<"$out") hwm_kib=$hwm"
+    done
+    timeout 60 "$bin" down --dir "$d" >/dev/null 2>&1
+  done
+done
