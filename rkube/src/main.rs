@@ -14,7 +14,6 @@ mod status;
 mod token;
 mod up;
 
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
