@@ -139,20 +139,8 @@ fn resources(node: &mut NodeConfig, detect_on: Option<&std::path::Path>) {
         node.ephemeral_storage = detected(size, "100Gi");
     }
     let bytes = |q: &str| {
-        let units = [
-            ("Ki", 1u64 << 10),
-            ("Mi", 1 << 20),
-            ("Gi", 1 << 30),
-            ("Ti", 1 << 40),
-        ];
-        units
-            .iter()
-            .find_map(|(u, m)| {
-                q.strip_suffix(u)
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .map(|n| n * m)
-            })
-            .or_else(|| q.parse().ok())
+        rkube_api::quota::parse_quantity(q)
+            .and_then(|nanos| u64::try_from(nanos / 1_000_000_000).ok())
     };
     node.allocatable_memory = match bytes(&node.memory) {
         Some(b) => format!("{}Ki", b.saturating_sub(100 << 20) / 1024),

@@ -136,36 +136,34 @@ fn node_status(cfg: &NodeConfig, observed: &Observed, previous: &[NodeCondition]
         json!({"type": t, "status": status, "reason": reason, "message": message,
                "lastHeartbeatTime": heartbeat, "lastTransitionTime": since})
     };
+    // (type, observed, reason and message without pressure, with pressure)
+    let pressures = [
+        (
+            "MemoryPressure",
+            observed.memory_pressure,
+            (
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            (
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            ),
+        ),
+        (
+            "DiskPressure",
+            observed.disk_pressure,
+            ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+        ),
+    ];
     let mut conditions = Vec::new();
-    match observed.memory_pressure {
-        Some(false) => conditions.push(cond(
-            "MemoryPressure",
-            "False",
-            "KubeletHasSufficientMemory",
-            "kubelet has sufficient memory available",
-        )),
-        Some(true) => conditions.push(cond(
-            "MemoryPressure",
-            "True",
-            "KubeletHasInsufficientMemory",
-            "kubelet has insufficient memory available",
-        )),
-        None => {}
-    }
-    match observed.disk_pressure {
-        Some(false) => conditions.push(cond(
-            "DiskPressure",
-            "False",
-            "KubeletHasNoDiskPressure",
-            "kubelet has no disk pressure",
-        )),
-        Some(true) => conditions.push(cond(
-            "DiskPressure",
-            "True",
-            "KubeletHasDiskPressure",
-            "kubelet has disk pressure",
-        )),
-        None => {}
+    for (kind, seen, fine, pressed) in pressures {
+        match seen {
+            Some(false) => conditions.push(cond(kind, "False", fine.0, fine.1)),
+            Some(true) => conditions.push(cond(kind, "True", pressed.0, pressed.1)),
+            None => {}
+        }
     }
     conditions.push(match &observed.ready {
         Ok(()) => cond(

@@ -13,8 +13,8 @@
 //! # Correctness
 //! Only [`MvccStore::commit`] (which [`MvccStore::apply`] uses) and [`MvccStore::restore`]
 //! write, and the Raft state machine calls them one at a time. Commands are staged in memory
-//! ([`Changes`]) and committed together in one sled transaction over every tree, with the
-//! caller's metadata (the last applied log id), so a crash never leaves half a set of
+//! ([`Changes`]) and committed together (one redo record, then plain writes: see [`Redo`]), with
+//! the caller's metadata (the last applied log id), so a crash never leaves half a set of
 //! commands on disk and re-applying the log after a restart starts exactly where the state
 //! ends. The one command
 //! whose work follows its commit, a compaction, commits its revision first and is finished on
@@ -250,8 +250,8 @@ struct Staged {
 }
 
 /// The changes of consecutive commands (and the caller's metadata), staged in memory by
-/// [`MvccStore::stage`] and committed together, in one sled transaction, by
-/// [`MvccStore::commit`].
+/// [`MvccStore::stage`] and committed together by [`MvccStore::commit`] (whole or not at all
+/// after a crash: see [`Redo`]).
 ///
 /// # Correctness
 /// Each command reads the store as the commands staged before it left it: key reads go
@@ -511,12 +511,11 @@ impl MvccStore {
         Ok(store)
     }
 
-    /// The read side of `lock`, which every public read takes. A long commit (a DeleteRange of
-    /// a hundred thousand keys takes seconds in sled, and sled's transaction blocks every other
-    /// access to the database meanwhile) holds the write side; a reader on one of the async
-    /// runtime's workers
-    /// then waits through `block_in_place`, which hands the worker's other tasks to another
-    /// thread, so the peer service still answers heartbeats and votes meanwhile.
+    /// The read side of `lock`, which every public read takes, so that no read sees half a
+    /// commit. A long commit (a DeleteRange of a hundred thousand keys takes seconds in sled)
+    /// holds the write side; a reader on one of the async runtime's workers then waits through
+    /// `block_in_place`, which hands the worker's other tasks to another thread, so the peer
+    /// service still answers heartbeats and votes meanwhile.
     fn read_lock(&self) -> std::sync::RwLockReadGuard<'_, ()> {
         match self.lock.try_read() {
             Ok(guard) => guard,
@@ -1042,7 +1041,7 @@ impl MvccStore {
         }
     }
 
-    /// Commits staged changes in one sled transaction, then publishes their events and carries
+    /// Commits staged changes (their [`Redo`], then their writes), then publishes their events and carries
     /// out a staged compaction.
     pub fn commit(&self, changes: Changes) -> Result<(), StorageError> {
         let Commit {
@@ -1055,10 +1054,10 @@ impl MvccStore {
         if records.is_empty() && redo.other.is_empty() {
             return Ok(());
         }
-        let writes = commit_writes(&records, redo.other.clone());
-        let redo = encode(&redo);
+        let encoded = encode(&redo);
+        let writes = commit_writes(&records, redo.other);
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        self.write_redo(&redo)?;
+        self.write_redo(&encoded)?;
         self.write(writes)?;
         if let Some(revision) = revision {
             self.revision.store(revision, Ordering::Release);

@@ -5,7 +5,7 @@
 //! kept as a file in the data dir, written to a temporary name and renamed into place.
 //!
 //! # Correctness
-//! The entries openraft hands over in one call are applied in one sled transaction (split only
+//! The entries openraft hands over in one call are applied as one commit (split only
 //! where a command must be committed on its own, see [`crate::mvcc::Changes`]), committed with
 //! the last applied log id, the membership and, where a batch entry is split, how many of its
 //! commands are in; so after a crash openraft re-applies exactly the entries (and commands)
@@ -157,7 +157,7 @@ impl StateMachine {
         }
     }
 
-    /// Applies entries in order, all in one sled transaction with the last one's applied log
+    /// Applies entries in order, all in one commit with the last one's applied log
     /// id (a command that must be committed on its own splits them; see
     /// [`crate::mvcc::Changes`]).
     fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, StorageError> {
