@@ -20,6 +20,9 @@ use crate::handler::Api;
 #[derive(Debug)]
 pub struct ApiConfig {
     pub listen: SocketAddr,
+    /// Connections accepted at the control-plane endpoint while this member holds it, served
+    /// as the ones to `listen` are.
+    pub endpoint: Option<rkube_store::server::endpoint::Connections>,
     pub tls: TlsMaterial,
     /// Where ClusterIPs come from (`--service-cluster-ip-range`, default 10.96.0.0/12).
     pub service_net: crate::services::ServiceNet,
@@ -87,6 +90,16 @@ fn tls_config(tls: &TlsMaterial) -> Result<rustls::ServerConfig, ApiServerError>
     Ok(config)
 }
 
+/// The next connection accepted at the control-plane endpoint; never without one.
+async fn endpoint_connection(
+    endpoint: &mut Option<rkube_store::server::endpoint::Connections>,
+) -> Option<tokio::net::TcpStream> {
+    match endpoint {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Starts serving the Kubernetes API; returns once the port listens.
 pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServerError> {
     let tls = Arc::new(tls_config(&cfg.tls)?);
@@ -121,18 +134,19 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
     tokio::task::spawn_blocking(crate::openapi::warm);
     let (stop, mut stopped) = watch::channel(false);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut endpoint = cfg.endpoint;
     let task = tokio::spawn(async move {
         loop {
-            let conn = tokio::select! {
-                c = listener.accept() => c,
+            let tcp = tokio::select! {
+                c = listener.accept() => match c {
+                    Ok((tcp, _)) => tcp,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting an API connection failed");
+                        continue;
+                    }
+                },
+                Some(tcp) = endpoint_connection(&mut endpoint) => tcp,
                 _ = stopped.changed() => break,
-            };
-            let (tcp, _) = match conn {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting an API connection failed");
-                    continue;
-                }
             };
             let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();

@@ -235,8 +235,18 @@ impl EtcdctlChild {
 }
 
 impl Cluster {
-    /// etcdctl with the settings of this cluster's DIR/env.
+    /// etcdctl with the settings of this cluster's DIR/env, but every member's own endpoint
+    /// instead of the control-plane endpoint DIR/env names (which only a leader serves): the
+    /// store's tests talk to the members, through quorum loss too.
     pub fn etcdctl(&self) -> Etcdctl {
-        Etcdctl::from_env_file(&self.path().join("env")).expect("rkube up writes DIR/env")
+        let members = self
+            .members
+            .iter()
+            .map(|m| format!("https://{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",");
+        Etcdctl::from_env_file(&self.path().join("env"))
+            .expect("rkube up writes DIR/env")
+            .with_endpoint(&members)
     }
 }

@@ -202,11 +202,12 @@ pub fn exclusive_ports(n: usize) -> (impl Drop + Send, u16) {
     (turn, free_base(n))
 }
 
-/// A base port with room for `n` members (+10 each, 4 ports each) plus one spare member.
+/// A base port with room for `n` members (+10 each, 7 ports each: a member's four, its DNS
+/// port and, after the first member's, the control-plane endpoint's two) plus one spare member.
 fn free_base(n: usize) -> u16 {
     for _ in 0..200 {
         let base = 20_000 + (rand::random::<u16>() % 3000) * 10;
-        if (0..=n).all(|i| (0..4).all(|p| port_free(base + (i * 10) as u16 + p))) {
+        if (0..=n).all(|i| (0..7).all(|p| port_free(base + (i * 10) as u16 + p))) {
             return base;
         }
     }

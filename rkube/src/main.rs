@@ -403,6 +403,19 @@ struct ServerArgs {
     /// Directory of the scheduled snapshots (default: DATA_DIR/snapshots).
     #[arg(long)]
     snapshot_dir: Option<PathBuf>,
+    /// The control-plane endpoint's Kubernetes API (ADDRESS:PORT): while this member leads
+    /// with a quorum, it serves the API there too. Give every member the same one; it becomes
+    /// the default --advertise-api-url and is added to the certificates --init and --join issue.
+    #[arg(long, requires = "listen_api")]
+    vip_api: Option<SocketAddr>,
+    /// The control-plane endpoint's etcd API (same ADDRESS as --vip-api, its own PORT).
+    #[arg(long)]
+    vip_client: Option<SocketAddr>,
+    /// Put the endpoint's address on this interface while holding it (and announce it with
+    /// gratuitous ARP), as kube-vip does; needs CAP_NET_ADMIN and CAP_NET_RAW. Without it the
+    /// address must already be one of this host's.
+    #[arg(long)]
+    vip_interface: Option<String>,
 }
 
 fn server_config(a: ServerArgs) -> Result<ServerConfig> {
@@ -442,6 +455,11 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         force_new_cluster: a.force_new_cluster,
         unsafe_no_fsync: a.unsafe_no_fsync,
         snapshot_schedule,
+        endpoint: rkube_store::server::endpoint::EndpointConfig {
+            api: a.vip_api,
+            client: a.vip_client,
+            interface: a.vip_interface,
+        },
     })
 }
 
@@ -473,6 +491,15 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     let mut init_plan = None;
     let mut join_plan = None;
     let pki = args.pki.clone();
+    // The control-plane endpoint is where joiners, nodes and the admin kubeconfig go, and the
+    // certificates must name it.
+    if let Some(vip) = args.vip_api.or(args.vip_client) {
+        if let Some(api) = args.vip_api {
+            args.advertise_api_url
+                .get_or_insert_with(|| format!("https://{api}"));
+        }
+        args.cert_sans.push(vip.ip().to_string());
+    }
     let advertise = args.advertise_api_url.clone();
     let sans = args.cert_sans.clone();
     let member = init::Member {
@@ -549,7 +576,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     let cfg = server_config(args)?;
     let kubelet_client_dir = cfg.pki_dir.clone();
     let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
-    let server = rkube_store::server::start(cfg).await?;
+    let mut server = rkube_store::server::start(cfg).await?;
     let api = match listen_api {
         Some(listen) => {
             let tls = tls_files.load()?;
@@ -562,6 +589,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
                 server.node.clone(),
                 rkube_api::ApiConfig {
                     listen,
+                    endpoint: server.endpoint_api.take(),
                     tls,
                     service_net,
                     service_account_key: rkube_api::token::SigningKey::from_pem(

@@ -145,6 +145,19 @@ pub struct LocalCluster {
     /// simulated runtime).
     #[serde(default)]
     pub network: Option<crate::hosts::HostNetwork>,
+    /// The control-plane endpoint, held by the leader (absent in DIRs made before it existed).
+    #[serde(default)]
+    pub endpoint: Option<LocalEndpoint>,
+}
+
+/// Where the leader serves the etcd API and (unless store-only) the Kubernetes API, besides
+/// its own ports: one address for the kubeconfig, DIR/env and the agents that survives the
+/// loss of any member while a quorum stays (`rkube server --vip-client/--vip-api`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalEndpoint {
+    pub client: String,
+    #[serde(default)]
+    pub api: Option<String>,
 }
 
 fn default_retain() -> usize {
@@ -342,9 +355,15 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // The endpoint takes the two ports after the first server's DNS port, on the API's host.
+    let endpoint = LocalEndpoint {
+        client: format!("{api_host}:{}", args.base_port as usize + 5),
+        api: (!args.store_only).then(|| format!("{api_host}:{}", args.base_port as usize + 6)),
+    };
     Ok(LocalCluster {
         token: format!("rkube-{:016x}", rand::random::<u64>()),
         members,
+        endpoint: Some(endpoint),
         snapshot_count: args.snapshot_count,
         snapshot_catchup_entries: args.snapshot_catchup_entries,
         heartbeat_interval: args.heartbeat_interval,
@@ -394,7 +413,10 @@ fn write_env(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let pki = abs.join("pki");
     let mut env = format!(
         "export ETCDCTL_API=3\nexport ETCDCTL_ENDPOINTS={}\nexport ETCDCTL_CACERT={}\nexport ETCDCTL_CERT={}\nexport ETCDCTL_KEY={}\n",
-        cluster.client_urls().join(","),
+        match &cluster.endpoint {
+            Some(e) => format!("https://{}", e.client),
+            None => cluster.client_urls().join(","),
+        },
         pki.join("ca.crt").display(),
         pki.join("admin.crt").display(),
         pki.join("admin.key").display(),
@@ -411,8 +433,8 @@ fn write_env(dir: &Path, cluster: &LocalCluster) -> Result<()> {
 
 pub const KUBECONFIG_FILE: &str = "admin.kubeconfig";
 
-/// DIR/admin.kubeconfig: the admin's certificate, one context per server (`rkube-n1`...), the
-/// first server's current. Written once: later changes (`kubectl config set-context`) are the
+/// DIR/admin.kubeconfig: the admin's certificate, the control-plane endpoint's context
+/// (`rkube`, current) and one context per server (`rkube-n1`...). Written once: later changes (`kubectl config set-context`) are the
 /// user's.
 fn write_kubeconfig(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     use base64::Engine;
@@ -428,6 +450,15 @@ fn write_kubeconfig(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let (ca, cert, key) = (b64("ca.crt")?, b64("admin.crt")?, b64("admin.key")?);
     let mut clusters = String::new();
     let mut contexts = String::new();
+    let endpoint = cluster.endpoint.as_ref().and_then(|e| e.api.as_deref());
+    if let Some(api) = endpoint {
+        clusters.push_str(&format!(
+            "- name: rkube\n  cluster:\n    server: https://{api}\n    certificate-authority-data: {ca}\n"
+        ));
+        contexts.push_str(
+            "- name: rkube\n  context:\n    cluster: rkube\n    user: kubernetes-admin\n",
+        );
+    }
     for m in &cluster.members {
         clusters.push_str(&format!(
             "- name: rkube-{name}\n  cluster:\n    server: https://{addr}\n    certificate-authority-data: {ca}\n",
@@ -439,13 +470,19 @@ fn write_kubeconfig(dir: &Path, cluster: &LocalCluster) -> Result<()> {
             name = m.name,
         ));
     }
-    let first = cluster
-        .members
-        .first()
-        .map(|m| m.name.as_str())
-        .unwrap_or("n1");
+    let current = match endpoint {
+        Some(_) => "rkube".to_string(),
+        None => format!(
+            "rkube-{}",
+            cluster
+                .members
+                .first()
+                .map(|m| m.name.as_str())
+                .unwrap_or("n1")
+        ),
+    };
     let doc = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{contexts}current-context: rkube-{first}\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n{clusters}contexts:\n{contexts}current-context: {current}\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate-data: {cert}\n    client-key-data: {key}\npreferences: {{}}\n"
     );
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -481,6 +518,12 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
             "--listen-metrics",
             &m.metrics,
         ]);
+    if let Some(e) = &cluster.endpoint {
+        command.args(["--vip-client", &e.client]);
+        if let (Some(api), false) = (&e.api, cluster.store_only) {
+            command.args(["--vip-api", api]);
+        }
+    }
     if !cluster.store_only {
         command.args(["--listen-api", &m.api_addr()]);
         command.args(&cluster.controller_flags);
@@ -800,10 +843,13 @@ pub fn agent_name(i: usize) -> String {
 /// fresh bootstrap token (valid for an hour), as a worker on a real cluster would.
 async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     let abs = std::fs::canonicalize(dir)?;
+    // The endpoint first: the agents fall back to the members only while it is down.
     let servers: Vec<String> = cluster
-        .members
+        .endpoint
         .iter()
-        .map(|m| format!("https://{}", m.api_addr()))
+        .filter_map(|e| e.api.clone())
+        .chain(cluster.members.iter().map(|m| m.api_addr()))
+        .map(|a| format!("https://{a}"))
         .collect();
     let ca_hash =
         rkube_store::pki::ca_spki_sha256(&std::fs::read(abs.join("pki").join("ca.crt"))?)?;

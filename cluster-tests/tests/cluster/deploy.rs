@@ -126,6 +126,11 @@ impl Deployment {
         format!("{}.{}", self.net, 11 + n)
     }
 
+    /// The control-plane endpoint's address (the compose file's `.10`).
+    fn endpoint_ip(&self) -> String {
+        format!("{}.10", self.net)
+    }
+
     fn client_urls(&self, servers: &[&str]) -> String {
         servers
             .iter()
@@ -196,10 +201,16 @@ impl Deployment {
         std::fs::write(&env, format!("export KUBECONFIG={}\n", path.display())).unwrap();
         let original = std::fs::read_to_string(&path).unwrap();
         let k = Kubectl::from_env_file(&env, dir).unwrap();
+        // `--init` writes the control-plane endpoint into the admin kubeconfig.
+        let endpoint = format!("https://{}:6443", self.endpoint_ip());
+        assert!(
+            original.contains(&format!("server: {endpoint}\n")),
+            "the admin kubeconfig names the endpoint {endpoint}: {original}"
+        );
         let kc = Kubeconfig {
             path,
             original,
-            first: format!("https://{}:6443", self.ip("s1")),
+            first: endpoint,
         };
         (k, kc)
     }
@@ -214,7 +225,7 @@ impl Drop for Deployment {
     }
 }
 
-/// The admin kubeconfig, pointed at one server's API at a time.
+/// The admin kubeconfig, pointed at the control-plane endpoint or at one server's API.
 struct Kubeconfig {
     path: PathBuf,
     original: String,
@@ -359,6 +370,54 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     // The joined servers are learners until they have caught up: only with three voters does
     // losing one leave a quorum, so the operator (and the test) waits for them.
     d.wait_caught_up("s1", &SERVERS).await;
+
+    // The control-plane endpoint: with the kubeconfig as `--init` wrote it, kubectl works again
+    // within 3 s of the new leader whichever server is killed — the leader, the next leader
+    // (the server the kubeconfig reached after the first failover), then a follower.
+    let mut killed: Vec<&str> = Vec::new();
+    let mut from = "s1";
+    for round in 0..3 {
+        let rows = d.wait_caught_up(from, &SERVERS).await;
+        let leader = rows
+            .iter()
+            .find(|m| m.role == "leader")
+            .unwrap()
+            .name
+            .clone();
+        let victim = if round < 2 {
+            SERVERS.into_iter().find(|s| *s == leader).unwrap()
+        } else {
+            SERVERS.into_iter().find(|s| !killed.contains(s)).unwrap()
+        };
+        killed.push(victim);
+        let others: Vec<&str> = SERVERS.into_iter().filter(|s| *s != victim).collect();
+        from = others[0];
+        must(Command::new("docker").args(["kill", "-s", "KILL", &d.container(victim)]));
+        if victim == leader {
+            wait_for("a new leader among the others", BOUND, || async {
+                let rows = d.status(others[0], &others)?;
+                rows.into_iter().find(|m| m.role == "leader").map(|_| ())
+            })
+            .await;
+        }
+        let since = std::time::Instant::now();
+        wait_for("kubectl through the endpoint", BOUND, || async {
+            let out = k
+                .run(&["get", "ns", "default", "-o", "name", "--request-timeout=2s"])
+                .await;
+            out.success.then_some(())
+        })
+        .await;
+        let took = since.elapsed();
+        eprintln!("killed {victim} (leader {leader}): kubectl through the endpoint after {took:?}");
+        assert!(
+            took <= Duration::from_secs(3),
+            "kubectl through the endpoint took {took:?} after the new leader (killed {victim})"
+        );
+        must(Command::new("docker").args(["start", &d.container(victim)]));
+    }
+    assert_eq!(std::fs::read_to_string(&kc.path).unwrap(), kc.original);
+    d.wait_caught_up(from, &SERVERS).await;
 
     // The first server stopped and removed: the others elect a leader and keep serving
     // (kubectl now through the second server).

@@ -746,3 +746,91 @@ async fn kubectl_watch_works_on_every_server_and_across_a_leader_change() {
         assert!(got.contains(&format!("configmap/{name}")), "{got}");
     }
 }
+
+/// The control-plane endpoint survives the loss of any member: kubectl with the kubeconfig
+/// `rkube up` wrote, and etcdctl with DIR/env, unchanged, work again within 3 s of the new
+/// leader whichever member is killed (the leader, the new leader the kubeconfig reached next,
+/// a follower), as kube-vip's address moves with the leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_in_the_kubeconfig_survives_killing_each_member_in_turn() {
+    let (c, k) = cluster().await;
+    let kubeconfig = std::fs::read_to_string(k.kubeconfig()).expect("kubeconfig");
+    assert!(
+        kubeconfig.contains("current-context: rkube\n"),
+        "the endpoint's context is current: {kubeconfig}"
+    );
+    let etcdctl =
+        cluster_tests::etcdctl::Etcdctl::from_env_file(&c.path().join("env")).expect("DIR/env");
+    assert_eq!(etcdctl.endpoints().len(), 1, "DIR/env names the endpoint");
+    let ok = || async {
+        let out = k
+            .run(&["get", "ns", "default", "-o", "name", "--request-timeout=2s"])
+            .await;
+        (out.success && out.stdout.trim() == "namespace/default").then_some(())
+    };
+    let holders = || async {
+        let mut held = Vec::new();
+        for i in 0..3 {
+            if c.metric(i, "rkube_endpoint_held").await == Some(1.0) {
+                held.push(i);
+            }
+        }
+        held
+    };
+    let mut killed = Vec::new();
+    for round in 0..3 {
+        let leader = c.wait_leader().await;
+        wait_for(
+            "the leader to hold the endpoint",
+            Duration::from_secs(30),
+            || async { (holders().await == vec![leader]).then_some(()) },
+        )
+        .await;
+        // The leader twice (the second time the one the kubeconfig reached after the first
+        // failover), then the member not killed yet, a follower.
+        let victim = if round < 2 {
+            leader
+        } else {
+            (0..3).find(|i| !killed.contains(i)).expect("a member left")
+        };
+        killed.push(victim);
+        c.kill(victim).await;
+        let since = if victim == leader {
+            c.wait_new_leader(victim).await;
+            std::time::Instant::now()
+        } else {
+            std::time::Instant::now()
+        };
+        wait_for("kubectl through the endpoint", Duration::from_secs(30), ok).await;
+        let took = since.elapsed();
+        eprintln!(
+            "round {round}: killed n{} (leader n{}), kubectl through the endpoint after {took:?}",
+            victim + 1,
+            leader + 1
+        );
+        assert!(
+            took <= Duration::from_secs(3),
+            "round {round}: kubectl through the endpoint succeeded {took:?} after the new leader (killed n{})\n{}",
+            victim + 1,
+            c.logs()
+        );
+        etcdctl
+            .ok(&["put", &format!("/endpoint/{round}"), "x"])
+            .await;
+        c.restart_missing()
+            .await
+            .expect("the killed member restarts");
+        c.wait_converged(&[0, 1, 2]).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(k.kubeconfig()).expect("kubeconfig"),
+        kubeconfig,
+        "the kubeconfig is unchanged"
+    );
+    assert_eq!(
+        etcdctl
+            .ok(&["get", "/endpoint/", "--prefix", "--keys-only"])
+            .await,
+        "/endpoint/0\n\n/endpoint/1\n\n/endpoint/2\n\n"
+    );
+}

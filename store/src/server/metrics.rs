@@ -42,6 +42,8 @@ pub struct Metrics {
     pub wal: Arc<crate::raft::wal::WalStats>,
     wal_fsyncs: Gauge,
     wal_appends: Gauge,
+    /// 1 while this member holds the control-plane endpoint (`endpoint.rs`).
+    pub endpoint_held: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,7 +79,13 @@ impl Metrics {
             wal: Arc::default(),
             wal_fsyncs: Gauge::default(),
             wal_appends: Gauge::default(),
+            endpoint_held: Gauge::default(),
         };
+        r.register(
+            "endpoint_held",
+            "1 while this member holds the control-plane endpoint (listens on its address)",
+            m.endpoint_held.clone(),
+        );
         r.register(
             "wal_fsyncs",
             "fdatasync calls on the write-ahead log since start (group commits, votes, truncations, purges, new segments)",

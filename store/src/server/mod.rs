@@ -5,6 +5,7 @@
 
 pub mod batcher;
 pub mod datadir;
+pub mod endpoint;
 pub mod etcd;
 pub mod metrics;
 pub mod node;
@@ -77,6 +78,8 @@ pub struct ServerConfig {
     pub unsafe_no_fsync: bool,
     /// Scheduled snapshots on the leader; `None` takes none.
     pub snapshot_schedule: Option<snapshot_schedule::SnapshotSchedule>,
+    /// The control-plane endpoint this member holds while it leads.
+    pub endpoint: endpoint::EndpointConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +147,9 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(String, String)>, String> {
 /// A running member. Dropping it does not stop it; call [`RunningServer::shutdown`].
 pub struct RunningServer {
     pub node: Arc<Node>,
+    /// Connections accepted at the control-plane endpoint's API address, for the Kubernetes
+    /// API server (taken by it; `None` without an endpoint).
+    pub endpoint_api: Option<endpoint::Connections>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _data_dir: DataDir,
@@ -172,6 +178,16 @@ fn incoming(
         conn.set_nodelay(true)?;
         Ok(conn)
     })
+}
+
+/// `conns` and the connections accepted at the control-plane endpoint (none when its sender
+/// is dropped).
+fn with_endpoint(
+    conns: impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>>,
+    endpoint: endpoint::Connections,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    conns.merge(tokio_stream::wrappers::ReceiverStream::new(endpoint).map(Ok))
 }
 
 async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, ServerError> {
@@ -327,6 +343,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     ));
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_watch = stop_rx.clone();
     let stopped = move || {
         let mut rx = stop_rx.clone();
         async move {
@@ -383,6 +400,16 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     }
 
     let client_listener = bind(cfg.listen_client, "client").await?;
+    cfg.endpoint.address().map_err(ServerError::Config)?;
+    let channel = |on: Option<SocketAddr>| on.map(|_| tokio::sync::mpsc::channel(64)).unzip();
+    let (endpoint_api_tx, endpoint_api) = channel(cfg.endpoint.api);
+    let (endpoint_client_tx, endpoint_client) = match cfg.endpoint.client {
+        Some(_) => {
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            (Some(tx), rx)
+        }
+        None => (None, tokio::sync::mpsc::channel(1).1),
+    };
     let max = 2 * etcd::MAX_REQUEST_BYTES + 4096;
     let mut builder = Server::builder();
     if !cfg.insecure_client {
@@ -413,7 +440,10 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let stop_client = stopped();
     tasks.push(tokio::spawn(async move {
         if let Err(e) = client_server
-            .serve_with_incoming_shutdown(incoming(client_listener), stop_client)
+            .serve_with_incoming_shutdown(
+                with_endpoint(incoming(client_listener), endpoint_client),
+                stop_client,
+            )
             .await
         {
             tracing::error!(error = %e, "client server failed");
@@ -461,8 +491,18 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         )));
     }
     tracing::info!(name = %cfg.name, id = format!("{id:x}"), peer = %peer_addr, client = %cfg.listen_client, "member started");
+    if endpoint_api_tx.is_some() || endpoint_client_tx.is_some() {
+        tasks.push(tokio::spawn(endpoint::run(
+            node.clone(),
+            cfg.endpoint.clone(),
+            endpoint_api_tx,
+            endpoint_client_tx,
+            stop_watch,
+        )));
+    }
     Ok(RunningServer {
         node,
+        endpoint_api,
         stop,
         tasks,
         _data_dir: data_dir,
