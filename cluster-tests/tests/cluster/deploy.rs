@@ -1,6 +1,8 @@
 //! deploy/: the compose deployment of three servers and two agents on the machine's Docker
 //! engine (an image built from this build's binary, private networks the test makes), driven
-//! as an operator would: up, a kubectl workload, a server stopped and removed while the cluster
+//! as an operator would: up, a kubectl workload, each server killed in turn while kubectl with
+//! the unchanged admin kubeconfig goes on through the control-plane endpoint, a server
+//! stopped and removed while the cluster
 //! keeps serving and then started again, the leader cut off the network (a new leader takes
 //! over, the old one refuses writes, reconnected it catches up), a backup restored into a fresh
 //! deployment that holds every key; and the systemd install script, staged into a temp root.
