@@ -1,6 +1,7 @@
 //! rkube: a Kubernetes-compatible control plane in one binary. This crate only wires the
 //! command line to the components.
 
+mod backup;
 mod bench;
 mod client;
 mod flags;
@@ -89,6 +90,13 @@ enum Command {
         args: token::TokenArgs,
         #[command(subcommand)]
         command: token::TokenCommand,
+    },
+    /// Export the cluster's desired state as YAML, or apply such an export.
+    Backup {
+        #[command(flatten)]
+        args: token::TokenArgs,
+        #[command(subcommand)]
+        command: backup::BackupCommand,
     },
     /// Benchmarks against a running cluster.
     Bench {
@@ -725,6 +733,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Up(args) => up::up(args).await,
         Command::Agent(args) => run_agent(*args).await,
         Command::Token { args, command } => token::run(args, command).await,
+        Command::Backup { args, command } => backup::run(args, command).await,
         Command::Down(args) => up::down(args).await,
         Command::Image(args) => image::run(args),
         Command::Kv { cluster, command } => {

@@ -834,3 +834,244 @@ async fn the_endpoint_in_the_kubeconfig_survives_killing_each_member_in_turn() {
         "/endpoint/0\n\n/endpoint/1\n\n/endpoint/2\n\n"
     );
 }
+
+/// The (kind, namespace, name) of every document of a `rkube backup export` file.
+fn exported_objects(yaml: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    yaml.split("\n---\n")
+        .filter_map(|doc| {
+            let v: serde_json::Value = serde_yaml::from_str(doc).ok()?;
+            let s = |p: &str| {
+                v.pointer(p)
+                    .and_then(|x| x.as_str())
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (!s("/kind").is_empty())
+                .then(|| (s("/kind"), s("/metadata/namespace"), s("/metadata/name")))
+        })
+        .collect()
+}
+
+async fn pods_of(k: &Kubectl, ns: &str, selector: &str) -> usize {
+    k.run(&["get", "pods", "-n", ns, "-l", selector, "--no-headers"])
+        .await
+        .stdout
+        .lines()
+        .count()
+}
+
+/// Seed article 001's lesson as a command: `rkube backup export` keeps the desired state
+/// (what was declared, in an order `kubectl apply` can take), not what the cluster derived;
+/// applied to a fresh cluster with kubectl, or imported with `rkube backup import`, the same
+/// objects exist and the controllers bring the pods back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desired_state_backup_recreates_the_cluster_in_a_new_one() {
+    let start = |servers| async move {
+        let c = Cluster::start(cluster_tests::Options {
+            servers,
+            kubernetes_api: true,
+            agents: 1,
+            ..cluster_tests::Options::default()
+        })
+        .await
+        .expect("cluster starts");
+        c.wait_leader().await;
+        let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+        wait_for("the default namespace", Duration::from_secs(60), || async {
+            k.run(&["get", "ns", "default", "-o", "name"])
+                .await
+                .success
+                .then_some(())
+        })
+        .await;
+        (c, k)
+    };
+    let (a, ka) = start(3).await;
+    for m in [
+        "namespace.yaml",
+        "deployment.yaml",
+        "pod-dev.yaml",
+        "resourcequota.yaml",
+        "service-clusterip.yaml",
+    ] {
+        ka.run(&["apply", "-f", &manifest(m)]).await.ok();
+    }
+    for args in [
+        &[
+            "create",
+            "secret",
+            "generic",
+            "db",
+            "--from-literal=password=s3cret",
+        ][..],
+        &["create", "serviceaccount", "ci", "-n", "dev"],
+        &[
+            "create",
+            "role",
+            "pod-reader",
+            "-n",
+            "dev",
+            "--verb=get,list",
+            "--resource=pods",
+        ],
+        &[
+            "create",
+            "rolebinding",
+            "ci-reads",
+            "-n",
+            "dev",
+            "--role=pod-reader",
+            "--serviceaccount=dev:ci",
+        ],
+        &[
+            "create",
+            "clusterrole",
+            "ns-viewer",
+            "--verb=get,list",
+            "--resource=namespaces",
+        ],
+    ] {
+        ka.run(args).await.ok();
+    }
+    wait_for(
+        "the deployment's 3 pods in A",
+        Duration::from_secs(60),
+        || async { (pods_of(&ka, "default", "app=myapp").await == 3).then_some(()) },
+    )
+    .await;
+
+    // Kept apart from the clusters' directories, which go with them.
+    let backups = tempfile::tempdir().expect("temp dir");
+    let out = backups.path().join("desired.yaml");
+    let export = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["backup", "export", "--dir"])
+        .arg(a.path())
+        .arg(&out)
+        .output()
+        .expect("rkube runs");
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let yaml = std::fs::read_to_string(&out).expect("the export file");
+    let objects = exported_objects(&yaml);
+    let want: std::collections::BTreeSet<(String, String, String)> = [
+        ("Namespace", "", "dev"),
+        ("ClusterRole", "", "ns-viewer"),
+        ("Role", "dev", "pod-reader"),
+        ("RoleBinding", "dev", "ci-reads"),
+        ("ServiceAccount", "dev", "ci"),
+        ("ResourceQuota", "dev", "compute-quota"),
+        ("Secret", "default", "db"),
+        ("Deployment", "default", "myapp-deployment"),
+        ("Pod", "dev", "myapp-pod"),
+        ("Service", "default", "backend"),
+    ]
+    .into_iter()
+    .map(|(k, ns, n)| (k.to_string(), ns.to_string(), n.to_string()))
+    .collect();
+    assert_eq!(objects, want, "{yaml}");
+    // Nothing the server set: no identities, versions, status or allocated ClusterIP.
+    for field in [
+        "uid:",
+        "resourceVersion:",
+        "creationTimestamp:",
+        "managedFields:",
+        "\nstatus:",
+        "clusterIP: 10.",
+        "nodeName:",
+    ] {
+        assert!(!yaml.contains(field), "the export has {field}\n{yaml}");
+    }
+    // Namespaces first, RBAC before the workloads, Services after them.
+    let at = |kind: &str| {
+        yaml.find(&format!("\nkind: {kind}\n"))
+            .unwrap_or(usize::MAX)
+    };
+    assert!(at("Namespace") < at("Role"));
+    assert!(at("RoleBinding") < at("Deployment"));
+    assert!(at("Deployment") < at("Service"));
+    // The quota came after the dev pod in A (which has no limits): it must come after it here.
+    assert!(at("Pod") < at("ResourceQuota"));
+    drop(a);
+
+    // Into a fresh cluster with kubectl.
+    let (b, kb) = start(1).await;
+    kb.run(&["apply", "-f", &out.display().to_string(), "-R"])
+        .await
+        .ok();
+    wait_for(
+        "the deployment's 3 pods in B",
+        Duration::from_secs(60),
+        || async { (pods_of(&kb, "default", "app=myapp").await == 3).then_some(()) },
+    )
+    .await;
+    let again = b.path().join("again.yaml");
+    let export = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["backup", "export", "--dir"])
+        .arg(b.path())
+        .arg(&again)
+        .output()
+        .expect("rkube runs");
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    assert_eq!(
+        exported_objects(&std::fs::read_to_string(&again).unwrap()),
+        want,
+        "cluster B holds the same desired state"
+    );
+    assert_eq!(
+        kb.run(&["get", "secret", "db", "-o", "jsonpath={.data.password}"])
+            .await
+            .ok(),
+        "czNjcmV0"
+    );
+    drop(b);
+
+    // And with `rkube backup import`, which applies server-side.
+    let (c, kc) = start(1).await;
+    let import = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["backup", "import", "--dir"])
+        .arg(c.path())
+        .arg(&out)
+        .output()
+        .expect("rkube runs");
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    assert!(String::from_utf8_lossy(&import.stderr).contains("applied 10 objects"));
+    wait_for(
+        "the deployment's 3 pods in C",
+        Duration::from_secs(60),
+        || async { (pods_of(&kc, "default", "app=myapp").await == 3).then_some(()) },
+    )
+    .await;
+    kc.run(&["get", "rolebinding", "ci-reads", "-n", "dev"])
+        .await
+        .ok();
+    // Bad input is refused with the document it is in.
+    let bad = c.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ok\n---\nkind: Pod\n",
+    )
+    .unwrap();
+    let refused = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["backup", "import", "--dir"])
+        .arg(c.path())
+        .arg(&bad)
+        .output()
+        .expect("rkube runs");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("document 2 is not a Kubernetes object"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
