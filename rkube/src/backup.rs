@@ -131,7 +131,10 @@ const ORDER: &[(&str, &str)] = &[
 
 fn rank(ar: &ApiResource) -> usize {
     let policy = ORDER.len() - 2;
-    match ORDER.iter().position(|(g, r)| *g == ar.group && *r == ar.plural) {
+    match ORDER
+        .iter()
+        .position(|(g, r)| *g == ar.group && *r == ar.plural)
+    {
         Some(i) if i >= policy => i + 1,
         Some(i) => i,
         None => policy,

@@ -230,6 +230,124 @@ fn parse_certificate_key(hex: &str) -> Result<[u8; 32]> {
     Ok(out)
 }
 
+/// A fresh certificate key, and its hex form (what `--certificate-key` takes).
+fn new_certificate_key() -> ([u8; 32], String) {
+    let key: [u8; 32] = rand::random();
+    let hex = key.iter().map(|b| format!("{b:02x}")).collect();
+    (key, hex)
+}
+
+/// The bootstrap token Secret (no usages) that owns the uploaded keys, so that they are
+/// deleted with it when it expires after `ttl`.
+fn holder_token_secret(ttl: Duration) -> Result<Value> {
+    let token = format!("{}.{}", crate::token::random(6), crate::token::random(16));
+    crate::token::token_secret(&token, ttl, "", "", "holds the uploaded control-plane keys")
+}
+
+/// The Secret with the control-plane keys of `pki_dir` sealed with `key` (the CA certificate and
+/// the etcd endpoints in the clear), owned by the created `holder` token Secret.
+fn certs_secret(key: &[u8; 32], pki_dir: &Path, client_url: &str, holder: &Value) -> Result<Value> {
+    let mut data = serde_json::Map::new();
+    data.insert(
+        pki::CA_CERT_FILE.into(),
+        json!(STANDARD.encode(std::fs::read(pki_dir.join(pki::CA_CERT_FILE))?)),
+    );
+    for f in ENCRYPTED {
+        let plain = std::fs::read(pki_dir.join(f)).with_context(|| {
+            format!("reading {} (upload the keys from a control-plane host that has them)", pki_dir.join(f).display())
+        })?;
+        data.insert((*f).into(), json!(STANDARD.encode(seal(key, &plain)?)));
+    }
+    data.insert("etcd-endpoints".into(), json!(STANDARD.encode(client_url)));
+    Ok(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": CERTS_SECRET, "namespace": "kube-system",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Secret",
+                "name": holder.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
+                "uid": holder.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or(""),
+                "blockOwnerDeletion": true}]},
+        "data": data}))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UploadCertsArgs {
+    #[command(flatten)]
+    pub cluster: crate::token::TokenArgs,
+    /// The control-plane PKI directory holding ca.crt, ca.key and sa.key.
+    #[arg(long)]
+    pub pki: PathBuf,
+    /// Encrypt with this key (64 hex digits) instead of a new random one.
+    #[arg(long)]
+    pub certificate_key: Option<String>,
+    /// How long the uploaded keys stay (they are deleted with their holder token).
+    #[arg(long, default_value = "2h", value_parser = crate::flags::parse_duration)]
+    pub ttl: Duration,
+    /// The etcd client URL joining members add themselves through (default: the one uploaded
+    /// before, when it is still there).
+    #[arg(long)]
+    pub client_url: Option<String>,
+}
+
+/// `rkube upload-certs` (kubeadm's `init phase upload-certs --upload-certs`): uploads the
+/// control-plane keys again under a certificate key, for `ttl`, so that a member can join
+/// after the keys `--init` uploaded have expired. Prints the key.
+pub async fn upload_certs(args: UploadCertsArgs) -> Result<()> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, PostParams};
+    if args.ttl < Duration::from_secs(60) {
+        bail!("--ttl must be at least 1m");
+    }
+    let (client, _) = crate::token::admin_client(&args.cluster).await?;
+    let secrets: Api<Secret> = Api::namespaced(client, "kube-system");
+    let old = secrets.get_opt(CERTS_SECRET).await?;
+    let client_url = match (&args.client_url, &old) {
+        (Some(url), _) => url.clone(),
+        (None, Some(old)) => old
+            .data
+            .as_ref()
+            .and_then(|d| d.get("etcd-endpoints"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| anyhow!("the uploaded keys name no etcd endpoint: give --client-url"))?,
+        (None, None) => bail!(
+            "no keys are uploaded any more, so their etcd endpoint is unknown: give --client-url https://<a member's client address>"
+        ),
+    };
+    let (key, key_hex) = match &args.certificate_key {
+        Some(hex) => (parse_certificate_key(hex)?, hex.to_lowercase()),
+        None => new_certificate_key(),
+    };
+    let holder: Secret = serde_json::from_value(holder_token_secret(args.ttl)?)?;
+    let holder = secrets
+        .create(&PostParams::default(), &holder)
+        .await
+        .context("creating the keys' holder token")?;
+    let certs = certs_secret(&key, &args.pki, &client_url, &serde_json::to_value(&holder)?)?;
+    let mut certs: Secret = serde_json::from_value(certs)?;
+    match old {
+        Some(old) => {
+            certs.metadata.resource_version = old.metadata.resource_version;
+            secrets
+                .replace(CERTS_SECRET, &PostParams::default(), &certs)
+                .await
+                .context("uploading the keys")?;
+        }
+        None => {
+            secrets
+                .create(&PostParams::default(), &certs)
+                .await
+                .context("uploading the keys")?;
+        }
+    }
+    println!(
+        "[upload-certs] Storing the certificates in Secret \"{CERTS_SECRET}\" in the \"kube-system\" Namespace\n         [upload-certs] Using certificate key:\n{key_hex}\n         (valid for {}; join with `rkube server --join ... --certificate-key {key_hex}`)",
+        if args.ttl.as_secs() % 3600 == 0 {
+            format!("{}h", args.ttl.as_secs() / 3600)
+        } else {
+            format!("{}m", args.ttl.as_secs() / 60)
+        }
+    );
+    Ok(())
+}
+
 /// `--init`, once the server runs: a bootstrap token, the encrypted keys, the join commands.
 pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -255,40 +373,15 @@ pub async fn finish_init(client: rkube_api::client::LocalClient, plan: InitPlan)
         }
     }
     // The keys, encrypted, owned by a short-lived token so that they go when it expires.
-    let key: [u8; 32] = rand::random();
-    let key_hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    let holder_token = format!("{}.{}", crate::token::random(6), crate::token::random(16));
-    let holder = crate::token::token_secret(
-        &holder_token,
-        CERTS_TTL,
-        "",
-        "",
-        "holds the uploaded control-plane keys",
-    )?;
+    let (key, key_hex) = new_certificate_key();
     let holder = client
-        .create("/api/v1/namespaces/kube-system/secrets", &holder)
+        .create(
+            "/api/v1/namespaces/kube-system/secrets",
+            &holder_token_secret(CERTS_TTL)?,
+        )
         .await
         .map_err(|e| anyhow!("creating the keys' holder token: {e}"))?;
-    let mut data = serde_json::Map::new();
-    data.insert(
-        pki::CA_CERT_FILE.into(),
-        json!(STANDARD.encode(std::fs::read(plan.pki.join(pki::CA_CERT_FILE))?)),
-    );
-    for f in ENCRYPTED {
-        let sealed = seal(&key, &std::fs::read(plan.pki.join(f))?)?;
-        data.insert((*f).into(), json!(STANDARD.encode(sealed)));
-    }
-    data.insert(
-        "etcd-endpoints".into(),
-        json!(STANDARD.encode(&plan.client_url)),
-    );
-    let certs = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": CERTS_SECRET, "namespace": "kube-system",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Secret",
-                "name": holder.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
-                "uid": holder.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or(""),
-                "blockOwnerDeletion": true}]},
-        "data": data});
+    let certs = certs_secret(&key, &plan.pki, &plan.client_url, &holder)?;
     let path = format!("/api/v1/namespaces/kube-system/secrets/{CERTS_SECRET}");
     match client.get(&path).await {
         Ok(mut old) => {

@@ -10,6 +10,7 @@ mod image;
 mod init;
 mod kv;
 mod member;
+mod recover;
 mod snapshot;
 mod status;
 mod token;
@@ -91,6 +92,12 @@ enum Command {
         #[command(subcommand)]
         command: token::TokenCommand,
     },
+    /// Upload the control-plane keys again under a certificate key (kubeadm's `init phase
+    /// upload-certs`), so that a member can join after the ones `--init` uploaded expired.
+    UploadCerts(Box<init::UploadCertsArgs>),
+    /// Bring a control plane that lost its quorum back: read the members' data dirs, name the
+    /// member to keep, and (with --dir and --yes) carry out the plan.
+    Recover(recover::RecoverArgs),
     /// Export the cluster's desired state as YAML, or apply such an export.
     Backup {
         #[command(flatten)]
@@ -734,6 +741,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Agent(args) => run_agent(*args).await,
         Command::Token { args, command } => token::run(args, command).await,
         Command::Backup { args, command } => backup::run(args, command).await,
+        Command::Recover(args) => recover::run(args).await,
+        Command::UploadCerts(args) => init::upload_certs(*args).await,
         Command::Down(args) => up::down(args).await,
         Command::Image(args) => image::run(args),
         Command::Kv { cluster, command } => {

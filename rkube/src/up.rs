@@ -496,7 +496,13 @@ fn write_kubeconfig(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     Ok(())
 }
 
-fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i32> {
+/// Starts member `m` of the local cluster with its recorded flags and `extra` ones.
+pub(crate) fn spawn_member(
+    dir: &Path,
+    cluster: &LocalCluster,
+    m: &LocalMember,
+    extra: &[&str],
+) -> Result<i32> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().context("cannot find the rkube executable")?;
     let log = std::fs::OpenOptions::new()
@@ -555,7 +561,8 @@ fn spawn_member(dir: &Path, cluster: &LocalCluster, m: &LocalMember) -> Result<i
             "--quota-backend-bytes",
             &cluster.quota_backend_bytes.to_string(),
         ])
-        .args(cluster.unsafe_no_fsync.then_some("--unsafe-no-fsync"));
+        .args(cluster.unsafe_no_fsync.then_some("--unsafe-no-fsync"))
+        .args(extra);
     if cluster.snapshot_interval_ms > 0 {
         command
             .args([
@@ -675,7 +682,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
             ),
             Some(pid) => println!("{} is already running (pid {pid})", m.name),
             None => {
-                let pid = spawn_member(&args.dir, &cluster, m)?;
+                let pid = spawn_member(&args.dir, &cluster, m, &[])?;
                 println!(
                     "started {} (pid {pid}): etcd https://{}, kubernetes https://{}, log {}",
                     m.name,
@@ -796,7 +803,7 @@ async fn down_dir(dir: &Path, cluster: &LocalCluster) -> Result<()> {
 }
 
 /// SIGTERM to the named processes of DIR, SIGKILL to those still running after 10 s.
-async fn stop(dir: &Path, names: &[String]) {
+pub(crate) async fn stop(dir: &Path, names: &[String]) {
     let mut pids = Vec::new();
     for name in names {
         if let Some(pid) = running_pid(dir, name) {

@@ -3,7 +3,8 @@
 //! the election timeout, a random member is killed, or two of the three are killed (quorum
 //! loss) and brought back; checkers judge what the clients saw.
 //!
-//! The clients, each on one member's API and moving to the next when that member fails:
+//! The clients, each on one member's API or the control-plane endpoint (the admin kubeconfig's
+//! current context) and moving to the next when it fails:
 //! - writers that race on shared ConfigMaps with read-modify-write updates, every update
 //!   carrying the resourceVersion it read, and that create, list and delete ConfigMaps of their
 //!   own; every write carries a unique token in its data;
@@ -203,14 +204,18 @@ pub enum FaultKind {
     KillMember,
     PauseLeader,
     QuorumLoss,
+    /// SIGKILL of the member holding the control-plane endpoint (the admin kubeconfig's
+    /// current context), which one writer and one watcher use.
+    KillEndpoint,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 4] = [
+    pub const ALL: [FaultKind; 5] = [
         FaultKind::KillLeader,
         FaultKind::KillMember,
         FaultKind::PauseLeader,
         FaultKind::QuorumLoss,
+        FaultKind::KillEndpoint,
     ];
 
     pub fn name(self) -> &'static str {
@@ -219,6 +224,7 @@ impl FaultKind {
             FaultKind::KillMember => "kill-member",
             FaultKind::PauseLeader => "pause-leader",
             FaultKind::QuorumLoss => "quorum-loss",
+            FaultKind::KillEndpoint => "kill-endpoint",
         }
     }
 }
@@ -1290,14 +1296,18 @@ fn client_config_error(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("the admin kubeconfig: {e}")
 }
 
-/// The admin's client of every server (its context in DIR/admin.kubeconfig).
+/// The admin's client of every server (its context in DIR/admin.kubeconfig), then of the
+/// control-plane endpoint (the `rkube` context, which the leader serves).
 async fn clients(c: &Cluster) -> Result<Vec<Client>> {
     let mut out = Vec::new();
-    for i in 0..c.members.len() {
+    let contexts = (1..=c.members.len())
+        .map(|i| format!("rkube-n{i}"))
+        .chain(["rkube".to_string()]);
+    for context in contexts {
         let kubeconfig = Kubeconfig::read_from(c.path().join("admin.kubeconfig"))
             .map_err(client_config_error)?;
         let options = KubeConfigOptions {
-            context: Some(format!("rkube-n{}", i + 1)),
+            context: Some(context),
             ..KubeConfigOptions::default()
         };
         let mut config = Config::from_custom_kubeconfig(kubeconfig, &options)
@@ -1497,10 +1507,10 @@ impl Chaos<'_> {
         }
     }
 
-    /// Waits until every member's API answers reads again.
+    /// Waits until every member's API, and the control-plane endpoint, answer reads again.
     async fn all_serving(&mut self) -> bool {
         let started = Instant::now();
-        let mut pending: Vec<usize> = (0..self.members()).collect();
+        let mut pending: Vec<usize> = (0..self.shared.clients.len()).collect();
         while started.elapsed() < RECOVERY_BOUND {
             let mut still = Vec::new();
             for &m in &pending {
@@ -1553,6 +1563,32 @@ impl Chaos<'_> {
                 let others: Vec<usize> = (0..n).filter(|&i| i != victim).collect();
                 record.to_api = self.serving(&others, since).await;
                 record.detail = format!("killed {} (leader {})", member(victim), member(leader));
+                record.detail += &self.restart().await;
+            }
+            FaultKind::KillEndpoint => {
+                let mut holder = None;
+                for i in 0..n {
+                    if self.c.metric(i, "rkube_endpoint_held").await == Some(1.0) {
+                        holder = Some(i);
+                    }
+                }
+                let Some(victim) = holder else {
+                    record.injected = false;
+                    record.detail = format!(
+                        "no member holds the control-plane endpoint (leader {})",
+                        member(leader)
+                    );
+                    return record;
+                };
+                let since = Instant::now();
+                self.c.kill(victim).await;
+                // The endpoint's client, after the members'.
+                record.to_api = self.serving(&[n], since).await;
+                record.detail = format!(
+                    "killed {} (holding the endpoint; leader {})",
+                    member(victim),
+                    member(leader)
+                );
                 record.detail += &self.restart().await;
             }
             FaultKind::PauseLeader => {
@@ -1967,8 +2003,10 @@ pub async fn campaign(seed: u64, duration: Duration) -> Result<K8sSummary> {
                 shared: shared.clone(),
                 who: format!("watcher {w}"),
                 labels: format!("app={CM_APP}"),
+                // The first on the control-plane endpoint (the last client), the others on
+                // the members.
                 cursor: Cursor {
-                    member: w % n,
+                    member: (w + n - 1) % n,
                     members: n,
                 },
                 covered: cov,
@@ -1985,8 +2023,10 @@ pub async fn campaign(seed: u64, duration: Duration) -> Result<K8sSummary> {
             shared: shared.clone(),
             id: w,
             rng: StdRng::seed_from_u64(seed.wrapping_add(1 + w as u64)),
+            // The first on the control-plane endpoint (the last client), the others on the
+            // members.
             cursor: Cursor {
-                member: w % n,
+                member: (w + n - 1) % n,
                 members: n,
             },
             seq: 0,

@@ -782,6 +782,48 @@ async fn a_control_plane_built_host_by_host_with_init_and_join() {
         .unwrap();
     procs.0.push(agent);
     k.wait_nodes_ready(&["w1"]).await;
+
+    // Late: the keys `--init` uploaded are re-uploaded under a new certificate key (kubeadm's
+    // `init phase upload-certs`); the first key no longer decrypts them, the new one lets a
+    // fourth member join.
+    let uploaded = tokio::process::Command::new(rkube_bin())
+        .arg("upload-certs")
+        .arg("--pki")
+        .arg(d.join("a-pki"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&uploaded.stdout).into_owned();
+    assert!(
+        uploaded.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&uploaded.stderr)
+    );
+    let new_key = said
+        .lines()
+        .find(|l| l.len() == 64 && l.chars().all(|c| c.is_ascii_hexdigit()))
+        .unwrap_or_else(|| panic!("upload-certs prints the key: {said}"))
+        .to_string();
+    assert_ne!(new_key, key);
+    let join_with = |certificate_key: &str| {
+        let mut args = join_args(());
+        let at = args.len() - 1;
+        args[at] = certificate_key.to_string();
+        args
+    };
+    let old = server("x", 3, &join_with(&key)).wait_with_output().await.unwrap();
+    assert!(!old.status.success(), "the old certificate key still decrypts the keys");
+    let err = std::fs::read_to_string(d.join("x.log")).unwrap_or_default();
+    assert!(err.contains("certificate key does not decrypt"), "{err}");
+    std::fs::remove_dir_all(d.join("x")).ok();
+    std::fs::remove_dir_all(d.join("x-pki")).ok();
+    procs.0.push(server("e", 3, &join_with(&new_key)));
+    wait_for("e a voter", BOUND, || async {
+        voters(&members().await, 4).then_some(())
+    })
+    .await;
 }
 
 /// A containerd of the test's own (root, state and socket in a temporary directory, never the

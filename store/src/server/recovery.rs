@@ -120,3 +120,114 @@ pub async fn baseline_snapshot(node: Arc<Node>) {
         Err(e) => tracing::warn!(error = %e, "cannot clear the baseline marker"),
     }
 }
+
+/// What a stopped member's data dir holds, read offline (`rkube recover`): enough to tell
+/// which surviving member is the most up to date.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemberState {
+    pub name: String,
+    pub member_id: u64,
+    pub cluster_id: u64,
+    pub peer_addr: String,
+    /// The term of the member's vote.
+    pub term: u64,
+    /// The last entry in its log (or covered by its snapshot): term and index.
+    pub last_log_term: u64,
+    pub last_log_index: u64,
+    pub committed_index: u64,
+    pub applied_index: u64,
+    pub revision: i64,
+    /// The membership the member last applied.
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+}
+
+impl MemberState {
+    /// Raft's order of up-to-dateness: the last log entry's term, then its index; then what
+    /// was applied.
+    pub fn freshness(&self) -> (u64, u64, u64) {
+        (self.last_log_term, self.last_log_index, self.applied_index)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error("{dir} is not a member's data dir (no member.json)")]
+    NotADataDir { dir: std::path::PathBuf },
+    #[error("{dir} is in use by a running member{pid}; stop it first")]
+    Running {
+        dir: std::path::PathBuf,
+        pid: String,
+    },
+    #[error("{dir}: {reason}")]
+    Unreadable {
+        dir: std::path::PathBuf,
+        reason: String,
+    },
+}
+
+/// Reads a stopped member's data dir: its identity, Raft state and revision. The dir is locked
+/// meanwhile, so a member cannot start on it.
+pub async fn inspect(dir: &std::path::Path) -> Result<MemberState, InspectError> {
+    use fs2::FileExt;
+    use std::io::Read;
+    let unreadable = |reason: String| InspectError::Unreadable {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let record = std::fs::read(dir.join("member.json")).map_err(|_| InspectError::NotADataDir {
+        dir: dir.to_path_buf(),
+    })?;
+    let record: super::datadir::MemberRecord =
+        serde_json::from_slice(&record).map_err(|e| unreadable(format!("member.json: {e}")))?;
+    let mut lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join("LOCK"))
+        .map_err(|e| unreadable(e.to_string()))?;
+    if lock.try_lock_exclusive().is_err() {
+        let mut pid = String::new();
+        let _ = lock.read_to_string(&mut pid);
+        let pid = pid.trim();
+        return Err(InspectError::Running {
+            dir: dir.to_path_buf(),
+            pid: if pid.is_empty() {
+                String::new()
+            } else {
+                format!(" (pid {pid})")
+            },
+        });
+    }
+    let storage = |e: crate::error::StorageError| unreadable(e.to_string());
+    let db = sled::Config::new()
+        .path(dir.join("db"))
+        .open()
+        .map_err(|e| unreadable(format!("its database: {e}")))?;
+    let mvcc = Arc::new(crate::mvcc::MvccStore::open_dir(&db, &dir.join("db")).map_err(storage)?);
+    let mut sm = StateMachine::open(mvcc.clone(), dir).map_err(storage)?;
+    let mut log = LogStore::open(dir, &db, false).map_err(|e| unreadable(e.to_string()))?;
+    let raft = |e: openraft::StorageError<u64>| unreadable(e.to_string());
+    let (applied, membership) = sm.applied_state().await.map_err(raft)?;
+    let last = log.get_log_state().await.map_err(raft)?.last_log_id;
+    let vote = log.read_vote().await.map_err(raft)?;
+    let committed = log.read_committed().await.map_err(raft)?;
+    let config = membership.membership();
+    let state = MemberState {
+        name: record.name,
+        member_id: record.member_id,
+        cluster_id: record.cluster_id,
+        peer_addr: record.peer_addr,
+        term: vote.map_or(0, |v| v.leader_id.term),
+        last_log_term: last.map_or(0, |l| l.leader_id.term),
+        last_log_index: last.map_or(0, |l| l.index),
+        committed_index: committed.map_or(0, |l| l.index),
+        applied_index: applied.map_or(0, |l| l.index),
+        revision: mvcc.revision(),
+        voters: config.voter_ids().collect(),
+        learners: config.learner_ids().collect(),
+    };
+    drop(lock);
+    Ok(state)
+}
