@@ -68,6 +68,8 @@ const WEB_APP: &str = "chaos-web";
 const REPLICAS: i32 = 6;
 const MAX_SURGE: &str = "25%";
 
+/// Servers of the campaign's cluster; the clients' index SERVERS is the control-plane endpoint.
+const SERVERS: usize = 3;
 const WRITERS: usize = 3;
 const WATCHERS: usize = 3;
 /// ConfigMaps every writer updates, so that they race.
@@ -467,8 +469,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A client's name: its member's, or `endpoint` for the control-plane endpoint's.
 fn member(i: usize) -> String {
-    format!("n{}", i + 1)
+    if i == SERVERS {
+        "endpoint".into()
+    } else {
+        format!("n{}", i + 1)
+    }
 }
 
 fn rv_of(meta: &ObjectMeta) -> Option<i64> {
@@ -1901,6 +1908,7 @@ pub async fn campaign(seed: u64, duration: Duration) -> Result<K8sSummary> {
     crate::rkube_bin();
     let started = Instant::now();
     let c = Cluster::start(Options {
+        servers: SERVERS,
         kubernetes_api: true,
         agents: 2,
         // The leader's own compaction too, so that a watcher left behind meets 410.

@@ -421,6 +421,16 @@ async fn rkube_recover_brings_back_three_voters_with_every_acknowledged_write() 
     assert!(plan.contains("2. replace n3"), "{plan}");
     assert!(plan.contains("Run again with --yes"), "{plan}");
     assert!(c.status(1).await.is_none(), "the dry run started a member");
+    // On hosts: the data dirs given are compared and the steps printed.
+    let hosts = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["recover", "--data-dir"])
+        .arg(c.path().join(&c.members[1].name))
+        .output()
+        .expect("rkube runs");
+    let said = String::from_utf8_lossy(&hosts.stdout);
+    assert!(hosts.status.success(), "{said}{}", String::from_utf8_lossy(&hosts.stderr));
+    assert!(said.contains("Keep n2 (the most up to date"), "{said}");
+    assert!(said.contains("--force-new-cluster"), "{said}");
     let done = recover(&c, true);
     assert!(done.contains("promoted n3 to voter"), "{done}");
     whole_again(&c, &acked).await;
