@@ -852,6 +852,19 @@ fn exported_objects(yaml: &str) -> std::collections::BTreeSet<(String, String, S
         .collect()
 }
 
+/// `rkube backup VERB --dir DIR FILE`, which must succeed; its standard error.
+fn rkube_backup(verb: &str, c: &Cluster, file: &std::path::Path) -> String {
+    let out = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["backup", verb, "--dir"])
+        .arg(c.path())
+        .arg(file)
+        .output()
+        .expect("rkube runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "rkube backup {verb}: {stderr}");
+    stderr
+}
+
 async fn pods_of(k: &Kubectl, ns: &str, selector: &str) -> usize {
     k.run(&["get", "pods", "-n", ns, "-l", selector, "--no-headers"])
         .await
@@ -943,17 +956,7 @@ async fn a_desired_state_backup_recreates_the_cluster_in_a_new_one() {
     // Kept apart from the clusters' directories, which go with them.
     let backups = tempfile::tempdir().expect("temp dir");
     let out = backups.path().join("desired.yaml");
-    let export = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["backup", "export", "--dir"])
-        .arg(a.path())
-        .arg(&out)
-        .output()
-        .expect("rkube runs");
-    assert!(
-        export.status.success(),
-        "{}",
-        String::from_utf8_lossy(&export.stderr)
-    );
+    rkube_backup("export", &a, &out);
     let yaml = std::fs::read_to_string(&out).expect("the export file");
     let objects = exported_objects(&yaml);
     let want: std::collections::BTreeSet<(String, String, String)> = [
@@ -1008,17 +1011,7 @@ async fn a_desired_state_backup_recreates_the_cluster_in_a_new_one() {
     )
     .await;
     let again = b.path().join("again.yaml");
-    let export = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["backup", "export", "--dir"])
-        .arg(b.path())
-        .arg(&again)
-        .output()
-        .expect("rkube runs");
-    assert!(
-        export.status.success(),
-        "{}",
-        String::from_utf8_lossy(&export.stderr)
-    );
+    rkube_backup("export", &b, &again);
     assert_eq!(
         exported_objects(&std::fs::read_to_string(&again).unwrap()),
         want,
@@ -1034,18 +1027,8 @@ async fn a_desired_state_backup_recreates_the_cluster_in_a_new_one() {
 
     // And with `rkube backup import`, which applies server-side.
     let (c, kc) = start(1).await;
-    let import = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["backup", "import", "--dir"])
-        .arg(c.path())
-        .arg(&out)
-        .output()
-        .expect("rkube runs");
-    assert!(
-        import.status.success(),
-        "{}",
-        String::from_utf8_lossy(&import.stderr)
-    );
-    assert!(String::from_utf8_lossy(&import.stderr).contains("applied 10 objects"));
+    let said = rkube_backup("import", &c, &out);
+    assert!(said.contains("applied 10 objects"), "{said}");
     wait_for(
         "the deployment's 3 pods in C",
         Duration::from_secs(60),

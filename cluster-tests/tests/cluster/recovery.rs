@@ -336,12 +336,11 @@ async fn malformed_failpoints_stop_the_server_from_starting() {
     }
 }
 
-/// `rkube recover --dir`, as an operator runs it after losing members.
-fn recover(c: &Cluster, yes: bool) -> String {
+/// `rkube recover ARGS`, which must succeed; what it printed.
+fn rkube_recover(c: &Cluster, args: &[&std::ffi::OsStr]) -> String {
     let out = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["recover", "--dir"])
-        .arg(c.path())
-        .args(yes.then_some("--yes"))
+        .arg("recover")
+        .args(args)
         .output()
         .expect("rkube runs");
     let text = format!(
@@ -355,6 +354,15 @@ fn recover(c: &Cluster, yes: bool) -> String {
         c.logs()
     );
     text
+}
+
+/// `rkube recover --dir`, as an operator runs it after losing members.
+fn recover(c: &Cluster, yes: bool) -> String {
+    let mut args = vec!["--dir".as_ref(), c.path().as_os_str()];
+    if yes {
+        args.push("--yes".as_ref());
+    }
+    rkube_recover(c, &args)
 }
 
 /// Three voters again, each holding every acknowledged write, and one keyspace.
@@ -422,13 +430,8 @@ async fn rkube_recover_brings_back_three_voters_with_every_acknowledged_write() 
     assert!(plan.contains("Run again with --yes"), "{plan}");
     assert!(c.status(1).await.is_none(), "the dry run started a member");
     // On hosts: the data dirs given are compared and the steps printed.
-    let hosts = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["recover", "--data-dir"])
-        .arg(c.path().join(&c.members[1].name))
-        .output()
-        .expect("rkube runs");
-    let said = String::from_utf8_lossy(&hosts.stdout);
-    assert!(hosts.status.success(), "{said}{}", String::from_utf8_lossy(&hosts.stderr));
+    let n2 = c.path().join(&c.members[1].name);
+    let said = rkube_recover(&c, &["--data-dir".as_ref(), n2.as_os_str()]);
     assert!(said.contains("Keep n2 (the most up to date"), "{said}");
     assert!(said.contains("--force-new-cluster"), "{said}");
     let done = recover(&c, true);
