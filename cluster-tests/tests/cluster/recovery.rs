@@ -365,6 +365,21 @@ fn recover(c: &Cluster, yes: bool) -> String {
     rkube_recover(c, &args)
 }
 
+/// Writes /keep/NNN for each n of `range` through the members in turn, noting each
+/// acknowledged write, and waits until all three have applied them.
+async fn put_keys(
+    c: &Cluster,
+    acked: &mut BTreeMap<String, String>,
+    range: std::ops::Range<usize>,
+) {
+    for n in range {
+        let key = format!("/keep/{n:03}");
+        c.put(n % 3, &key, "v").await.logs(c).expect("put");
+        acked.insert(key, "v".to_string());
+    }
+    c.wait_converged(&[0, 1, 2]).await;
+}
+
 /// Three voters again, each holding every acknowledged write, and one keyspace.
 async fn whole_again(c: &Cluster, acked: &BTreeMap<String, String>) {
     wait_for("three voters", Duration::from_secs(60), || async {
@@ -409,12 +424,7 @@ async fn rkube_recover_brings_back_three_voters_with_every_acknowledged_write() 
         .expect("cluster starts");
     c.wait_leader().await;
     let mut acked = BTreeMap::new();
-    for n in 0..40 {
-        let key = format!("/keep/{n:03}");
-        c.put(n % 3, &key, "v").await.logs(&c).expect("put");
-        acked.insert(key, "v".to_string());
-    }
-    c.wait_converged(&[0, 1, 2]).await;
+    put_keys(&c, &mut acked, 0..40).await;
 
     // Two members killed, one of them with its data gone.
     c.kill(1).await;
@@ -439,12 +449,7 @@ async fn rkube_recover_brings_back_three_voters_with_every_acknowledged_write() 
     whole_again(&c, &acked).await;
 
     // Now two members' data gone for good: n1 alone holds it.
-    for n in 40..60 {
-        let key = format!("/keep/{n:03}");
-        c.put(n % 3, &key, "v").await.logs(&c).expect("put");
-        acked.insert(key, "v".to_string());
-    }
-    c.wait_converged(&[0, 1, 2]).await;
+    put_keys(&c, &mut acked, 40..60).await;
     c.kill(1).await;
     c.kill(2).await;
     for i in [1, 2] {
