@@ -254,18 +254,23 @@ fn certs_secret(key: &[u8; 32], pki_dir: &Path, client_url: &str, holder: &Value
     );
     for f in ENCRYPTED {
         let plain = std::fs::read(pki_dir.join(f)).with_context(|| {
-            format!("reading {} (upload the keys from a control-plane host that has them)", pki_dir.join(f).display())
+            format!(
+                "reading {} (upload the keys from a control-plane host that has them)",
+                pki_dir.join(f).display()
+            )
         })?;
         data.insert((*f).into(), json!(STANDARD.encode(seal(key, &plain)?)));
     }
     data.insert("etcd-endpoints".into(), json!(STANDARD.encode(client_url)));
-    Ok(json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+    Ok(
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": CERTS_SECRET, "namespace": "kube-system",
             "ownerReferences": [{"apiVersion": "v1", "kind": "Secret",
                 "name": holder.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""),
                 "uid": holder.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or(""),
                 "blockOwnerDeletion": true}]},
-        "data": data}))
+        "data": data}),
+    )
 }
 
 #[derive(Debug, clap::Args)]
@@ -320,7 +325,12 @@ pub async fn upload_certs(args: UploadCertsArgs) -> Result<()> {
         .create(&PostParams::default(), &holder)
         .await
         .context("creating the keys' holder token")?;
-    let certs = certs_secret(&key, &args.pki, &client_url, &serde_json::to_value(&holder)?)?;
+    let certs = certs_secret(
+        &key,
+        &args.pki,
+        &client_url,
+        &serde_json::to_value(&holder)?,
+    )?;
     let mut certs: Secret = serde_json::from_value(certs)?;
     match old {
         Some(old) => {

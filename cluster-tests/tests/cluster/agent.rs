@@ -813,8 +813,14 @@ async fn a_control_plane_built_host_by_host_with_init_and_join() {
         args[at] = certificate_key.to_string();
         args
     };
-    let old = server("x", 3, &join_with(&key)).wait_with_output().await.unwrap();
-    assert!(!old.status.success(), "the old certificate key still decrypts the keys");
+    let old = server("x", 3, &join_with(&key))
+        .wait_with_output()
+        .await
+        .unwrap();
+    assert!(
+        !old.status.success(),
+        "the old certificate key still decrypts the keys"
+    );
     let err = std::fs::read_to_string(d.join("x.log")).unwrap_or_default();
     assert!(err.contains("certificate key does not decrypt"), "{err}");
     std::fs::remove_dir_all(d.join("x")).ok();
