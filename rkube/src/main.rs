@@ -418,6 +418,9 @@ struct ServerArgs {
     /// Directory of the scheduled snapshots (default: DATA_DIR/snapshots).
     #[arg(long)]
     snapshot_dir: Option<PathBuf>,
+    /// Zip the scheduled snapshots (FILE.snap.zip, as k3s's --etcd-snapshot-compress).
+    #[arg(long)]
+    snapshot_compress: bool,
     /// The control-plane endpoint's Kubernetes API (ADDRESS:PORT): while this member leads
     /// with a quorum, it serves the API there too. Give every member the same one; it becomes
     /// the default --advertise-api-url and is added to the certificates --init and --join issue.
@@ -446,6 +449,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
             .snapshot_dir
             .clone()
             .unwrap_or_else(|| a.data_dir.join("snapshots")),
+        compress: a.snapshot_compress,
     });
     Ok(ServerConfig {
         name: a.name,

@@ -1,5 +1,7 @@
 //! `rkube snapshot save|status|restore|list`: backups of the store's desired state, taken by
-//! hand or by the leader on a schedule (`rkube server --snapshot-interval`).
+//! hand or by the leader on a schedule (`rkube server --snapshot-interval`), in etcd's snapshot
+//! format: `etcdctl snapshot status|restore` read them, and these commands read etcd's (and
+//! rkube's older format, and either zipped).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,8 +16,15 @@ use tonic::transport::Channel;
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Stream a consistent snapshot from a live member into FILE.
-    Save { file: PathBuf },
+    /// Stream a consistent snapshot from a live member into FILE (etcd's snapshot format, as
+    /// `etcdctl snapshot save` writes it).
+    Save {
+        file: PathBuf,
+        /// Zip the file (one deflated entry, as k3s's --etcd-snapshot-compress); status and
+        /// restore read it as it is.
+        #[arg(long)]
+        compress: bool,
+    },
     /// Check a snapshot file and show what it holds.
     Status {
         file: PathBuf,
@@ -23,8 +32,9 @@ pub enum SnapshotCommand {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
-    /// Build the data dir of one member of a new cluster from a snapshot; start it with
-    /// `rkube server` using the same --name and --data-dir (every member restores the same file).
+    /// Build the data dir of one member of a new cluster from a snapshot (rkube's, or etcd's
+    /// from `etcdctl snapshot save`); start it with `rkube server` using the same --name and
+    /// --data-dir (every member restores the same file).
     Restore {
         file: PathBuf,
         #[arg(long)]
@@ -33,6 +43,10 @@ pub enum SnapshotCommand {
         /// watchers and caches of the old cluster re-list (0 keeps the revisions as they were).
         #[arg(long, default_value_t = 1_000_000)]
         bump_revision: i64,
+        /// Accept a database without the SHA-256 a saved snapshot ends with (a copy of an etcd
+        /// data dir's member/snap/db), as etcdctl snapshot restore --skip-hash-check does.
+        #[arg(long)]
+        skip_hash_check: bool,
     },
     /// List the scheduled snapshots, newest first, each file checked: those in the given
     /// snapshot dirs, or else in every member's snapshot dir of the local cluster --dir DIR
@@ -46,14 +60,27 @@ pub enum SnapshotCommand {
     },
 }
 
-pub fn read(file: &Path) -> Result<(backup::BackupInfo, rkube_store::mvcc::store::Dump)> {
+pub fn read(
+    file: &Path,
+    skip_hash_check: bool,
+) -> Result<(backup::BackupInfo, rkube_store::mvcc::store::Dump)> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    backup::decode(&bytes).with_context(|| format!("{} cannot be used", file.display()))
+    backup::decode_with(&bytes, skip_hash_check)
+        .with_context(|| format!("{} cannot be used", file.display()))
 }
 
 /// Writes a member's data dir holding the snapshot's state; refuses a data dir in use.
 pub fn restore_into(file: &Path, data_dir: &Path, bump: i64) -> Result<backup::BackupInfo> {
-    let (info, dump) = read(file)?;
+    restore_checked(file, data_dir, bump, false)
+}
+
+fn restore_checked(
+    file: &Path,
+    data_dir: &Path,
+    bump: i64,
+    skip_hash_check: bool,
+) -> Result<backup::BackupInfo> {
+    let (info, dump) = read(file, skip_hash_check)?;
     if data_dir.exists() && std::fs::read_dir(data_dir)?.next().is_some() {
         bail!(
             "data dir {} is not empty; restore needs a new, empty data dir",
@@ -75,28 +102,41 @@ pub async fn run(
     cmd: SnapshotCommand,
 ) -> Result<()> {
     match cmd {
-        SnapshotCommand::Save { file } => {
-            save(ch.context("snapshot save needs a cluster")?, &file).await
+        SnapshotCommand::Save { file, compress } => {
+            save(
+                ch.context("snapshot save needs a cluster")?,
+                &file,
+                compress,
+            )
+            .await
         }
         SnapshotCommand::Status { file, output } => {
-            let (info, _) = read(&file)?;
+            let (info, _) = read(&file, true)?;
             let size = std::fs::metadata(&file)?.len();
+            let format = format_name(&info);
             if output == "json" {
+                let etcd = info.etcd.map(|e| {
+                    serde_json::json!({
+                        "hash": e.hash, "revision": e.revision, "totalKey": e.total_key,
+                        "totalSize": e.total_size,
+                    })
+                });
                 println!(
                     "{}",
                     serde_json::json!({
-                        "format": info.format, "revision": info.revision, "compactRevision": info.compact_revision,
+                        "format": format, "revision": info.revision, "compactRevision": info.compact_revision,
                         "totalKey": info.keys, "totalSize": size, "hash": info.hash,
+                        "compressed": info.compressed, "etcd": etcd,
                     })
                 );
             } else {
                 println!(
-                    "{:<8} {:>10} {:>10} {:>10} {:>12} {:>7}",
+                    "{:<8} {:>10} {:>10} {:>10} {:>12}  {}",
                     "HASH", "REVISION", "COMPACTED", "TOTAL KEYS", "TOTAL SIZE", "FORMAT"
                 );
                 println!(
-                    "{:<8x} {:>10} {:>10} {:>10} {:>12} {:>7}",
-                    info.hash, info.revision, info.compact_revision, info.keys, size, info.format
+                    "{:<8x} {:>10} {:>10} {:>10} {:>12}  {format}",
+                    info.hash, info.revision, info.compact_revision, info.keys, size
                 );
             }
             Ok(())
@@ -109,8 +149,9 @@ pub async fn run(
             file,
             data_dir,
             bump_revision,
+            skip_hash_check,
         } => {
-            let info = restore_into(&file, &data_dir, bump_revision)?;
+            let info = restore_checked(&file, &data_dir, bump_revision, skip_hash_check)?;
             println!(
                 "restored {} keys at revision {} into {} (new revision {}); start the member with rkube server --data-dir {}",
                 info.keys,
@@ -276,7 +317,16 @@ async fn receive(stream: &mut tonic::Streaming<pb::SnapshotResponse>, part: &Pat
     Ok(())
 }
 
-async fn save(ch: Channel, file: &Path) -> Result<()> {
+/// The format column: `etcd`, `rkube-v1`, with `+zip` when compressed.
+fn format_name(info: &backup::BackupInfo) -> String {
+    if info.compressed {
+        format!("{}+zip", info.format)
+    } else {
+        info.format.to_string()
+    }
+}
+
+async fn save(ch: Channel, file: &Path, compress: bool) -> Result<()> {
     let mut m =
         pb::maintenance_client::MaintenanceClient::new(ch).max_decoding_message_size(usize::MAX);
     let mut stream = m
@@ -292,8 +342,28 @@ async fn save(ch: Channel, file: &Path) -> Result<()> {
         let _ = std::fs::remove_file(&part);
     }
     result?;
-    let (info, _) = read(&part).context("the received snapshot does not check out")?;
-    std::fs::rename(&part, file)?;
+    let checked = read(&part, false).context("the received snapshot does not check out");
+    let (info, _) = match checked {
+        Ok(read) => read,
+        Err(e) => {
+            let _ = std::fs::remove_file(&part);
+            return Err(e);
+        }
+    };
+    if compress {
+        // The entry is named for the file without its .zip, as k3s names it.
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "snapshot".into());
+        let name = name.strip_suffix(".zip").unwrap_or(&name).to_string();
+        let bytes = std::fs::read(&part)?;
+        let zipped = backup::compress(&name, &bytes)?;
+        rkube_store::durable_file::replace(file, &part, &zipped)
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    } else {
+        std::fs::rename(&part, file)?;
+    }
     println!(
         "Snapshot saved at {} (revision {}, {} keys, hash {:x})",
         file.display(),

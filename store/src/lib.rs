@@ -4,11 +4,14 @@
 //! - [`raft`]: openraft's log storage, state machine and peer network.
 //! - [`server`]: a member (`rkube server`): the Raft node, the peer service, the etcd v3 client
 //!   API, lease expiry and scheduled snapshots on the leader, metrics and health.
-//! - [`backup`]: the backup file format that `rkube snapshot save` and scheduled snapshots write.
+//! - [`backup`]: the snapshot files that `rkube snapshot save`, `Maintenance.Snapshot` and
+//!   scheduled snapshots write (etcd's format) and that restores read.
+//! - [`bolt`]: bbolt's file format, the database etcd's snapshots are.
 //! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
 //! - [`failpoints`]: crash points in the write path for chaos tests (`RKUBE_FAILPOINTS`).
 
 pub mod backup;
+pub mod bolt;
 pub mod durable_file;
 pub mod error;
 pub mod failpoints;

@@ -10,5 +10,7 @@ pub mod watch;
 #[cfg(test)]
 mod tests;
 
-pub use store::{validate_txn, Changes, MemberAttrs, MvccStore, RevisionBatch, MAX_LEASE_TTL};
+pub use store::{
+    validate_txn, Changes, HistoryRecord, MemberAttrs, MvccStore, RevisionBatch, MAX_LEASE_TTL,
+};
 pub use types::*;

@@ -32,6 +32,9 @@ use super::keys::{escape_key, index_key, split_index_key, Revision};
 use super::types::*;
 use crate::error::{MvccError, StorageError};
 
+mod interchange;
+pub use interchange::HistoryRecord;
+
 /// Largest TTL etcd accepts for a lease, in seconds.
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 /// etcd's limit on operations in one transaction.

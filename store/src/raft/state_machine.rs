@@ -37,8 +37,10 @@ use crate::failpoints::{
 };
 use crate::mvcc::{Applied, Changes, Command, MvccStore, Output};
 
-const META_APPLIED: &[u8] = b"raft_applied";
-const META_MEMBERSHIP: &[u8] = b"raft_membership";
+/// The last applied log id (what a backup in etcd's format carries as its consistent index).
+pub(crate) const META_APPLIED: &[u8] = b"raft_applied";
+/// The membership (the members a backup in etcd's format lists).
+pub(crate) const META_MEMBERSHIP: &[u8] = b"raft_membership";
 /// How many commands of a batch entry are applied: (its log id, count). Committed with each
 /// command, so a crash in the middle of a batch resumes after the last applied command.
 pub(super) const META_BATCH_PROGRESS: &[u8] = b"raft_batch_progress";

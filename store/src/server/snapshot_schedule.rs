@@ -1,11 +1,14 @@
 //! Scheduled snapshots (`rkube server --snapshot-interval`): every interval, the member that is
-//! Raft leader writes a backup file — the format of `rkube snapshot save`, [`crate::backup`] —
-//! into the snapshot dir and keeps the newest `retain` of them. Followers write none, so a
-//! cluster with a stable leader makes one file per interval wherever its leader runs.
+//! Raft leader writes a snapshot file — etcd's snapshot format, as `rkube snapshot save` and
+//! `etcdctl snapshot save` write it, [`crate::backup`] — into the snapshot dir and keeps the
+//! newest `retain` of them. Followers write none, so a cluster with a stable leader makes one
+//! file per interval wherever its leader runs.
 //!
-//! Files are named `rkube-snapshot-<UTC time>-rev<revision>.snap` and sort by time. Each is
-//! written under a hidden temporary name, fsynced and renamed, so a crash never leaves a partial
-//! file under a snapshot's name. Retention deletes only files with that name pattern.
+//! Files are named `rkube-snapshot-<UTC time>-rev<revision>.snap` (`.snap.zip` when compressed,
+//! `--snapshot-compress`: a zip of the `.snap` file, as k3s compresses its etcd snapshots) and
+//! sort by time. Each is written under a hidden temporary name, fsynced and renamed, so a crash
+//! never leaves a partial file under a snapshot's name. Retention counts both kinds and deletes
+//! only files with those name patterns.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 const PREFIX: &str = "rkube-snapshot-";
 const SUFFIX: &str = ".snap";
+/// After [`SUFFIX`] for a compressed snapshot.
+const ZIP_SUFFIX: &str = ".zip";
 const TIME_FORMAT: &str = "%Y%m%dT%H%M%S%.3fZ";
 /// The leader checks whether a snapshot is due at most this far apart.
 const MAX_CHECK_PERIOD: Duration = Duration::from_secs(10);
@@ -38,12 +43,16 @@ pub struct SnapshotSchedule {
     /// At least 1.
     pub retain: usize,
     pub dir: PathBuf,
+    /// Zip each file (`--snapshot-compress`).
+    pub compress: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
     #[error("cannot copy the store: {0}")]
     Encode(#[from] StorageError),
+    #[error("cannot compress the snapshot: {0}")]
+    Compress(#[from] BackupError),
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -86,9 +95,22 @@ impl SnapshotName {
         }
     }
 
+    /// The name of the same snapshot compressed.
+    pub fn zipped(mut self) -> Self {
+        if !self.compressed() {
+            self.file.push_str(ZIP_SUFFIX);
+        }
+        self
+    }
+
+    pub fn compressed(&self) -> bool {
+        self.file.ends_with(ZIP_SUFFIX)
+    }
+
     /// Parses a file name; `None` for any name rkube's scheduler does not write.
     pub fn parse(file: &str) -> Option<Self> {
-        let rest = file.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
+        let plain = file.strip_suffix(ZIP_SUFFIX).unwrap_or(file);
+        let rest = plain.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
         let (time, revision) = rest.split_once("-rev")?;
         if revision.is_empty() || !revision.bytes().all(|b| b.is_ascii_digit()) {
             return None;
@@ -144,11 +166,21 @@ pub struct Taken {
     pub size: u64,
 }
 
-/// Writes a snapshot of `store` into `dir`, named for `now` and its revision. Blocking: call it
-/// off the async runtime.
-pub fn take(store: &MvccStore, dir: &Path, now: DateTime<Utc>) -> Result<Taken, ScheduleError> {
-    let (info, bytes) = backup::encode(store)?;
-    let name = SnapshotName::new(now, info.revision);
+/// Writes a snapshot of `store` into `dir`, named for `now` and its revision, zipped if
+/// `compress`. Blocking: call it off the async runtime.
+pub fn take(
+    store: &MvccStore,
+    dir: &Path,
+    now: DateTime<Utc>,
+    compress: bool,
+) -> Result<Taken, ScheduleError> {
+    let (mut info, mut bytes) = backup::encode(store)?;
+    let mut name = SnapshotName::new(now, info.revision);
+    if compress {
+        bytes = backup::compress(&name.file, &bytes)?;
+        info.compressed = true;
+        name = name.zipped();
+    }
     let path = dir.join(&name.file);
     // Hidden and without the .snap suffix: never listed, restored or pruned as a snapshot.
     let tmp = dir.join(format!(".{}.tmp", name.file));
@@ -269,9 +301,9 @@ pub async fn run(node: Arc<Node>, schedule: SnapshotSchedule, stopped: impl Futu
 async fn snapshot_once(node: &Node, schedule: &SnapshotSchedule) {
     let started = Instant::now();
     let store = node.mvcc.clone();
-    let (dir, retain) = (schedule.dir.clone(), schedule.retain);
+    let (dir, retain, compress) = (schedule.dir.clone(), schedule.retain, schedule.compress);
     let outcome = tokio::task::spawn_blocking(move || {
-        let taken = take(&store, &dir, Utc::now())?;
+        let taken = take(&store, &dir, Utc::now(), compress)?;
         Ok::<_, ScheduleError>((taken, prune(&dir, retain)))
     })
     .await
@@ -347,6 +379,14 @@ mod tests {
         assert_eq!(SnapshotName::parse(&name.file), Some(name.clone()));
         let later = SnapshotName::new(at("2025-03-04T05:06:08.001Z"), 7);
         assert!(later.file > name.file && later > name);
+        let zipped = name.clone().zipped();
+        assert_eq!(
+            zipped.file,
+            "rkube-snapshot-20250304T050607.123Z-rev42.snap.zip"
+        );
+        assert!(zipped.compressed() && !name.compressed());
+        assert_eq!(SnapshotName::parse(&zipped.file), Some(zipped.clone()));
+        assert_eq!(zipped.clone().zipped(), zipped);
     }
 
     #[test]
@@ -362,6 +402,9 @@ mod tests {
             "rkube-snapshot-2025-03-04-rev42.snap",
             "rkube-snapshot-20251304T050607.123Z-rev42.snap",
             "my-rkube-snapshot-20250304T050607.123Z-rev42.snap",
+            "rkube-snapshot-20250304T050607.123Z-rev42.zip",
+            "rkube-snapshot-20250304T050607.123Z-rev42.snap.zip.zip",
+            ".rkube-snapshot-20250304T050607.123Z-rev42.snap.zip.tmp",
         ] {
             assert_eq!(SnapshotName::parse(file), None, "{file}");
         }
@@ -412,6 +455,17 @@ mod tests {
                 vec![s1.clone()],
             ),
             (
+                "compressed files count like the others",
+                vec![
+                    format!("{s1}.zip"),
+                    s2.clone(),
+                    format!("{s3}.zip"),
+                    s4.clone(),
+                ],
+                2,
+                vec![s2.clone(), format!("{s1}.zip")],
+            ),
+            (
                 "retain 0 still keeps the newest",
                 vec![s1.clone(), s2.clone()],
                 0,
@@ -439,7 +493,7 @@ mod tests {
         .enumerate()
         {
             put(&store, &format!("k{i}"));
-            taken.push(take(&store, dir.path(), at(t)).expect("take"));
+            taken.push(take(&store, dir.path(), at(t), false).expect("take"));
         }
         assert_eq!(taken[2].info.revision, 3);
         let bytes = std::fs::read(&taken[2].path).expect("read");
@@ -465,12 +519,44 @@ mod tests {
     }
 
     #[test]
+    fn compressed_snapshots_restore_and_count_for_retention() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::Config::new().temporary(true).open().expect("db");
+        let store = MvccStore::open(&db).expect("store");
+        for i in 0..50 {
+            put(&store, &format!("key-{i:03}"));
+        }
+        let plain = take(&store, dir.path(), at("2025-01-01T00:00:00Z"), false).expect("take");
+        let zipped = take(&store, dir.path(), at("2025-01-01T00:00:01Z"), true).expect("take");
+        assert!(zipped.path.to_string_lossy().ends_with("-rev50.snap.zip"));
+        assert!(zipped.info.compressed && !plain.info.compressed);
+        assert!(
+            zipped.size < plain.size,
+            "{} !< {}",
+            zipped.size,
+            plain.size
+        );
+        let (info, dump) =
+            backup::decode(&std::fs::read(&zipped.path).expect("read")).expect("decode");
+        assert_eq!(info, zipped.info);
+        assert_eq!((dump.revision(), dump.key_count()), (50, 50));
+
+        let listed = list(dir.path()).expect("list");
+        assert_eq!(listed.len(), 2);
+        assert!(listed[0].name.compressed(), "newest first");
+        assert!(listed.iter().all(|l| l.check.is_ok()));
+        put(&store, "one-more");
+        take(&store, dir.path(), at("2025-01-01T00:00:02Z"), true).expect("take");
+        assert_eq!(prune(dir.path(), 2).expect("prune"), vec![plain.path]);
+    }
+
+    #[test]
     fn listing_reports_a_corrupt_file_and_goes_on() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::Config::new().temporary(true).open().expect("db");
         let store = MvccStore::open(&db).expect("store");
         put(&store, "a");
-        let good = take(&store, dir.path(), at("2025-01-01T00:00:00Z")).expect("take");
+        let good = take(&store, dir.path(), at("2025-01-01T00:00:00Z"), false).expect("take");
         let bad = SnapshotName::new(at("2025-01-02T00:00:00Z"), 9).file;
         let mut bytes = std::fs::read(&good.path).expect("read");
         let mid = bytes.len() / 2;

@@ -1,5 +1,6 @@
 //! etcd's Maintenance service: Status, Hash, HashKV, Alarm, Defragment, MoveLeader and Snapshot
-//! (in rkube's backup format). Downgrade is not provided and answers `Unimplemented` saying so.
+//! (in etcd's snapshot format, `crate::backup`). Downgrade is not provided and answers
+//! `Unimplemented` saying so.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -187,8 +188,8 @@ impl Maintenance for MaintenanceService {
         &self,
         _request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        // A consistent copy of this member's state, in rkube's backup format (not etcd's bbolt
-        // file: `rkube snapshot status|restore` read it; `etcdctl snapshot save` can fetch it).
+        // A consistent copy of this member's state as etcd streams it: its bbolt database, then
+        // the SHA-256 of it, which `etcdctl snapshot restore` checks.
         let mvcc = self.0.mvcc.clone();
         let (info, bytes) = tokio::task::spawn_blocking(move || crate::backup::encode(&mvcc))
             .await
