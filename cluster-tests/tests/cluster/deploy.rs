@@ -190,15 +190,35 @@ impl Deployment {
     async fn kubeconfig(&self, dir: &Path) -> (Kubectl, Kubeconfig) {
         let path = dir.join("admin.kubeconfig");
         let s1 = self.container("s1");
-        wait_for("the first server's admin kubeconfig", BOUND, || async {
-            Command::new("docker")
+        let deadline = std::time::Instant::now() + BOUND;
+        loop {
+            let copied = Command::new("docker")
                 .args(["cp", &format!("{s1}:/data/pki/admin.kubeconfig")])
                 .arg(&path)
                 .output()
-                .ok()
-                .filter(|o| o.status.success())
-        })
-        .await;
+                .expect("docker runs");
+            if copied.status.success() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // What the first server and the engine said, for the next engineer.
+                let logs = Command::new("docker")
+                    .args(["logs", "--tail", "60", &s1])
+                    .output();
+                let ps = Command::new("docker").args(["ps", "-a"]).output();
+                let show = |o: std::io::Result<Output>| {
+                    o.map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+                        .unwrap_or_default()
+                };
+                panic!(
+                    "no admin kubeconfig from {s1} within {BOUND:?}: {}\n--- docker logs {s1} ---\n{}\n--- docker ps -a ---\n{}",
+                    text(&copied.stderr),
+                    show(logs),
+                    show(ps)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let env = dir.join("env");
         std::fs::write(&env, format!("export KUBECONFIG={}\n", path.display())).unwrap();
         let original = std::fs::read_to_string(&path).unwrap();
