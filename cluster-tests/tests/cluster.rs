@@ -34,6 +34,8 @@ mod recovery;
 mod scheduler;
 #[path = "cluster/services.rs"]
 mod services;
+#[path = "cluster/snapshots.rs"]
+mod snapshots;
 
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.
@@ -1419,6 +1421,18 @@ async fn etcdctl_snapshot_save_writes_a_backup_rkube_reads() {
     assert_eq!(out.stdout, format!("Snapshot saved at {file_s}\n"));
     let len = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
     assert!(len > 0, "the snapshot file is missing or empty");
+    // etcd's snapshot format: etcdctl reads the file it saved.
+    let etcd_status = json(&one.ok(&["snapshot", "status", &file_s, "-w", "json"]).await);
+    assert_eq!(
+        etcd_status["revision"].as_i64(),
+        Some(revision),
+        "{etcd_status}"
+    );
+    assert_eq!(
+        etcd_status["totalSize"].as_u64(),
+        Some(len - 32),
+        "{etcd_status}"
+    );
 
     let status = std::process::Command::new(cluster_tests::rkube_bin())
         .args(["snapshot", "status", &file_s, "-o", "json"])
