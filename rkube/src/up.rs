@@ -70,6 +70,9 @@ pub struct UpArgs {
     /// Scheduled snapshots go to SNAPSHOT_DIR/<name>/ (default: DIR/<name>/snapshots/).
     #[arg(long)]
     pub snapshot_dir: Option<PathBuf>,
+    /// Zip the scheduled snapshots (`rkube server --snapshot-compress`). Recorded for the DIR.
+    #[arg(long)]
+    pub snapshot_compress: bool,
     /// How often the node controller checks nodes (default 5s). Recorded for the DIR.
     #[arg(long, value_parser = crate::flags::parse_duration)]
     pub node_monitor_period: Option<Duration>,
@@ -123,6 +126,9 @@ pub struct LocalCluster {
     pub snapshot_interval_ms: u64,
     #[serde(default = "default_retain")]
     pub snapshot_retain: usize,
+    /// Scheduled snapshots are zipped.
+    #[serde(default)]
+    pub snapshot_compress: bool,
     /// Absolute; each member writes to its own subdirectory.
     #[serde(default)]
     pub snapshot_dir: Option<PathBuf>,
@@ -261,7 +267,9 @@ impl LocalCluster {
             self.snapshot_interval_ms,
             self.snapshot_retain,
             self.snapshot_dir.clone(),
+            self.snapshot_compress,
         );
+        self.snapshot_compress |= args.snapshot_compress;
         if let Some(interval) = args.snapshot_interval {
             self.snapshot_interval_ms = interval.as_millis() as u64;
         }
@@ -280,6 +288,7 @@ impl LocalCluster {
                     self.snapshot_interval_ms,
                     self.snapshot_retain,
                     self.snapshot_dir.clone(),
+                    self.snapshot_compress,
                 ))
     }
 
@@ -371,6 +380,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
         quota_backend_bytes: args.quota_backend_bytes.unwrap_or(DEFAULT_QUOTA_BYTES),
         snapshot_interval_ms: 0,
         snapshot_retain: DEFAULT_RETAIN,
+        snapshot_compress: false,
         snapshot_dir: None,
         store_only: args.store_only,
         controller_flags: Vec::new(),
@@ -572,7 +582,8 @@ pub(crate) fn spawn_member(
                 &cluster.snapshot_retain.to_string(),
             ])
             .arg("--snapshot-dir")
-            .arg(cluster.snapshot_dir(&abs, &m.name));
+            .arg(cluster.snapshot_dir(&abs, &m.name))
+            .args(cluster.snapshot_compress.then_some("--snapshot-compress"));
     }
     let child = command
         .stdin(Stdio::null())

@@ -494,3 +494,47 @@ async fn compressed_snapshots_restore_and_damaged_ones_are_refused() {
     );
     assert_eq!(got["count"].as_i64(), Some(50), "{got}");
 }
+
+/// `rkube up --snapshot-compress`: the leader's scheduled snapshots are zipped (`.snap.zip`, as
+/// k3s's), and `rkube snapshot status` reads them as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_takes_compressed_scheduled_snapshots() {
+    let c = Cluster::start(Options {
+        up_args: ["--snapshot-interval", "1s", "--snapshot-compress"]
+            .map(String::from)
+            .to_vec(),
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let rev = c.put(0, "/zipped", "x").await.expect("write");
+    let file = wait_for(
+        "a zipped scheduled snapshot that covers the write",
+        Duration::from_secs(60),
+        || async {
+            let l = c.leader().await?;
+            let newest = c.scheduled_snapshots(l).into_iter().next()?;
+            (newest.revision >= rev).then(|| c.snapshot_dir(l).join(newest.file))
+        },
+    )
+    .await;
+    assert!(
+        file.to_string_lossy().ends_with(".snap.zip"),
+        "{}",
+        file.display()
+    );
+    let out = std::process::Command::new(rkube_bin())
+        .args(["snapshot", "status", "-o", "json"])
+        .arg(&file)
+        .output()
+        .expect("rkube runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(status["compressed"], serde_json::json!(true), "{status}");
+    assert!(status["revision"].as_i64().unwrap_or(0) >= rev, "{status}");
+}
