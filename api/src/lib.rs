@@ -38,6 +38,7 @@ pub mod resources;
 mod reviews;
 pub mod server;
 pub mod services;
+pub mod status_page;
 pub mod storage;
 pub mod strategic;
 pub mod table;

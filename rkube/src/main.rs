@@ -629,6 +629,11 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
             )
             .await?;
             tracing::info!(addr = %api.addr, "serving the Kubernetes API");
+            server
+                .status_page
+                .show_nodes(std::sync::Arc::new(rkube_api::status_page::Nodes::new(
+                    server.node.clone(),
+                )));
             let dns_client = || {
                 api.client(rkube_api::auth::User {
                     name: "system:kube-dns".into(),

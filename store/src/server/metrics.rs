@@ -1,4 +1,5 @@
-//! Operations signals of a member: Prometheus `/metrics`, `/livez` and `/readyz` over HTTP.
+//! Operations signals of a member: Prometheus `/metrics`, `/livez` and `/readyz` over HTTP
+//! (the status page, `status_page.rs`, is served beside them).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct Metrics {
     wal_appends: Gauge,
     /// 1 while this member holds the control-plane endpoint (`endpoint.rs`).
     pub endpoint_held: Gauge,
+    /// Recent events and samples of these metrics, for the status page.
+    pub history: Arc<super::history::History>,
 }
 
 impl Default for Metrics {
@@ -80,6 +83,7 @@ impl Metrics {
             wal_fsyncs: Gauge::default(),
             wal_appends: Gauge::default(),
             endpoint_held: Gauge::default(),
+            history: Arc::default(),
         };
         r.register(
             "endpoint_held",

@@ -1,17 +1,19 @@
 //! One control-plane member (`rkube server`): opens the data dir, starts the Raft node over
 //! sled, serves the peer port (mutual TLS), the etcd v3 client port (mutual TLS unless
-//! insecure), and metrics/health over HTTP, and runs the leader's lease clock and scheduled
+//! insecure), and metrics/health and the status page over HTTP, and runs the leader's lease clock and scheduled
 //! snapshots.
 
 pub mod batcher;
 pub mod datadir;
 pub mod endpoint;
 pub mod etcd;
+pub mod history;
 pub mod metrics;
 pub mod node;
 pub mod peer;
 pub mod recovery;
 pub mod snapshot_schedule;
+pub mod status_page;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -150,6 +152,8 @@ pub struct RunningServer {
     /// Connections accepted at the control-plane endpoint's API address, for the Kubernetes
     /// API server (taken by it; `None` without an endpoint).
     pub endpoint_api: Option<endpoint::Connections>,
+    /// The status page on the metrics port (the API layer adds its nodes to it).
+    pub status_page: status_page::StatusPage,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _data_dir: DataDir,
@@ -308,7 +312,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
 
-    let network = PeerNetwork::new(client_tls);
+    let network = PeerNetwork::new(client_tls.clone());
     let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
@@ -450,9 +454,12 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         }
     }));
 
+    let status_page = status_page::StatusPage::new(node.clone(), client_tls);
     if let Some(addr) = cfg.listen_metrics {
         let listener = bind(addr, "metrics").await?;
-        let app = metrics::router(node.clone());
+        let app = metrics::router(node.clone()).merge(status_page.router());
+        tasks.push(tokio::spawn(history::record(node.clone(), stopped())));
+        tasks.push(tokio::spawn(status_page.clone().poll_members(stopped())));
         let stop_http = stopped();
         tasks.push(tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app)
@@ -503,6 +510,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     Ok(RunningServer {
         node,
         endpoint_api,
+        status_page,
         stop,
         tasks,
         _data_dir: data_dir,

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, NaiveDateTime, SubsecRound, Utc};
 use tokio::time::MissedTickBehavior;
 
+use super::history::EventKind;
 use super::node::Node;
 use crate::backup::{self, BackupError, BackupInfo};
 use crate::error::StorageError;
@@ -317,6 +318,14 @@ async fn snapshot_once(node: &Node, schedule: &SnapshotSchedule) {
                 .observe(started.elapsed().as_secs_f64());
             m.scheduled_snapshot_last_success
                 .set(Utc::now().timestamp());
+            m.history.record(EventKind::ScheduledSnapshot {
+                file: taken
+                    .path
+                    .file_name()
+                    .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+                revision: taken.info.revision,
+                bytes: taken.size,
+            });
             tracing::info!(
                 file = %taken.path.display(),
                 revision = taken.info.revision,
@@ -338,6 +347,9 @@ async fn snapshot_once(node: &Node, schedule: &SnapshotSchedule) {
         }
         Err(e) => {
             m.scheduled_snapshot_failures.inc();
+            m.history.record(EventKind::ScheduledSnapshotFailed {
+                error: e.to_string(),
+            });
             tracing::error!(error = %e, dir = %schedule.dir.display(), "scheduled snapshot failed");
         }
     }
