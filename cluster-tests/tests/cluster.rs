@@ -36,6 +36,8 @@ mod scheduler;
 mod services;
 #[path = "cluster/snapshots.rs"]
 mod snapshots;
+#[path = "cluster/status_page.rs"]
+mod status_page;
 
 /// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
 /// stopped, remembering every acknowledged key.
