@@ -2044,6 +2044,139 @@ fn staged_commands_end_as_the_same_commands_applied_one_by_one() {
     );
 }
 
+/// A DeleteRange over many keys, some of them changed by commands staged before it in the
+/// same commit (a new version, a new key, a deletion): it deletes each live key once, with
+/// its last version (staged or committed), in key order. Each gets one Delete event whose
+/// previous version is the one the response returns; history replays the same events; and
+/// the trees, results and events are those of the commands applied one by one.
+#[test]
+fn a_delete_range_deletes_each_live_key_once_with_its_last_version() {
+    const KEYS: usize = 3000;
+    let name = |i: usize| format!("k{i:05}");
+    let base = || -> Vec<Command> {
+        let mut cmds = vec![Command::LeaseGrant { id: 9, ttl: 60 }];
+        for i in 0..KEYS {
+            // Every other key is put twice (version 2), every seventh holds the lease.
+            cmds.push(if i % 7 == 0 {
+                put_cmd_lease(&name(i), &format!("v{i}"), 9)
+            } else {
+                cmd_put(&name(i), &format!("v{i}"))
+            });
+            if i % 2 == 0 {
+                cmds.push(cmd_put(&name(i), &format!("w{i}")));
+            }
+        }
+        cmds
+    };
+    let staged_before = vec![
+        cmd_put(&name(500), "staged"),
+        cmd_put("k99999", "a key only staged"),
+        cmd_put("l", "outside the range"),
+        Txn::new().then(op_del(KeyRange::single(name(7)))).cmd(),
+    ];
+    let delete = Txn::new()
+        .then(Op::Delete(DeleteRequest {
+            range: between("k", "l"),
+            prev_kv: true,
+        }))
+        .cmd();
+
+    let one_by_one = new_store();
+    let staged = new_store();
+    for c in base() {
+        apply(&one_by_one, c.clone());
+        apply(&staged, c);
+    }
+    let before = one_by_one.revision();
+    let mut watch_one = one_by_one.subscribe();
+    let mut watch_staged = staged.subscribe();
+    let mut singly: Vec<Applied> = staged_before
+        .iter()
+        .map(|c| apply(&one_by_one, c.clone()))
+        .collect();
+    singly.push(apply(&one_by_one, delete.clone()));
+    let mut changes = staged.changes();
+    let mut together = Vec::new();
+    for c in staged_before.iter().chain([&delete]) {
+        together.push(
+            staged
+                .stage(&mut changes, c)
+                .expect("storage")
+                .expect("staged into one commit"),
+        );
+    }
+    staged.commit(changes).expect("commit");
+    assert_eq!(together, singly, "the same results");
+
+    let revision = before + staged_before.len() as i64 + 1;
+    let result = match &txn_result(&together[staged_before.len()]).responses[0] {
+        OpResult::Delete(d) => d.clone(),
+        other => panic!("a delete response, got {other:?}"),
+    };
+    let mut want: Vec<String> = (0..KEYS).filter(|&i| i != 7).map(name).collect();
+    want.push("k99999".into());
+    assert_eq!(result.deleted, want.len() as i64);
+    assert_eq!(
+        keys(&result.prev_kvs),
+        want,
+        "each live key once, in key order"
+    );
+    for prev in &result.prev_kvs {
+        let i: Option<usize> = String::from_utf8_lossy(&prev.key[1..]).parse().ok();
+        let value = match i {
+            Some(500) => "staged".to_string(),
+            Some(i) if i < KEYS && i % 2 == 0 => format!("w{i}"),
+            Some(i) if i < KEYS => format!("v{i}"),
+            _ => "a key only staged".to_string(),
+        };
+        assert_eq!(prev.value, b(&value), "the last version of {:?}", prev.key);
+        let leased = i.is_some_and(|i| i < KEYS && i % 7 == 0 && i % 2 == 1);
+        assert_eq!(prev.lease, if leased { 9 } else { 0 });
+    }
+    assert!(staged.lease_keys(9).expect("lease keys").is_empty());
+
+    let events = |rx: &mut tokio::sync::broadcast::Receiver<Arc<RevisionBatch>>| {
+        let mut out = Vec::new();
+        while let Ok(batch) = rx.try_recv() {
+            out.push((batch.revision, batch.events.clone()));
+        }
+        out
+    };
+    let live = events(&mut watch_staged);
+    assert_eq!(live, events(&mut watch_one), "the same events");
+    let (last, deletes) = live.last().expect("the delete's revision");
+    assert_eq!(*last, revision);
+    let expected: Vec<Event> = result
+        .prev_kvs
+        .iter()
+        .map(|prev| {
+            let key = String::from_utf8_lossy(&prev.key).into_owned();
+            with_prev(delete_event(&key, revision), prev.clone())
+        })
+        .collect();
+    assert!(
+        *deletes == expected,
+        "one Delete event per key with its previous version"
+    );
+    let replayed = staged
+        .history(&between("k", "l"), revision, revision, true, usize::MAX)
+        .expect("history");
+    assert_eq!(replayed.len(), 1);
+    assert!(
+        replayed[0].events == expected,
+        "history replays the same events"
+    );
+    assert_eq!(
+        bincode::serialize(&staged.dump().expect("dump")).expect("encode"),
+        bincode::serialize(&one_by_one.dump().expect("dump")).expect("encode"),
+        "the same trees"
+    );
+    assert_eq!(
+        range(&staged, req(all())).expect("range").kvs,
+        vec![kv("l", "outside the range", before + 3, before + 3, 1)]
+    );
+}
+
 fn put_cmd_lease(key: &str, value: &str, lease: i64) -> Command {
     Txn::new().then(op_put_lease(key, value, lease)).cmd()
 }

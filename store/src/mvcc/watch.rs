@@ -139,7 +139,18 @@ async fn run(
                 reached = batches.last().map_or(current, |b| b.revision);
             }
             for batch in batches {
-                if !send_batch(&spec, &tx, &delivery, batch.revision, batch.events).await {
+                let events = batch
+                    .events
+                    .into_iter()
+                    .filter(|e| wanted(&spec, e))
+                    .map(|mut e| {
+                        if !spec.prev_kv {
+                            e.prev_kv = None;
+                        }
+                        e
+                    })
+                    .collect();
+                if !send_batch(&tx, &delivery, batch.revision, events).await {
                     return;
                 }
             }
@@ -172,9 +183,23 @@ async fn run(
                     if batch.revision < next {
                         continue;
                     }
-                    if !send_batch(&spec, &tx, &delivery, batch.revision, batch.events.clone())
-                        .await
-                    {
+                    // The batch is shared by every watcher: copy only the events this one
+                    // wants (a DeleteRange's batch holds every deleted version).
+                    let events = batch
+                        .events
+                        .iter()
+                        .filter(|e| wanted(&spec, e))
+                        .map(|e| Event {
+                            kind: e.kind,
+                            kv: e.kv.clone(),
+                            prev_kv: if spec.prev_kv {
+                                e.prev_kv.clone()
+                            } else {
+                                None
+                            },
+                        })
+                        .collect();
+                    if !send_batch(&tx, &delivery, batch.revision, events).await {
                         return;
                     }
                     next = batch.revision + 1;
@@ -190,28 +215,21 @@ async fn run(
     }
 }
 
-/// Filters one revision's events for the watcher and sends them; false when the consumer is gone.
+/// Whether the watcher reports `event`.
+fn wanted(spec: &WatchSpec, event: &Event) -> bool {
+    spec.range.contains(&event.kv.key)
+        && !(spec.no_put && event.kind == EventKind::Put)
+        && !(spec.no_delete && event.kind == EventKind::Delete)
+}
+
+/// Sends one revision's events (those the watcher wants, see [`wanted`]); false when the
+/// consumer is gone.
 async fn send_batch(
-    spec: &WatchSpec,
     tx: &mpsc::Sender<WatchMessage>,
     delivery: &Delivery,
     revision: i64,
     events: Vec<Event>,
 ) -> bool {
-    let events: Vec<Event> = events
-        .into_iter()
-        .filter(|e| spec.range.contains(&e.kv.key))
-        .filter(|e| {
-            !(spec.no_put && e.kind == EventKind::Put)
-                && !(spec.no_delete && e.kind == EventKind::Delete)
-        })
-        .map(|mut e| {
-            if !spec.prev_kv {
-                e.prev_kv = None;
-            }
-            e
-        })
-        .collect();
     if events.is_empty() {
         return !tx.is_closed();
     }

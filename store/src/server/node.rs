@@ -310,24 +310,12 @@ impl Node {
                 bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
                     .map_err(|e| ForwardError::Unavailable(e.to_string()))?
             }
-            // The request may or may not have reached the leader's log: only a read can be
-            // retried safely; a write reports the ambiguity as etcd does.
-            Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
-                Err(ForwardError::Timeout)
-            }
-            Err(_) if !propose => Err(ForwardError::NotLeader),
-            Err(status)
-                if status.code() == tonic::Code::Unavailable && is_connect_error(&status) =>
-            {
-                Err(ForwardError::NotLeader)
-            }
-            // The connection to the leader broke with the write in flight: it may have been
-            // committed or not. etcd's wording for that, which clients know to check.
             Err(status) => {
-                tracing::debug!(leader = format!("{leader:x}"), %status, "forwarded write lost");
-                Err(ForwardError::Unavailable(
-                    "request timed out, possibly due to connection lost".into(),
-                ))
+                let error = forward_failed(&status, propose, Instant::now() >= deadline);
+                if matches!(error, ForwardError::Unavailable(_)) {
+                    tracing::debug!(leader = format!("{leader:x}"), %status, "forwarded write lost");
+                }
+                Err(error)
             }
         }
     }
@@ -937,6 +925,24 @@ impl Node {
 }
 
 /// True when the call failed before any byte reached the peer (so it was never served).
+/// What a forwarded request whose RPC to the leader failed with `status` comes to.
+///
+/// The request may or may not have reached the leader's log: only a read can be retried
+/// safely; a write reports the ambiguity as etcd does. The leader's gRPC server ends a request
+/// at the deadline sent with it as Cancelled ("Timeout expired"), which is a timeout, not a
+/// lost connection.
+fn forward_failed(status: &tonic::Status, propose: bool, deadline_passed: bool) -> ForwardError {
+    match status.code() {
+        tonic::Code::DeadlineExceeded => ForwardError::Timeout,
+        tonic::Code::Cancelled if deadline_passed => ForwardError::Timeout,
+        _ if !propose => ForwardError::NotLeader,
+        tonic::Code::Unavailable if is_connect_error(status) => ForwardError::NotLeader,
+        // The connection to the leader broke with the write in flight: it may have been
+        // committed or not. etcd's wording for that, which clients know to check.
+        _ => ForwardError::Unavailable("request timed out, possibly due to connection lost".into()),
+    }
+}
+
 fn is_connect_error(status: &tonic::Status) -> bool {
     let text = format!("{status:?}").to_lowercase();
     text.contains("connection refused")
@@ -973,4 +979,66 @@ pub fn committed_index(committed: &AtomicU64) -> u64 {
 fn allow_elections(raft: &Raft, elections: &AtomicBool, on: bool) {
     elections.store(on, Ordering::Release);
     raft.runtime_config().elect(on);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    #[test]
+    fn a_failed_forward_is_a_timeout_a_retry_elsewhere_or_a_lost_write() {
+        let timed_out = "etcdserver: request timed out";
+        let lost = "etcdserver: request timed out, possibly due to connection lost";
+        let retry = "etcdserver: leader changed";
+        // (case, status, a write, the deadline passed, what the client is told)
+        let cases = [
+            (
+                "the leader's server ended a write at the deadline sent with it",
+                Status::cancelled("Timeout expired"),
+                true,
+                true,
+                timed_out,
+            ),
+            (
+                "the deadline passed on the way",
+                Status::deadline_exceeded("deadline has elapsed"),
+                true,
+                false,
+                timed_out,
+            ),
+            (
+                "a write cancelled before its deadline",
+                Status::cancelled("operation was canceled"),
+                true,
+                false,
+                lost,
+            ),
+            (
+                "a write whose connection broke",
+                Status::unknown("transport error"),
+                true,
+                false,
+                lost,
+            ),
+            (
+                "a write to a leader that is not listening",
+                Status::unavailable("tcp connect error: Connection refused"),
+                true,
+                false,
+                retry,
+            ),
+            (
+                "a read whose connection broke",
+                Status::unknown("transport error"),
+                false,
+                false,
+                retry,
+            ),
+        ];
+        for (case, status, propose, passed, want) in cases {
+            let got = StoreError::from(forward_failed(&status, propose, passed)).to_string();
+            assert_eq!(got, want, "{case}");
+        }
+    }
 }
