@@ -78,7 +78,7 @@ async fn agents_join_with_a_bootstrap_token_and_run_the_seed_deployment() {
     assert!(nodes.contains("sim://"), "{nodes}");
 
     let manifest = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/manifests/deployment.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/deployment.yaml"),
     )
     .unwrap();
     k.run_with_input(&["apply", "-f", "-"], &manifest)

@@ -809,8 +809,19 @@ impl Node {
 
     /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
     /// leads now.
+    /// Hands the leadership to `to`; returns once this member, too, follows it, so that what
+    /// the client asks this member next already sees the new leader.
     pub async fn move_leader(&self, to: NodeId) -> Result<(), StoreError> {
-        self.to_leader(Forward::MoveLeader(to)).await.map(|_| ())
+        self.to_leader(Forward::MoveLeader(to)).await?;
+        self.raft
+            .wait(Some(self.timing.request_timeout))
+            .metrics(
+                |m| m.current_leader == Some(to),
+                "the new leader known here",
+            )
+            .await
+            .map(|_| ())
+            .map_err(|_| StoreError::Timeout)
     }
 
     /// openraft 0.9 has no leadership transfer of its own, so the leader arranges one: it stops
