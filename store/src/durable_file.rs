@@ -6,8 +6,16 @@ use std::path::Path;
 /// Writes `bytes` to `tmp`, fsyncs it, renames it over `path` and fsyncs the directory (a
 /// rename is durable only once its directory is). `tmp` must be in `path`'s directory.
 pub fn replace(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    replace_parts(path, tmp, &[bytes])
+}
+
+/// [`replace`] with the file's bytes in parts, written one after the other (so that a large
+/// file need not be copied into one buffer first).
+pub fn replace_parts(path: &Path, tmp: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     let mut f = std::fs::File::create(tmp)?;
-    f.write_all(bytes)?;
+    for part in parts {
+        f.write_all(part)?;
+    }
     f.sync_all()?;
     drop(f);
     std::fs::rename(tmp, path)?;

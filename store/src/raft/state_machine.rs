@@ -257,8 +257,15 @@ impl StateMachine {
 
     fn write_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        let bytes = bincode::serialize(file)?;
-        crate::durable_file::replace(&self.dir.join(SNAPSHOT_FILE), &tmp, &bytes)?;
+        // bincode's encoding of the file, in parts: the metadata, then the data as a byte
+        // vector (its length, then the bytes), which is not copied again.
+        let meta = bincode::serialize(&file.meta)?;
+        let len = bincode::serialize(&(file.data.len() as u64))?;
+        crate::durable_file::replace_parts(
+            &self.dir.join(SNAPSHOT_FILE),
+            &tmp,
+            &[&meta, &len, &file.data],
+        )?;
         self.snapshot_durable(&file.meta);
         Ok(())
     }
@@ -291,14 +298,13 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let sm = self.clone();
         let built =
             tokio::task::spawn_blocking(move || -> Result<Snapshot<TypeConfig>, StorageError> {
-                let dump = sm.mvcc.dump()?;
-                let data = bincode::serialize(&dump)?;
                 // The applied id and membership as of the dump, not as of now.
-                let applied: Option<LogId> = match dump.meta(META_APPLIED) {
+                let (data, meta) = sm.mvcc.dump_encoded(&[META_APPLIED, META_MEMBERSHIP])?;
+                let applied: Option<LogId> = match &meta[0] {
                     Some(v) => bincode::deserialize(v)?,
                     None => None,
                 };
-                let membership: StoredMembership = match dump.meta(META_MEMBERSHIP) {
+                let membership: StoredMembership = match &meta[1] {
                     Some(v) => bincode::deserialize(v)?,
                     None => StoredMembership::default(),
                 };
