@@ -389,9 +389,10 @@ struct ServerArgs {
     /// Entries kept in the log behind a snapshot for slow followers.
     #[arg(long, default_value_t = 5_000)]
     snapshot_catchup_entries: u64,
-    /// Longest a client request waits for a leader, a quorum or the apply, milliseconds.
-    #[arg(long, default_value_t = 5_000)]
-    request_timeout: u64,
+    /// Longest a client request waits for a leader, a quorum or the apply, milliseconds
+    /// (default: etcd's, 5 s plus two election timeouts).
+    #[arg(long)]
+    request_timeout: Option<u64>,
     /// Interval of watch progress notifications, seconds.
     #[arg(long, default_value_t = 600)]
     watch_progress_notify_interval: u64,
@@ -468,7 +469,10 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         election_timeout: Duration::from_millis(a.election_timeout),
         snapshot_count: a.snapshot_count,
         snapshot_catchup_entries: a.snapshot_catchup_entries,
-        request_timeout: Duration::from_millis(a.request_timeout),
+        request_timeout: Duration::from_millis(
+            a.request_timeout
+                .unwrap_or(5_000 + 2 * a.election_timeout),
+        ),
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
         quota_backend_bytes: a.quota_backend_bytes,
         force_new_cluster: a.force_new_cluster,
