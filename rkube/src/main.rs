@@ -470,8 +470,7 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
         snapshot_count: a.snapshot_count,
         snapshot_catchup_entries: a.snapshot_catchup_entries,
         request_timeout: Duration::from_millis(
-            a.request_timeout
-                .unwrap_or(5_000 + 2 * a.election_timeout),
+            a.request_timeout.unwrap_or(5_000 + 2 * a.election_timeout),
         ),
         progress_interval: Duration::from_secs(a.watch_progress_notify_interval.max(1)),
         quota_backend_bytes: a.quota_backend_bytes,
