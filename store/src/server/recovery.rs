@@ -213,7 +213,21 @@ pub async fn inspect(dir: &std::path::Path) -> Result<MemberState, InspectError>
     let last = log.get_log_state().await.map_err(raft)?.last_log_id;
     let vote = log.read_vote().await.map_err(raft)?;
     let committed = log.read_committed().await.map_err(raft)?;
-    let config = membership.membership();
+    // The state machine is made durable lazily: a killed member's may be behind its log, and
+    // so may its membership. The log's last membership entry is the newest.
+    let mut config = membership.membership().clone();
+    let from = applied.map_or(0, |l| l.index + 1);
+    if let Some(last) = last.filter(|l| l.index >= from) {
+        for entry in log
+            .try_get_log_entries(from..=last.index)
+            .await
+            .map_err(raft)?
+        {
+            if let openraft::EntryPayload::Membership(m) = entry.payload {
+                config = m;
+            }
+        }
+    }
     let state = MemberState {
         name: record.name,
         member_id: record.member_id,
