@@ -166,29 +166,9 @@ fn decompress(bytes: &[u8]) -> Result<Vec<u8>, BackupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::{Command, DeleteRequest, KeyRange, Op, PutRequest, RangeRequest, TxnRequest};
+    use crate::mvcc::{Command, DeleteRequest, KeyRange, Op, RangeRequest};
 
-    fn txn(store: &MvccStore, ops: Vec<Op>) {
-        store
-            .apply(
-                &Command::Txn(TxnRequest {
-                    compare: vec![],
-                    success: ops,
-                    failure: vec![],
-                }),
-                vec![],
-            )
-            .expect("apply");
-    }
-
-    fn put(key: &str, value: &str, lease: i64) -> Op {
-        Op::Put(PutRequest {
-            key: key.into(),
-            value: value.into(),
-            lease,
-            ..Default::default()
-        })
-    }
+    use crate::mvcc::test_ops::{put, txn};
 
     fn empty_store() -> MvccStore {
         let db = sled::Config::new().temporary(true).open().expect("db");

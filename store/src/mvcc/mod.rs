@@ -8,6 +8,8 @@ pub mod types;
 pub mod watch;
 
 #[cfg(test)]
+pub(crate) mod test_ops;
+#[cfg(test)]
 mod tests;
 
 pub use store::{

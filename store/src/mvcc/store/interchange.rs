@@ -146,29 +146,9 @@ impl Dump {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::{Command, DeleteRequest, KeyRange, MvccStore, Op, PutRequest, TxnRequest};
+    use crate::mvcc::{Command, DeleteRequest, KeyRange, MvccStore, Op};
 
-    fn txn(store: &MvccStore, ops: Vec<Op>) {
-        store
-            .apply(
-                &Command::Txn(TxnRequest {
-                    compare: vec![],
-                    success: ops,
-                    failure: vec![],
-                }),
-                vec![],
-            )
-            .expect("apply");
-    }
-
-    fn put(key: &str, value: &str, lease: i64) -> Op {
-        Op::Put(PutRequest {
-            key: key.into(),
-            value: value.into(),
-            lease,
-            ..Default::default()
-        })
-    }
+    use crate::mvcc::test_ops::{put, txn};
 
     /// The dump's trees that are state (not Raft's or the member's metadata).
     fn state(dump: &Dump) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> {
