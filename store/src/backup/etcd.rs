@@ -209,14 +209,9 @@ fn to_db(dump: &Dump) -> Result<Bucket, StorageError> {
     Ok(root)
 }
 
-/// A snapshot file of the dump's state: the database, then its SHA-256.
-pub fn encode(dump: &Dump) -> Result<(BackupInfo, Vec<u8>), StorageError> {
-    let root = to_db(dump)?;
-    let mut bytes = bolt::write(&root).map_err(|e| StorageError::Corrupt(e.to_string()))?;
-    let etcd = status(&root, bytes.len() as u64);
-    let sum = Sha256::digest(&bytes);
-    bytes.extend_from_slice(&sum);
-    let info = BackupInfo {
+/// What a snapshot of `dump` holds, with what etcdctl shows of its file.
+fn info(dump: &Dump, etcd: EtcdStatus) -> BackupInfo {
+    BackupInfo {
         format: Format::Etcd,
         compressed: false,
         revision: dump.revision(),
@@ -224,7 +219,17 @@ pub fn encode(dump: &Dump) -> Result<(BackupInfo, Vec<u8>), StorageError> {
         keys: dump.key_count() as u64,
         hash: dump.hash_kv(),
         etcd: Some(etcd),
-    };
+    }
+}
+
+/// A snapshot file of the dump's state: the database, then its SHA-256.
+pub fn encode(dump: &Dump) -> Result<(BackupInfo, Vec<u8>), StorageError> {
+    let root = to_db(dump)?;
+    let mut bytes = bolt::write(&root).map_err(|e| StorageError::Corrupt(e.to_string()))?;
+    let etcd = status(&root, bytes.len() as u64);
+    let sum = Sha256::digest(&bytes);
+    bytes.extend_from_slice(&sum);
+    let info = info(dump, etcd);
     Ok((info, bytes))
 }
 
@@ -299,15 +304,7 @@ pub fn decode(bytes: &[u8], skip_hash_check: bool) -> Result<(BackupInfo, Dump),
     }
     let etcd = status(&db.root, db.size());
     let dump = from_db(&db.root)?;
-    let info = BackupInfo {
-        format: Format::Etcd,
-        compressed: false,
-        revision: dump.revision(),
-        compact_revision: dump.compact_revision(),
-        keys: dump.key_count() as u64,
-        hash: dump.hash_kv(),
-        etcd: Some(etcd),
-    };
+    let info = info(&dump, etcd);
     Ok((info, dump))
 }
 
