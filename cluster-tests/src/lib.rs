@@ -190,6 +190,12 @@ impl Drop for Turn {
     }
 }
 
+/// The machine to this test alone, for tests whose servers are not started through this crate
+/// (the compose deployment's containers): the turn ends when the guard is dropped.
+pub fn machine_turn() -> impl Drop + Send {
+    Turn::take()
+}
+
 fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
