@@ -11,6 +11,7 @@ pub mod history;
 pub mod metrics;
 pub mod node;
 pub mod peer;
+pub mod read_rounds;
 pub mod recovery;
 pub mod snapshot_schedule;
 pub mod status_page;

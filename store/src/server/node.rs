@@ -15,6 +15,7 @@ use tonic::transport::Channel;
 
 use super::batcher::Batcher;
 use super::metrics::Metrics;
+use super::read_rounds::ReadRounds;
 use crate::error::{MvccError, StoreError};
 use crate::mvcc::{AlarmKind, Applied, Command, MvccStore};
 use crate::proto::peer::peer_client::PeerClient;
@@ -146,6 +147,8 @@ pub struct Node {
     elections: Arc<AtomicBool>,
     /// Group commit of this member's proposals while it leads.
     batcher: Batcher,
+    /// Read-index rounds shared by concurrent linearizable reads on this member.
+    read_rounds: ReadRounds,
 }
 
 /// The leader's view of when each lease expires. Kept in memory only: a new leader starts every
@@ -197,6 +200,7 @@ impl Node {
             transferring: AtomicBool::new(false),
             elections: Arc::new(AtomicBool::new(true)),
             batcher,
+            read_rounds: ReadRounds::default(),
         }
     }
 
@@ -481,15 +485,19 @@ impl Node {
 
     /// Returns once this member has applied everything committed before the call: the
     /// read-index protocol (the leader confirms its leadership with a quorum).
+    /// Concurrent reads share read-index rounds (`ReadRounds`).
     pub async fn linearizable_barrier(&self) -> Result<(), StoreError> {
-        let index = match self.to_leader(Forward::ReadIndex).await? {
-            ForwardReply::ReadIndex(i) => i,
-            other => {
-                return Err(StoreError::Unavailable(format!(
-                    "unexpected reply from leader: {other:?}"
-                )))
-            }
-        };
+        let index = self
+            .read_rounds
+            .index(|| async {
+                match self.to_leader(Forward::ReadIndex).await? {
+                    ForwardReply::ReadIndex(i) => Ok(i),
+                    other => Err(StoreError::Unavailable(format!(
+                        "unexpected reply from leader: {other:?}"
+                    ))),
+                }
+            })
+            .await?;
         self.raft
             .wait(Some(self.timing.request_timeout))
             .applied_index_at_least(Some(index), "linearizable read")
