@@ -658,7 +658,7 @@ const CPU_PERIOD: i64 = 100_000;
 pub fn linux_resources(container: &Value) -> pb::LinuxContainerResources {
     let q = |path: &str| {
         container.pointer(path).and_then(|v| match v {
-            Value::String(s) => rkube_api::quota::parse_quantity(s),
+            Value::String(s) => rkube_core::quantity::parse_quantity(s),
             Value::Number(n) => n.as_f64().map(|f| (f * 1_000_000_000.0) as i128),
             _ => None,
         })

@@ -36,7 +36,7 @@ pub struct Identity {
 
 impl Identity {
     fn from_pem(cert_pem: String, key_pem: String) -> Result<Identity> {
-        let (not_before, not_after) = rkube_store::pki::validity(cert_pem.as_bytes())?;
+        let (not_before, not_after) = rkube_pki::validity(cert_pem.as_bytes())?;
         Ok(Identity {
             cert_pem,
             key_pem,
@@ -122,7 +122,7 @@ pub fn describe(e: &kube::Error) -> String {
 /// Discovery: the cluster CA, once the server proved it knows `token` and the CA matches the
 /// `pin` (`sha256:<hex>` of its SubjectPublicKeyInfo). Errors that may pass are [`Retry`].
 pub async fn discover(server: &str, token: &str, pin: &str) -> Result<String> {
-    let (id, secret) = rkube_api::bootstrap_token::parse(token).ok_or_else(|| {
+    let (id, secret) = rkube_core::bootstrap_token::parse(token).ok_or_else(|| {
         anyhow!("the token {token:?} is not a bootstrap token: it must look like [a-z0-9]{{6}}.[a-z0-9]{{16}}")
     })?;
     let pin = pin.trim().to_ascii_lowercase();
@@ -149,7 +149,7 @@ pub async fn discover(server: &str, token: &str, pin: &str) -> Result<String> {
             "there is no JWS signed token in the cluster-info ConfigMap at {server}: the token id {id:?} is invalid for this cluster, or it has expired"
         ))
     })?;
-    if !rkube_api::bootstrap_token::verify_detached_jws(jws, kubeconfig, id, secret) {
+    if !rkube_core::bootstrap_token::verify_detached_jws(jws, kubeconfig, id, secret) {
         bail!("the cluster-info ConfigMap at {server} is not signed by this token: failed to verify JWS signature of received cluster info object, can't trust this API server");
     }
     let doc: Value = serde_yaml::from_str(kubeconfig).context("the cluster-info kubeconfig")?;
@@ -158,7 +158,7 @@ pub async fn discover(server: &str, token: &str, pin: &str) -> Result<String> {
         .and_then(Value::as_str)
         .ok_or_else(|| anyhow!("the cluster-info kubeconfig names no certificate authority"))?;
     let ca_pem = String::from_utf8(STANDARD.decode(ca_b64)?)?;
-    let actual = rkube_store::pki::ca_spki_sha256(ca_pem.as_bytes())?;
+    let actual = rkube_pki::ca_spki_sha256(ca_pem.as_bytes())?;
     if actual != pin {
         bail!("cluster CA found in cluster-info ConfigMap is invalid: none of the public keys \"{actual}\" are pinned (--discovery-token-ca-cert-hash {pin})");
     }
@@ -203,13 +203,12 @@ pub async fn discover_any(
 /// Sends a CSR for `node`'s client certificate as the holder of `auth` and waits for the
 /// certificate.
 async fn request_certificate(client: kube::Client, node: &str) -> Result<Identity> {
-    let (csr_pem, key_pem) =
-        rkube_store::pki::new_csr(&format!("system:node:{node}"), &["system:nodes"])?;
+    let (csr_pem, key_pem) = rkube_pki::new_csr(&format!("system:node:{node}"), &["system:nodes"])?;
     let csr: CertificateSigningRequest = serde_json::from_value(json!({
         "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
         "metadata": {"generateName": "node-csr-"},
         "spec": {"request": STANDARD.encode(&csr_pem),
-                 "signerName": rkube_api::certificates::KUBELET_CLIENT_SIGNER,
+                 "signerName": rkube_pki::KUBELET_CLIENT_SIGNER,
                  "usages": ["digital signature", "client auth"]}}))?;
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let created = api
@@ -416,7 +415,7 @@ fn save(dir: &Path, ca_pem: &str, id: &Identity) -> Result<()> {
         both.push('\n');
     }
     both.push_str(&id.key_pem);
-    rkube_store::pki::write_private(
+    rkube_pki::write_private(
         &dir.join(IDENTITY_FILE),
         both.as_bytes(),
         "node client certificate",

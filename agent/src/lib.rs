@@ -139,7 +139,7 @@ fn resources(node: &mut NodeConfig, detect_on: Option<&std::path::Path>) {
         node.ephemeral_storage = detected(size, "100Gi");
     }
     let bytes = |q: &str| {
-        rkube_api::quota::parse_quantity(q)
+        rkube_core::quantity::parse_quantity(q)
             .and_then(|nanos| u64::try_from(nanos / 1_000_000_000).ok())
     };
     node.allocatable_memory = match bytes(&node.memory) {

@@ -255,13 +255,13 @@ async fn stream(url: String, mut req: Request<hyper::body::Incoming>) -> Respons
         Err(e) => return failed(&e),
     };
     let client = hyper::upgrade::on(&mut req);
-    let upgrade = rkube_api::nodeproxy::UpgradeRequest {
+    let upgrade = rkube_core::upgrade::UpgradeRequest {
         method: req.method(),
         path_and_query: path.as_str(),
         headers: req.headers(),
         client,
     };
-    match rkube_api::nodeproxy::upgrade_through(tcp, authority.as_str(), upgrade).await {
+    match rkube_core::upgrade::upgrade_through(tcp, authority.as_str(), upgrade).await {
         Ok(resp) => resp.map(|b| b.map_err(std::io::Error::other).boxed()),
         Err(e) => failed(&e),
     }

@@ -80,7 +80,7 @@ impl crate::handler::Api {
             })
             .filter(|t| !t.is_empty())
             .ok_or_else(unauthorized)?;
-        if let Some((id, secret)) = crate::bootstrap_token::parse(token) {
+        if let Some((id, secret)) = rkube_core::bootstrap_token::parse(token) {
             return self.authenticate_bootstrap_token(id, secret).await;
         }
         self.authenticate_token(token).await
@@ -93,7 +93,7 @@ impl crate::handler::Api {
             .ok_or_else(|| ApiError::internal("secrets are served"))?;
         let key = res.key(
             Some("kube-system"),
-            &format!("{}{id}", crate::bootstrap_token::SECRET_PREFIX),
+            &format!("{}{id}", rkube_core::bootstrap_token::SECRET_PREFIX),
         );
         let stored = match self.store.get(&key, Freshness::Any).await? {
             Some(s) => Some(s),

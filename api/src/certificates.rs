@@ -9,8 +9,7 @@ use serde_json::{json, Value};
 use crate::auth::User;
 use crate::error::{ApiError, Cause};
 
-pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+use rkube_pki::KUBELET_CLIENT_SIGNER;
 
 /// Records the requesting user in the CSR's spec and drops any status the body carried.
 pub fn stamp(user: &User, csr: &mut Value) {
@@ -86,7 +85,7 @@ pub fn validate(csr: &Value) -> Result<(), ApiError> {
             "Required value: a base64-encoded PEM CERTIFICATE REQUEST".into(),
         )
     })?;
-    let subject = rkube_store::pki::parse_csr(&pem)
+    let subject = rkube_pki::parse_csr(&pem)
         .map_err(|e| invalid("spec.request", format!("Invalid value: []byte{{...}}: {e}")))?;
     if let Some(secs) = csr.pointer("/spec/expirationSeconds") {
         if secs.as_i64().is_none_or(|s| s < 600) {
@@ -137,7 +136,7 @@ mod tests {
     use super::*;
 
     fn csr(cn: &str, o: &[&str], usages: &[&str]) -> Value {
-        let (pem, _) = rkube_store::pki::new_csr(cn, o).unwrap();
+        let (pem, _) = rkube_pki::new_csr(cn, o).unwrap();
         json!({"metadata": {"name": "x"}, "spec": {
             "request": STANDARD.encode(pem), "signerName": KUBELET_CLIENT_SIGNER,
             "usages": usages}, "status": {"certificate": "Zm9v"}})

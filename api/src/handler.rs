@@ -2539,7 +2539,7 @@ mod robustness {
             let _ = q.dry_run();
             let segs: Vec<&str> = text.split('/').collect();
             let _ = parse_target("", "v1", &segs);
-            let _ = crate::quota::parse_quantity(&text);
+            let _ = rkube_core::quantity::parse_quantity(&text);
             // Authentication and authorization: random tokens, RBAC objects and requests.
             let _ = tokens.verify(&text);
             let folder = folders[round % folders.len()];

@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::quota::parse_quantity;
+use rkube_core::quantity::parse_quantity;
 
 fn container_items(range: &Value) -> impl Iterator<Item = &Value> {
     range

@@ -8,6 +8,8 @@
 use std::sync::Arc;
 
 use axum::body::Body;
+use rkube_core::upgrade::upgrade_through;
+pub use rkube_core::upgrade::UpgradeRequest;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
@@ -147,60 +149,4 @@ pub async fn upgrade(
     upgrade_through(stream, &format!("{host}:{port}"), request)
         .await
         .map_err(|e| unreachable(host, port, &path, &e))
-}
-
-/// The headers that carry a streaming upgrade and its protocol negotiation.
-const UPGRADE_HEADERS: [&str; 3] = ["connection", "upgrade", "x-stream-protocol-version"];
-
-/// An upgrade request to pass on: the client's method, headers and (once answered) connection.
-pub struct UpgradeRequest<'a> {
-    pub method: &'a hyper::Method,
-    pub path_and_query: &'a str,
-    pub headers: &'a hyper::HeaderMap,
-    pub client: hyper::upgrade::OnUpgrade,
-}
-
-/// Sends an upgrade request over `io` (the API server toward an agent, an agent toward its
-/// runtime's streaming server) and, when the far side switches protocols, joins its upgraded
-/// connection with the client's. The far side's answer is returned either way: a 101 to pass
-/// on, or its refusal.
-pub async fn upgrade_through<IO>(
-    io: IO,
-    host: &str,
-    request: UpgradeRequest<'_>,
-) -> Result<hyper::Response<hyper::body::Incoming>, hyper::Error>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
-{
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
-    let mut req = hyper::Request::builder()
-        .method(request.method)
-        .uri(request.path_and_query)
-        .header("host", host);
-    for (k, v) in request.headers {
-        if UPGRADE_HEADERS.contains(&k.as_str()) {
-            req = req.header(k, v);
-        }
-    }
-    let req = req
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .expect("a request of parts already parsed");
-    let mut resp = sender.send_request(req).await?;
-    if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS {
-        let far = hyper::upgrade::on(&mut resp);
-        let client = request.client;
-        tokio::spawn(async move {
-            let (Ok(far), Ok(client)) = tokio::join!(far, client) else {
-                return;
-            };
-            let mut far = hyper_util::rt::TokioIo::new(far);
-            let mut client = hyper_util::rt::TokioIo::new(client);
-            let _ = tokio::io::copy_bidirectional(&mut far, &mut client).await;
-        });
-    }
-    Ok(resp)
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use rkube_store::pki::TlsMaterial;
+use rkube_pki::TlsMaterial;
 use rkube_store::server::node::Node;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};

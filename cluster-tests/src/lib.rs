@@ -431,7 +431,7 @@ impl Cluster {
             metrics: format!("127.0.0.1:{}", base + 2),
         };
         let pki = self.path().join("pki");
-        rkube_store::pki::issue(
+        rkube_pki::issue(
             &pki,
             name,
             name,

@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use rkube_api::bootstrap_token;
-use rkube_api::certificates::{request_pem, CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
+use rkube_api::certificates::request_pem;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_store::pki::CsrSigner;
+use rkube_core::bootstrap_token;
+use rkube_pki::CsrSigner;
+use rkube_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 use serde_json::{json, Value};
 
 use crate::ignore_gone;
@@ -152,7 +153,7 @@ impl CsrController {
         let Some(pem) = request_pem(csr) else {
             return Ok(false);
         };
-        let Ok(subject) = rkube_store::pki::parse_csr(&pem) else {
+        let Ok(subject) = rkube_pki::parse_csr(&pem) else {
             return Ok(false);
         };
         let username = s(csr, "/spec/username");

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use rkube_store::pki;
+use rkube_pki as pki;
 use rkube_store::proto::etcdserverpb as pb;
 use serde_json::{json, Value};
 

@@ -489,18 +489,18 @@ fn server_config(a: ServerArgs) -> Result<ServerConfig> {
 fn certificate_settings(
     args: &ServerArgs,
 ) -> Result<Option<rkube_controllers::certificates::Settings>> {
-    let key = args.pki.join(rkube_store::pki::CA_KEY_FILE);
+    let key = args.pki.join(rkube_pki::CA_KEY_FILE);
     let (Some(listen), true) = (args.listen_api, key.exists()) else {
         return Ok(None);
     };
-    let ca_pem = std::fs::read_to_string(args.pki.join(rkube_store::pki::CA_CERT_FILE))
+    let ca_pem = std::fs::read_to_string(args.pki.join(rkube_pki::CA_CERT_FILE))
         .context("reading the cluster CA certificate")?;
     let server_url = args
         .advertise_api_url
         .clone()
         .unwrap_or_else(|| format!("https://{listen}"));
     Ok(Some(rkube_controllers::certificates::Settings {
-        signer: std::sync::Arc::new(rkube_store::pki::CsrSigner::load(&args.pki)?),
+        signer: std::sync::Arc::new(rkube_pki::CsrSigner::load(&args.pki)?),
         ca_pem,
         server_url,
         // Kubernetes' shortest: 10 minutes (certificates are backdated 5 minutes for clock skew).
@@ -584,7 +584,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     let sa_key_file = args
         .service_account_key_file
         .clone()
-        .unwrap_or_else(|| args.pki.join(rkube_store::pki::SA_KEY_FILE));
+        .unwrap_or_else(|| args.pki.join(rkube_pki::SA_KEY_FILE));
     let controller_settings = rkube_controllers::Settings {
         node_lifecycle: rkube_controllers::nodelifecycle::Settings {
             monitor_period: args.node_monitor_period.max(Duration::from_millis(100)),
@@ -597,117 +597,116 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
     };
     let cfg = server_config(args)?;
     let kubelet_client_dir = cfg.pki_dir.clone();
-    let tls_files = rkube_store::pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
+    let tls_files = rkube_pki::TlsFiles::for_member(&cfg.pki_dir, &cfg.name);
     let mut server = rkube_store::server::start(cfg).await?;
-    let api = match listen_api {
-        Some(listen) => {
-            let tls = tls_files.load()?;
-            let (sa_private, sa_public) = rkube_store::pki::load_service_account_key(&sa_key_file)
+    let api =
+        match listen_api {
+            Some(listen) => {
+                let tls = tls_files.load()?;
+                let (sa_private, sa_public) = rkube_pki::load_service_account_key(&sa_key_file)
                 .with_context(|| {
                     "the API server signs service account tokens with it; `rkube up` creates it, \
                      and every control-plane member needs a copy of the same file"
                 })?;
-            let api = rkube_api::start(
-                server.node.clone(),
-                rkube_api::ApiConfig {
-                    listen,
-                    endpoint: server.endpoint_api.take(),
-                    tls,
-                    service_net,
-                    service_account_key: rkube_api::token::SigningKey::from_pem(
-                        &sa_private,
-                        &sa_public,
-                    )?,
-                    kubelet_client: {
-                        let stem = kubelet_client_dir.join(rkube_store::pki::KUBELET_CLIENT);
-                        match (
-                            std::fs::read(stem.with_extension("crt")),
-                            std::fs::read(stem.with_extension("key")),
-                        ) {
-                            (Ok(c), Ok(k)) => Some((c, k)),
-                            _ => None,
-                        }
-                    },
-                },
-            )
-            .await?;
-            tracing::info!(addr = %api.addr, "serving the Kubernetes API");
-            server
-                .status_page
-                .show_nodes(std::sync::Arc::new(rkube_api::status_page::Nodes::new(
+                let api = rkube_api::start(
                     server.node.clone(),
-                )));
-            let dns_client = || {
-                api.client(rkube_api::auth::User {
-                    name: "system:kube-dns".into(),
-                    groups: vec!["system:masters".into(), "system:authenticated".into()],
-                    ..Default::default()
-                })
-            };
-            if let Some(listen) = listen_dns {
-                let upstream = if dns_upstream.is_empty() {
-                    rkube_api::dns::resolv_conf_servers(
-                        &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
-                    )
-                } else {
-                    dns_upstream
-                        .iter()
-                        .map(|u| {
-                            u.parse::<SocketAddr>().or_else(|_| {
-                                u.parse::<std::net::IpAddr>()
-                                    .map(|ip| SocketAddr::new(ip, 53))
+                    rkube_api::ApiConfig {
+                        listen,
+                        endpoint: server.endpoint_api.take(),
+                        tls,
+                        service_net,
+                        service_account_key: rkube_api::token::SigningKey::from_pem(
+                            &sa_private,
+                            &sa_public,
+                        )?,
+                        kubelet_client: {
+                            let stem = kubelet_client_dir.join(rkube_pki::KUBELET_CLIENT);
+                            match (
+                                std::fs::read(stem.with_extension("crt")),
+                                std::fs::read(stem.with_extension("key")),
+                            ) {
+                                (Ok(c), Ok(k)) => Some((c, k)),
+                                _ => None,
+                            }
+                        },
+                    },
+                )
+                .await?;
+                tracing::info!(addr = %api.addr, "serving the Kubernetes API");
+                server.status_page.show_nodes(std::sync::Arc::new(
+                    rkube_api::status_page::Nodes::new(server.node.clone()),
+                ));
+                let dns_client = || {
+                    api.client(rkube_api::auth::User {
+                        name: "system:kube-dns".into(),
+                        groups: vec!["system:masters".into(), "system:authenticated".into()],
+                        ..Default::default()
+                    })
+                };
+                if let Some(listen) = listen_dns {
+                    let upstream = if dns_upstream.is_empty() {
+                        rkube_api::dns::resolv_conf_servers(
+                            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+                        )
+                    } else {
+                        dns_upstream
+                            .iter()
+                            .map(|u| {
+                                u.parse::<SocketAddr>().or_else(|_| {
+                                    u.parse::<std::net::IpAddr>()
+                                        .map(|ip| SocketAddr::new(ip, 53))
+                                })
                             })
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| anyhow::anyhow!("--dns-upstream: {e}"))?
-                };
-                let cfg = rkube_api::dns::DnsConfig {
-                    listen,
-                    domain: cluster_domain.clone(),
-                    upstream,
-                };
-                let client = dns_client();
-                tokio::spawn(async move {
-                    if let Err(e) = rkube_api::dns::serve(cfg, client).await {
-                        tracing::error!(%listen, error = %e, "cluster DNS is not served");
-                    }
-                });
-                tracing::info!(addr = %listen, "serving cluster DNS");
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(|e| anyhow::anyhow!("--dns-upstream: {e}"))?
+                    };
+                    let cfg = rkube_api::dns::DnsConfig {
+                        listen,
+                        domain: cluster_domain.clone(),
+                        upstream,
+                    };
+                    let client = dns_client();
+                    tokio::spawn(async move {
+                        if let Err(e) = rkube_api::dns::serve(cfg, client).await {
+                            tracing::error!(%listen, error = %e, "cluster DNS is not served");
+                        }
+                    });
+                    tracing::info!(addr = %listen, "serving cluster DNS");
+                }
+                tokio::spawn(rkube_api::dns::publish_member(
+                    dns_client(),
+                    member_name.clone(),
+                    api.addr,
+                    listen_dns,
+                ));
+                // The controllers and the scheduler run while this member leads, writing through
+                // the API as a trusted in-process client.
+                let controllers = rkube_controllers::start(
+                    server.node.clone(),
+                    api.client(rkube_api::auth::User {
+                        name: "system:kube-controller-manager".into(),
+                        groups: vec!["system:masters".into(), "system:authenticated".into()],
+                        ..Default::default()
+                    }),
+                    controller_settings,
+                    vec![std::sync::Arc::new(rkube_scheduler::runner::start)],
+                );
+                if let Some(plan) = init_plan {
+                    let admin = api.client(rkube_api::auth::User {
+                        name: "kubernetes-admin".into(),
+                        groups: vec!["system:masters".into(), "system:authenticated".into()],
+                        ..Default::default()
+                    });
+                    tokio::spawn(async move {
+                        if let Err(e) = init::finish_init(admin, plan).await {
+                            eprintln!("Error: {e:#}");
+                        }
+                    });
+                }
+                Some((api, controllers))
             }
-            tokio::spawn(rkube_api::dns::publish_member(
-                dns_client(),
-                member_name.clone(),
-                api.addr,
-                listen_dns,
-            ));
-            // The controllers and the scheduler run while this member leads, writing through
-            // the API as a trusted in-process client.
-            let controllers = rkube_controllers::start(
-                server.node.clone(),
-                api.client(rkube_api::auth::User {
-                    name: "system:kube-controller-manager".into(),
-                    groups: vec!["system:masters".into(), "system:authenticated".into()],
-                    ..Default::default()
-                }),
-                controller_settings,
-                vec![std::sync::Arc::new(rkube_scheduler::runner::start)],
-            );
-            if let Some(plan) = init_plan {
-                let admin = api.client(rkube_api::auth::User {
-                    name: "kubernetes-admin".into(),
-                    groups: vec!["system:masters".into(), "system:authenticated".into()],
-                    ..Default::default()
-                });
-                tokio::spawn(async move {
-                    if let Err(e) = init::finish_init(admin, plan).await {
-                        eprintln!("Error: {e:#}");
-                    }
-                });
-            }
-            Some((api, controllers))
-        }
-        None => None,
-    };
+            None => None,
+        };
     if let Some(plan) = join_plan {
         tokio::spawn(init::promote_when_ready(plan));
     }

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use rand::Rng;
 use serde_json::{json, Value};
 
-use rkube_api::bootstrap_token as bt;
+use rkube_core::bootstrap_token as bt;
 
 #[derive(Debug, Clone, Args)]
 pub struct TokenArgs {
@@ -267,8 +267,8 @@ pub async fn run(args: TokenArgs, command: TokenCommand) -> Result<()> {
 /// own certificate-authority-data.
 fn ca_hash(args: &TokenArgs) -> Result<String> {
     if let Some(dir) = &args.dir {
-        let pem = std::fs::read(dir.join("pki").join(rkube_store::pki::CA_CERT_FILE))?;
-        return Ok(rkube_store::pki::ca_spki_sha256(&pem)?);
+        let pem = std::fs::read(dir.join("pki").join(rkube_pki::CA_CERT_FILE))?;
+        return Ok(rkube_pki::ca_spki_sha256(&pem)?);
     }
     let path = args
         .kubeconfig
@@ -283,5 +283,5 @@ fn ca_hash(args: &TokenArgs) -> Result<String> {
         .and_then(|c| c.certificate_authority_data.clone())
         .ok_or_else(|| anyhow!("the kubeconfig carries no certificate-authority-data"))?;
     let pem = STANDARD.decode(data)?;
-    Ok(rkube_store::pki::ca_spki_sha256(&pem)?)
+    Ok(rkube_pki::ca_spki_sha256(&pem)?)
 }

@@ -392,7 +392,7 @@ fn create(args: &UpArgs) -> Result<LocalCluster> {
 }
 
 fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
-    use rkube_store::pki;
+    use rkube_pki as pki;
     let pki_dir = dir.join("pki");
     pki::init_ca(&pki_dir)?;
     pki::init_service_account_key(&pki_dir)?;
@@ -869,8 +869,7 @@ async fn start_agents(dir: &Path, cluster: &LocalCluster) -> Result<()> {
         .chain(cluster.members.iter().map(|m| m.api_addr()))
         .map(|a| format!("https://{a}"))
         .collect();
-    let ca_hash =
-        rkube_store::pki::ca_spki_sha256(&std::fs::read(abs.join("pki").join("ca.crt"))?)?;
+    let ca_hash = rkube_pki::ca_spki_sha256(&std::fs::read(abs.join("pki").join("ca.crt"))?)?;
     let mut token = None;
     for i in 1..=cluster.agents {
         let name = agent_name(i);

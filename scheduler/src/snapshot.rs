@@ -22,7 +22,7 @@ pub struct Resources {
 
 fn quantity(v: Option<&Value>) -> i128 {
     match v {
-        Some(Value::String(s)) => rkube_api::quota::parse_quantity(s).unwrap_or(0),
+        Some(Value::String(s)) => rkube_core::quantity::parse_quantity(s).unwrap_or(0),
         Some(Value::Number(n)) => i128::from(n.as_i64().unwrap_or(0)) * 1_000_000_000,
         _ => 0,
     }

@@ -7,7 +7,7 @@
 //! - [`backup`]: the snapshot files that `rkube snapshot save`, `Maintenance.Snapshot` and
 //!   scheduled snapshots write (etcd's format) and that restores read.
 //! - [`bolt`]: bbolt's file format, the database etcd's snapshots are.
-//! - [`pki`]: the cluster CA and certificates; every connection is mutual TLS.
+//! - TLS: every connection is mutual TLS with the cluster CA's certificates (crate `rkube-pki`).
 //! - [`failpoints`]: crash points in the write path for chaos tests (`RKUBE_FAILPOINTS`).
 
 pub mod backup;
@@ -16,7 +16,6 @@ pub mod durable_file;
 pub mod error;
 pub mod failpoints;
 pub mod mvcc;
-pub mod pki;
 pub mod raft;
 pub mod server;
 

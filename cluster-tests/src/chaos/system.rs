@@ -444,7 +444,7 @@ impl Drop for System {
 /// The cluster CA, a certificate per member (valid for its own address and the proxies'
 /// address, which is how the other members reach it) and a client certificate.
 fn make_pki(dir: &Path, hosts: &Hosts) -> Result<ClientTlsConfig> {
-    use rkube_store::pki;
+    use rkube_pki as pki;
     pki::init_ca(dir)?;
     for i in 0..hosts.members {
         let sans = vec![

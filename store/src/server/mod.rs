@@ -31,7 +31,6 @@ use tonic::transport::{
 };
 
 use crate::mvcc::{Command, MemberAttrs, MvccStore};
-use crate::pki::TlsFiles;
 use crate::proto::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
     lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
@@ -43,6 +42,7 @@ use crate::raft::state_machine::StateMachine;
 use crate::raft::{Member, Raft};
 use datadir::{DataDir, MemberRecord};
 use node::{cluster_id, member_id, Identity, Node, Timing};
+use rkube_pki::TlsFiles;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterState {
@@ -94,7 +94,7 @@ pub enum ServerError {
     #[error(transparent)]
     DataDir(#[from] datadir::DataDirError),
     #[error(transparent)]
-    Pki(#[from] crate::pki::PkiError),
+    Pki(#[from] rkube_pki::PkiError),
     #[error("cannot open the store in {dir}: {source}")]
     Storage {
         dir: PathBuf,

@@ -336,6 +336,11 @@ pub fn issue(
 }
 
 /// File stem of the certificate the API servers present to node agents (kubeadm's).
+/// Kubernetes' signer of kubelet client certificates (`system:node:<name>` in `system:nodes`).
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// Kubernetes' signer of API client certificates.
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+
 pub const KUBELET_CLIENT: &str = "apiserver-kubelet-client";
 
 /// `dir/apiserver-kubelet-client.{crt,key}`: CN kube-apiserver-kubelet-client, the identity
