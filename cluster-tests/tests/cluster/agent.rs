@@ -1764,13 +1764,13 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
     let dir = c.path().join("rot1");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(pki.join("ca.crt"), dir.join("ca.crt")).unwrap();
-    let (csr, key) = rkube_store::pki::new_csr("system:node:rot1", &["system:nodes"]).unwrap();
-    let cert = rkube_store::pki::CsrSigner::load(&pki)
+    let (csr, key) = rkube_pki::new_csr("system:node:rot1", &["system:nodes"]).unwrap();
+    let cert = rkube_pki::CsrSigner::load(&pki)
         .unwrap()
         .sign(&csr, Duration::from_secs(30), true, false)
         .unwrap();
     let now = chrono::Utc::now().timestamp();
-    let (_, not_after) = rkube_store::pki::validity(cert.as_bytes()).unwrap();
+    let (_, not_after) = rkube_pki::validity(cert.as_bytes()).unwrap();
     assert!(not_after < now + 60, "a certificate about to expire");
     std::fs::write(
         dir.join("kubelet-client-current.pem"),
@@ -1792,7 +1792,7 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
     let _procs = Procs(vec![agent]);
     let renewed = wait_for("the renewed certificate on disk", BOUND, || async {
         let pem = std::fs::read_to_string(dir.join("kubelet-client-current.pem")).ok()?;
-        let (_, not_after) = rkube_store::pki::validity(pem.as_bytes()).ok()?;
+        let (_, not_after) = rkube_pki::validity(pem.as_bytes()).ok()?;
         (not_after > chrono::Utc::now().timestamp() + 3600).then_some(not_after)
     })
     .await;

@@ -154,7 +154,7 @@ async fn rbac_tokens_and_impersonation_with_kubectl() {
 
     // The same with a client certificate of the cluster CA (CN=jane), no impersonation.
     let pki = c.path().join("pki");
-    rkube_store::pki::issue(&pki, "jane", "jane", Some("dev-team"), &[], false, true)
+    rkube_pki::issue(&pki, "jane", "jane", Some("dev-team"), &[], false, true)
         .expect("jane's certificate");
     let jane = kubeconfig_for(
         &k,
