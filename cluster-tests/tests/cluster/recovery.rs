@@ -224,7 +224,7 @@ async fn follower_crashing_after_the_log_fsync_comes_back_with_every_write() {
         .logs(&c)
         .expect("a write after the restart");
     acked.insert("/fp/after".into(), "v".into());
-    super::check_all_present(&c, &[0, 1, 2], "/fp/", &acked).await;
+    super::common::check_all_present(&c, &[0, 1, 2], "/fp/", &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,7 +249,7 @@ async fn follower_crashing_in_apply_and_snapshot_build_comes_back_with_every_wri
     }
     c.spawn_server(follower, &[0, 1, 2], "new", &[])
         .expect("restart the follower");
-    super::check_all_present(&c, &[0, 1, 2], "/fp-sm/", &acked).await;
+    super::common::check_all_present(&c, &[0, 1, 2], "/fp-sm/", &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +281,7 @@ async fn follower_crashing_while_installing_a_snapshot_installs_it_on_restart() 
     }
     c.spawn_server(follower, &[0, 1, 2], "new", &[])
         .expect("restart the follower");
-    super::check_all_present(&c, &[0, 1, 2], "/fp-snap/", &acked).await;
+    super::common::check_all_present(&c, &[0, 1, 2], "/fp-snap/", &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

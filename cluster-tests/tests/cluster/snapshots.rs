@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use cluster_tests::{exclusive_ports, rkube_bin, wait_for, Cluster, Etcdctl, Options};
 
+use super::common::{b64, json};
+
 /// TTL of the story's lease: long enough to outlive the test.
 const LEASE_TTL: i64 = 600;
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
 
 /// What a store holds after the story: `get --prefix /story/ -w json` and the lease.
 #[derive(Debug)]
@@ -105,11 +103,6 @@ async fn assert_same(what: &str, etcdctl: &Etcdctl, before: &Seen, same_revision
         serde_json::json!([b64("/story/leased")]),
         "{what}: {ttl}"
     );
-}
-
-fn b64(s: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 /// A real etcd 3.4 of one member on loopback ports; killed when dropped.

@@ -1,0 +1,139 @@
+//! Helpers several suites share: writers that remember what was acknowledged, the check that
+//! every member has it, a started three-member cluster, and how etcdctl's JSON output reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cluster_tests::{wait_for, Cluster, Options, WithLogs};
+use tokio::sync::Mutex;
+
+/// Writers that put unique keys (`prefix/<writer>/<n>`) round-robin over the members until
+/// stopped, remembering every acknowledged key.
+pub(crate) struct Writers {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    acked: Arc<Mutex<BTreeMap<String, String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    pub(crate) fn start(cluster: &Arc<Cluster>, prefix: &str, writers: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(BTreeMap::new()));
+        let mut tasks = Vec::new();
+        for w in 0..writers {
+            let (cluster, stop, acked, prefix) = (
+                cluster.clone(),
+                stop.clone(),
+                acked.clone(),
+                prefix.to_string(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let member = (w + n as usize) % cluster.members.len();
+                    let key = format!("{prefix}/{w}/{n:06}");
+                    let value = format!("v{w}-{n}");
+                    if cluster.put(member, &key, &value).await.is_ok() {
+                        acked.lock().await.insert(key, value);
+                    } else {
+                        // A failed write may or may not have committed; it is not counted as
+                        // acknowledged. Back off briefly while the cluster recovers.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    n += 1;
+                }
+            }));
+        }
+        Self { stop, acked, tasks }
+    }
+
+    pub(crate) async fn count(&self) -> usize {
+        self.acked.lock().await.len()
+    }
+
+    pub(crate) async fn wait_count(&self, at_least: usize) {
+        wait_for(
+            "writes to be acknowledged",
+            Duration::from_secs(60),
+            || async { (self.count().await >= at_least).then_some(()) },
+        )
+        .await
+    }
+
+    pub(crate) async fn finish(self) -> BTreeMap<String, String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        Arc::try_unwrap(self.acked)
+            .map(|m| m.into_inner())
+            .unwrap_or_default()
+    }
+}
+
+/// Every acknowledged write is on every listed member, and they agree on revision and hash.
+pub(crate) async fn check_all_present(
+    c: &Cluster,
+    members: &[usize],
+    prefix: &str,
+    acked: &BTreeMap<String, String>,
+) {
+    let revision = c.wait_converged(members).await;
+    let mut hashes = BTreeSet::new();
+    for &i in members {
+        let keys: BTreeMap<String, String> = c
+            .local_keys(i, prefix)
+            .await
+            .logs(c)
+            .expect("read keys")
+            .into_iter()
+            .collect();
+        for (k, v) in acked {
+            assert_eq!(
+                keys.get(k),
+                Some(v),
+                "member {} lost acknowledged write {k} (it has {} keys under {prefix}, revision {revision})",
+                c.members[i].name,
+                keys.len()
+            );
+        }
+        hashes.insert(c.hash_kv(i, revision).await.expect("hash"));
+    }
+    assert_eq!(
+        hashes.len(),
+        1,
+        "members disagree on the hash of the keyspace at revision {revision}"
+    );
+}
+
+pub(crate) fn assert_exactly_once_in_order(seen: &[(i64, String)]) {
+    for w in seen.windows(2) {
+        assert!(
+            w[0].0 < w[1].0,
+            "events out of order or repeated: {:?} then {:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+/// A three-member cluster with a leader.
+pub(crate) async fn started_cluster() -> Cluster {
+    let c = Cluster::start(Options::default())
+        .await
+        .expect("cluster starts");
+    c.wait_leader().await;
+    c
+}
+
+/// A `-w json` document.
+pub(crate) fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// How etcdctl's `-w json` writes keys and values.
+pub(crate) fn b64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
