@@ -161,10 +161,6 @@ async fn scheduled_snapshots_are_taken_by_the_leader_rotated_and_restorable() {
             "follower {name} took snapshots while {} was leader",
             c.members[leader].name
         );
-        eprintln!(
-            "DEBUG {name} {:?}",
-            c.metric(f, "rkube_raft_leader_changes_total").await
-        );
         // A member that has seen one leader only, the current one, was never leader itself.
         if c.metric(f, "rkube_raft_leader_changes_total").await == Some(1.0) {
             assert!(

@@ -17,8 +17,8 @@ async fn peers_and_clients_without_a_valid_certificate_are_refused() {
     let ca = std::fs::read(c.path().join("pki/ca.crt")).expect("ca");
     // A stranger's CA and certificate.
     let stranger = tempfile::tempdir().expect("tempdir");
-    rkube_store::pki::init_ca(stranger.path()).expect("other ca");
-    rkube_store::pki::issue(
+    rkube_pki::init_ca(stranger.path()).expect("other ca");
+    rkube_pki::issue(
         stranger.path(),
         "n1",
         "n1",
