@@ -3,6 +3,8 @@
 
 use serde_json::{json, Map, Value};
 
+use rkube_core::selector::LabelSelector;
+
 use crate::error::{ApiError, Cause};
 use crate::resources::Resource;
 
@@ -445,37 +447,6 @@ fn strip_nulls(v: &mut Value) {
     }
 }
 
-pub fn selector_matches_labels(selector: &Value, labels: Option<&Value>) -> bool {
-    let labels = labels.and_then(Value::as_object);
-    let ml = selector.get("matchLabels").and_then(Value::as_object);
-    let ok_labels = ml.is_none_or(|ml| {
-        ml.iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-    });
-    let ok_expr = selector
-        .get("matchExpressions")
-        .and_then(Value::as_array)
-        .is_none_or(|exprs| {
-            exprs.iter().all(|e| {
-                let key = e.get("key").and_then(Value::as_str).unwrap_or("");
-                let got = labels.and_then(|l| l.get(key)).and_then(Value::as_str);
-                let values: Vec<&str> = e
-                    .get("values")
-                    .and_then(Value::as_array)
-                    .map(|vs| vs.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
-                match e.get("operator").and_then(Value::as_str) {
-                    Some("In") => got.is_some_and(|g| values.contains(&g)),
-                    Some("NotIn") => !got.is_some_and(|g| values.contains(&g)),
-                    Some("Exists") => got.is_some(),
-                    Some("DoesNotExist") => got.is_none(),
-                    _ => false,
-                }
-            })
-        });
-    ok_labels && ok_expr
-}
-
 fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
     let spec = object.get("spec");
     if let Some(r) = spec.and_then(|s| s.get("replicas")) {
@@ -522,7 +493,9 @@ fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
                         "Invalid value: {}: empty selector is invalid for deployment"
                             .replace("deployment", &kind.to_lowercase()),
                     ));
-                } else if !selector_matches_labels(sel, template_labels) {
+                } else if !LabelSelector::from_json(sel)
+                    .matches(template_labels.and_then(Value::as_object))
+                {
                     causes.push(invalid(
                         "spec.template.metadata.labels",
                         format!(

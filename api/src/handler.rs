@@ -940,7 +940,8 @@ impl Api {
     }
 
     async fn list(&self, t: &Target, q: &Query, accept: &str) -> Result<Resp, ApiError> {
-        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
         let limit = q.int("limit")?.unwrap_or(0).max(0);
         let (fresh, start) = match q.get("continue").filter(|c| !c.is_empty()) {
@@ -1897,7 +1898,8 @@ impl Api {
     }
 
     async fn delete_collection(&self, t: &Target, q: &Query) -> Result<Resp, ApiError> {
-        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
         let (items, rev, _) = self
             .select(t, &labels, &fields, 0, None, Freshness::Latest)
@@ -2007,7 +2009,8 @@ impl Api {
     }
 
     async fn watch(&self, t: &Target, q: &Query, accept: &str) -> Result<Resp, ApiError> {
-        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))?;
+        let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
+            .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
         let bookmarks = q.flag("allowWatchBookmarks");
         let timeout =

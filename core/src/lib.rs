@@ -1,7 +1,8 @@
 //! What every rkube component shares and that belongs to none of them: Kubernetes' resource
-//! quantities, the bootstrap token format, and passing a streaming upgrade on. The store, the
+//! quantities, label selectors, the bootstrap token format, and passing a streaming upgrade on. The store, the
 //! API, the controllers, the scheduler and the agent depend on it; it depends on none of them.
 
 pub mod bootstrap_token;
 pub mod quantity;
+pub mod selector;
 pub mod upgrade;

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use rkube_core::selector::LabelSelector;
 use serde_json::Value;
 
 /// The value at a path of object keys: `Value::pointer` without its token unescaping, which
@@ -138,11 +139,11 @@ impl PodMeta {
 }
 
 /// A label selector ready to match many pods: plain `matchLabels` compared directly, anything
-/// else through the JSON selector.
+/// else parsed once.
 pub enum Selector {
     Nothing,
     Labels(Vec<(String, String)>),
-    Json(Value),
+    Parsed(LabelSelector),
 }
 
 impl Selector {
@@ -161,19 +162,17 @@ impl Selector {
                     .collect(),
             ),
             None if !expressions => Selector::Labels(Vec::new()),
-            _ => Selector::Json(sel.clone()),
+            _ => Selector::Parsed(LabelSelector::from_json(sel)),
         }
     }
 
-    pub fn matches(&self, meta: &PodMeta, pod: &Value) -> bool {
+    pub fn matches(&self, meta: &PodMeta) -> bool {
         match self {
             Selector::Nothing => false,
             Selector::Labels(want) => want
                 .iter()
                 .all(|(k, v)| meta.labels.get(k).is_some_and(|got| got == v)),
-            Selector::Json(sel) => {
-                rkube_api::admission::selector_matches_labels(sel, at(pod, &["metadata", "labels"]))
-            }
+            Selector::Parsed(sel) => sel.matches_with(|k| meta.labels.get(k).map(String::as_str)),
         }
     }
 }

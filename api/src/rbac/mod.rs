@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use rkube_core::selector::LabelSelector;
 use rkube_store::mvcc::types::{EventKind, KeyRange};
 use rkube_store::mvcc::watch::{self as store_watch, WatchMessage, WatchSpec};
 use rkube_store::server::node::Node;
@@ -517,9 +518,10 @@ impl Authorizer {
                 if other == name {
                     continue;
                 }
-                let picked = selectors
-                    .iter()
-                    .any(|s| crate::admission::selector_matches_labels(s, r.labels.as_ref()));
+                let picked = selectors.iter().any(|s| {
+                    LabelSelector::from_json(s)
+                        .matches(r.labels.as_ref().and_then(Value::as_object))
+                });
                 if picked {
                     for rule in &r.rules {
                         if !rules.contains(rule) {

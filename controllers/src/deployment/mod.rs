@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
 use crate::events::{Recorder, NORMAL};
@@ -140,10 +141,9 @@ impl Controller {
             None => {
                 for d in self.deployments.list(&format!("{ns}/")) {
                     let sel = d.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
-                    if rkube_api::admission::selector_matches_labels(
-                        &sel,
-                        rs.pointer("/metadata/labels"),
-                    ) {
+                    if LabelSelector::from_json(&sel)
+                        .matches(rs.pointer("/metadata/labels").and_then(Value::as_object))
+                    {
                         self.queue.add(&key_of(&d));
                     }
                 }
@@ -175,11 +175,10 @@ impl Controller {
     async fn claim(&self, d: &Value) -> Result<Vec<Value>, ApiError> {
         let ns = s(d, "/metadata/namespace");
         let uid = s(d, "/metadata/uid");
-        let sel = d.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
+        let sel = LabelSelector::from_json(d.pointer("/spec/selector").unwrap_or(&Value::Null));
         let mut out = Vec::new();
         for rs in self.sets.list(&format!("{ns}/")) {
-            let matching =
-                rkube_api::admission::selector_matches_labels(&sel, rs.pointer("/metadata/labels"));
+            let matching = sel.matches(rs.pointer("/metadata/labels").and_then(Value::as_object));
             let path = rs_path(&rs);
             match controller_of(&rs) {
                 Some((_, _, owner)) if owner == uid => {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
 pub use expectations::Expectations;
@@ -111,7 +112,8 @@ fn matches(selector: &Value, pod: &Value) -> bool {
             .and_then(Value::as_array)
             .is_none_or(|e| e.is_empty());
     !empty
-        && rkube_api::admission::selector_matches_labels(selector, pod.pointer("/metadata/labels"))
+        && LabelSelector::from_json(selector)
+            .matches(pod.pointer("/metadata/labels").and_then(Value::as_object))
 }
 
 fn is_active(pod: &Value) -> bool {

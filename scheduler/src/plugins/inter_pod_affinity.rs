@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rkube_core::selector::LabelSelector;
 use serde_json::Value;
 
 use crate::framework::{CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status, MAX_SCORE};
@@ -50,9 +51,8 @@ pub fn term_matches(term: &Value, owner_ns: &str, pod: &Value) -> bool {
     // A null selector matches nothing.
     let selected = term.get("labelSelector").is_some_and(|sel| {
         !sel.is_null()
-            && rkube_api::admission::selector_matches_labels(
-                sel,
-                crate::snapshot::at(pod, &["metadata", "labels"]),
+            && LabelSelector::from_json(sel).matches(
+                crate::snapshot::at(pod, &["metadata", "labels"]).and_then(Value::as_object),
             )
     });
     ns_ok && selected

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
 use crate::framework::{
@@ -47,9 +48,8 @@ fn constraints(pod: &Value) -> Vec<Value> {
 fn selects(c: &Value, pod: &Value) -> bool {
     c.get("labelSelector").is_some_and(|sel| {
         !sel.is_null()
-            && rkube_api::admission::selector_matches_labels(
-                sel,
-                crate::snapshot::at(pod, &["metadata", "labels"]),
+            && LabelSelector::from_json(sel).matches(
+                crate::snapshot::at(pod, &["metadata", "labels"]).and_then(Value::as_object),
             )
     })
 }
@@ -184,10 +184,9 @@ impl PreFilterPlugin for PodTopologySpread {
                 };
                 for (k, (_, selector)) in selectors.iter().enumerate() {
                     matched[k] = node
-                        .pods
+                        .pod_meta
                         .iter()
-                        .zip(&node.pod_meta)
-                        .filter(|(p, m)| m.namespace == ns && !m.deleting && selector.matches(m, p))
+                        .filter(|m| m.namespace == ns && !m.deleting && selector.matches(m))
                         .count() as i64;
                 }
                 for (i, key) in keys.iter().enumerate() {

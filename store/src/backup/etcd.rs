@@ -292,7 +292,7 @@ pub fn decode(bytes: &[u8], skip_hash_check: bool) -> Result<(BackupInfo, Dump),
         // A data dir's database file is whole pages (bbolt grows it ahead of use); anything
         // else after the database is a snapshot's SHA-256 cut short.
         let extra = bytes.len() as u64 - db.size();
-        if extra % db.page_size as u64 != 0 {
+        if !extra.is_multiple_of(db.page_size as u64) {
             return Err(BackupError::Corrupt(format!(
                 "the file ends {extra} bytes after its database, where a saved snapshot has its \
                  32-byte SHA-256: it is cut short"

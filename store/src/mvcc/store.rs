@@ -144,8 +144,11 @@ impl Trees {
 /// A raw copy of every tree: what a Raft snapshot carries.
 #[derive(Serialize, Deserialize)]
 pub struct Dump {
-    trees: Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)>,
+    trees: Vec<(String, Rows)>,
 }
+
+/// A tree's rows, key and value.
+type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
 impl Dump {
     fn rows(&self, tree: &str) -> &[(Vec<u8>, Vec<u8>)] {
@@ -1593,7 +1596,6 @@ impl MvccStore {
     }
 
     /// Replaces the whole state with a dump.
-
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
         let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
         // The last commit's redo is about the state being replaced.
