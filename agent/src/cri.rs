@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
+use rkube_core::json::str_at as s;
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -34,10 +35,6 @@ pub struct Cri {
     /// Cluster DNS servers and domain for pods' resolv.conf.
     dns: Vec<String>,
     domain: String,
-}
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
 /// A container's state as the pod status reports it.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -18,10 +19,6 @@ use crate::join::Clients;
 use crate::NodeConfig;
 
 const TICK: Duration = Duration::from_secs(1);
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
-}
 
 fn rfc3339(nanos: i64) -> Value {
     if nanos <= 0 {

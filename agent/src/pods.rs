@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
@@ -21,10 +22,6 @@ use crate::NodeConfig;
 
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
 /// Pod addresses from the node's pod CIDR (an IPv4 /24 or larger): .1 is the node's bridge,

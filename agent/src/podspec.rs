@@ -10,13 +10,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
+use rkube_core::json::str_at as s;
 use serde_json::Value;
 
 use crate::cri::pb;
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
-}
 
 fn arr<'a>(v: &'a Value, p: &str) -> Vec<&'a Value> {
     v.pointer(p)

@@ -23,6 +23,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use rkube_core::json::str_at as s;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -32,10 +33,6 @@ use crate::join::Clients;
 const MASQ_MARK: &str = "0x4000/0x4000";
 /// How long a client sticks to its endpoint with sessionAffinity ClientIP (Kubernetes' default).
 const DEFAULT_AFFINITY_SECONDS: i64 = 10800;
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
-}
 
 /// The strings of an array field (absent: none).
 fn strings(v: &Value, p: &str) -> Vec<String> {

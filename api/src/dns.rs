@@ -18,6 +18,7 @@ use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SRV};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinEncodable};
+use rkube_core::json::str_at as s;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -42,10 +43,6 @@ pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
         .filter_map(|a| a.trim().parse::<IpAddr>().ok())
         .map(|ip| SocketAddr::new(ip, 53))
         .collect()
-}
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
 /// Serves DNS on UDP and TCP at `cfg.listen` until the process ends.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use rkube_core::json::str_field as s;
 use serde_json::{json, Value};
 
 use crate::auth::User;
@@ -18,10 +19,6 @@ use crate::token::{Grant, ObjectRef, ISSUER};
 const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 const MIN_TOKEN_SECONDS: i64 = 600;
 const MAX_TOKEN_SECONDS: i64 = 1 << 32;
-
-fn s<'a>(v: &'a Value, field: &str) -> &'a str {
-    v.get(field).and_then(Value::as_str).unwrap_or("")
-}
 
 fn user_info(u: &User) -> Value {
     let mut info = json!({"username": u.name, "groups": u.groups});

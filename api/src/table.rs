@@ -3,6 +3,8 @@
 //! `-o wide`). Also PartialObjectMetadata, the metadata-only form.
 
 use chrono::{DateTime, Utc};
+use rkube_core::json::int_at as i;
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::resources::Resource;
@@ -89,14 +91,6 @@ fn age(v: Option<&Value>, now: DateTime<Utc>) -> String {
         .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
         .map(|t| human_duration((now - t.with_timezone(&Utc)).num_seconds()))
         .unwrap_or_else(|| "<unknown>".into())
-}
-
-fn s<'a>(o: &'a Value, ptr: &str) -> &'a str {
-    o.pointer(ptr).and_then(Value::as_str).unwrap_or("")
-}
-
-fn i(o: &Value, ptr: &str) -> i64 {
-    o.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
 }
 
 fn or_none(v: String) -> String {

@@ -20,6 +20,7 @@ use rkube_api::certificates::request_pem;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::bootstrap_token;
+use rkube_core::json::str_at as s;
 use rkube_pki::CsrSigner;
 use rkube_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 use serde_json::{json, Value};
@@ -54,10 +55,6 @@ impl std::fmt::Debug for Settings {
             .field("signing_duration", &self.signing_duration)
             .finish()
     }
-}
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
 fn has_condition(csr: &Value, kind: &str) -> bool {

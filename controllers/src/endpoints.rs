@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::ignore_gone;
@@ -20,10 +21,6 @@ const WORKERS: usize = 2;
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 const SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 /// A Service port resolved for one pod: (name, port number on the pod, protocol).
 type PodPort = (String, i64, String);

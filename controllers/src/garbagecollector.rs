@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::informer::{key_of, Informer};
@@ -54,10 +55,6 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
         "leases",
     ),
 ];
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn owner_uids(o: &Value) -> Vec<String> {
     o.pointer("/metadata/ownerReferences")

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rkube_api::client::LocalClient;
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
@@ -65,10 +66,6 @@ impl Pool {
     fn addresses(&self) -> impl Iterator<Item = Ipv4Addr> {
         (self.first..=self.last).map(Ipv4Addr::from)
     }
-}
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
 }
 
 fn ingress_ips(svc: &Value) -> Vec<Ipv4Addr> {

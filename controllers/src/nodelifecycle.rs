@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::events::{Recorder, NORMAL, WARNING};
@@ -43,10 +44,6 @@ impl Default for Settings {
             eviction_rate: 0.1,
         }
     }
-}
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 fn now() -> String {

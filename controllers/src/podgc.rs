@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rkube_api::client::LocalClient;
-use serde_json::{json, Value};
+use rkube_core::json::str_at as s;
+use serde_json::json;
 use tokio::sync::watch;
 
 use crate::ignore_gone;
@@ -16,10 +17,6 @@ use crate::informer::Informer;
 
 /// kube-controller-manager's --terminated-pod-gc period of checks (gcCheckPeriod).
 pub const CHECK_PERIOD: Duration = Duration::from_secs(20);
-
-fn s<'a>(v: &'a Value, p: &str) -> &'a str {
-    v.pointer(p).and_then(Value::as_str).unwrap_or("")
-}
 
 pub fn run(
     pods: Arc<Informer>,

@@ -14,6 +14,7 @@ use rkube_controllers::events::{Recorder, NORMAL, WARNING};
 use rkube_controllers::informer::{key_of, Informer};
 use rkube_controllers::manager::Informers;
 use rkube_controllers::queue::{Outcome, WorkQueue};
+use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -23,10 +24,6 @@ use crate::framework::{schedule_from, Profile};
 pub const SCHEDULER_NAME: &str = "default-scheduler";
 /// How soon an unschedulable pod is tried again without any change in the cluster.
 const RETRY: Duration = Duration::from_secs(10);
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
 
 fn wants_scheduling(pod: &Value) -> bool {
     s(pod, "/spec/nodeName").is_empty()

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::json::int_at as int;
+use rkube_core::json::str_at as s;
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
@@ -28,14 +30,6 @@ pub const REVISION: &str = "deployment.kubernetes.io/revision";
 const DESIRED: &str = "deployment.kubernetes.io/desired-replicas";
 const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
 const WORKERS: usize = 4;
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
-}
-
-fn int(v: &Value, pointer: &str) -> i64 {
-    v.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
-}
 
 fn revision(rs: &Value) -> i64 {
     s(

@@ -2,11 +2,8 @@
 //! reads: Available (enough pods available) and Progressing (what the rollout is doing, or that
 //! it missed its progress deadline).
 
+use rkube_core::json::int_at as int;
 use serde_json::{json, Value};
-
-fn int(v: &Value, pointer: &str) -> i64 {
-    v.pointer(pointer).and_then(Value::as_i64).unwrap_or(0)
-}
 
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
+use rkube_core::json::str_at as s;
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
@@ -65,10 +66,6 @@ pub struct Controller {
     queue: Arc<WorkQueue>,
     expectations: Arc<Expectations>,
     recorder: Recorder,
-}
-
-fn s<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
 /// The controller owner reference of an object, if any: (kind, name, uid).

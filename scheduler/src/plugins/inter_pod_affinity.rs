@@ -5,15 +5,12 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rkube_core::json::str_field as s;
 use rkube_core::selector::LabelSelector;
 use serde_json::Value;
 
 use crate::framework::{CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status, MAX_SCORE};
 use crate::snapshot::NodeInfo;
-
-fn s<'a>(v: &'a Value, f: &str) -> &'a str {
-    v.get(f).and_then(Value::as_str).unwrap_or("")
-}
 
 fn terms<'a>(pod: &'a Value, kind: &str, when: &str) -> Vec<&'a Value> {
     let field = if when == "required" {

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rkube_core::json::str_field as s;
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
@@ -13,10 +14,6 @@ use crate::framework::{
 };
 use crate::plugins::node_affinity::NodeAffinity;
 use crate::snapshot::{NodeInfo, Selector};
-
-fn s<'a>(v: &'a Value, f: &str) -> &'a str {
-    v.get(f).and_then(Value::as_str).unwrap_or("")
-}
 
 /// The pod's constraints, or the system defaults for an owned pod.
 fn constraints(pod: &Value) -> Vec<Value> {
