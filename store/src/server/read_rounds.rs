@@ -5,12 +5,14 @@
 //! linearizability needs. Without it every read costs the leader one heartbeat round to all
 //! followers.
 //!
-//! No task of its own: the first caller drives rounds while others wait. A driver whose caller
-//! goes away (a client that hung up) drops the waiters' answers, and they ask again, so no read
-//! waits on a driver that is gone.
+//! No task of its own: the first caller drives rounds while others wait, and hands the turn to
+//! a waiter when its own round is done. A turn dropped while held — its driver's caller went
+//! away (a client that hung up), or it was handed to a waiter whose caller went away before it
+//! looked — drops the waiters' answers, and they ask again, so no read waits on a driver that is
+//! gone.
 
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
@@ -19,7 +21,7 @@ use crate::error::StoreError;
 enum Answer {
     Index(Result<u64, Shared>),
     /// The previous driver finished its own round: this waiter drives the next one.
-    Drive,
+    Drive(Driving),
 }
 
 #[derive(Default)]
@@ -30,25 +32,40 @@ struct State {
 
 #[derive(Default)]
 pub struct ReadRounds {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
-/// Ends a driver's turn when its caller goes away mid-round: waiters are told to ask again.
-struct Driving<'a>(&'a ReadRounds);
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
 
-impl Drop for Driving<'_> {
-    fn drop(&mut self) {
-        let mut s = self.0.lock();
+/// The turn to drive rounds. Dropped while still held — its driver's caller went away, or it
+/// was handed to a waiter whose caller went away before it looked — it ends the turn and tells
+/// the waiters to ask again, so that one of them drives; no read waits on a driver that is gone.
+struct Driving {
+    state: Arc<Mutex<State>>,
+    held: bool,
+}
+
+impl Driving {
+    /// Ends the turn with nobody waiting.
+    fn finish(mut self, s: &mut State) {
         s.driving = false;
-        s.waiting.clear();
+        self.held = false;
+    }
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        if self.held {
+            let mut s = lock(&self.state);
+            s.driving = false;
+            s.waiting.clear();
+        }
     }
 }
 
 impl ReadRounds {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The read index for a read that arrives now, from `round` (one read-index request to the
     /// leader) shared with the reads that arrive while the last round is still out.
     pub async fn index<F, Fut>(&self, round: F) -> Result<u64, StoreError>
@@ -58,43 +75,46 @@ impl ReadRounds {
     {
         loop {
             let (tx, rx) = oneshot::channel();
-            let drive = {
-                let mut s = self.lock();
+            let turn = {
+                let mut s = lock(&self.state);
                 if s.driving {
                     s.waiting.push(tx);
-                    false
+                    None
                 } else {
                     s.driving = true;
-                    true
+                    Some(Driving {
+                        state: self.state.clone(),
+                        held: true,
+                    })
                 }
             };
-            if !drive {
-                match rx.await {
+            let mut driving = match turn {
+                Some(d) => d,
+                None => match rx.await {
                     Ok(Answer::Index(r)) => return r.map_err(Shared::into_error),
-                    Ok(Answer::Drive) => {}
+                    Ok(Answer::Drive(d)) => d,
                     // The driver's caller went away: ask again.
                     Err(_) => continue,
-                }
-            }
-            let driving = Driving(self);
+                },
+            };
             // Everyone waiting now arrived before this round is sent.
-            let batch = std::mem::take(&mut self.lock().waiting);
+            let batch = std::mem::take(&mut lock(&self.state).waiting);
             let result = round().await;
             let shared = result.as_ref().map(|i| *i).map_err(Shared::from_error);
             for tx in batch {
                 let _ = tx.send(Answer::Index(shared.clone()));
             }
             // Hand the next round to a waiter, if any; the first one still listening drives it.
-            let mut s = self.lock();
+            let mut s = lock(&self.state);
             while let Some(next) = s.waiting.pop() {
-                if next.send(Answer::Drive).is_ok() {
-                    std::mem::forget(driving);
-                    return result;
+                match next.send(Answer::Drive(driving)) {
+                    Ok(()) => return result,
+                    Err(Answer::Drive(back)) => driving = back,
+                    // Not what was sent; the turn it carried was dropped, which ends it.
+                    Err(Answer::Index(_)) => return result,
                 }
             }
-            s.driving = false;
-            drop(s);
-            std::mem::forget(driving);
+            driving.finish(&mut s);
             return result;
         }
     }
@@ -136,7 +156,6 @@ impl Shared {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
     use std::time::Duration;
 
     /// Reads that arrive while a round is out share the next round; none shares a round that
@@ -198,6 +217,37 @@ mod tests {
             .expect("the waiter is answered")
             .unwrap();
         assert_eq!(got.unwrap(), 7);
+    }
+
+    /// A waiter handed the next round whose caller goes away before it looks does not leave the
+    /// rounds without a driver (seen in a chaos campaign: a member's linearizable reads hung for
+    /// good after clients gave up on it during a pause).
+    #[tokio::test]
+    async fn a_turn_handed_to_a_waiter_that_went_away_is_not_lost() {
+        let rounds = Arc::new(ReadRounds::default());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let driver = {
+            let (rounds, release) = (rounds.clone(), release.clone());
+            tokio::spawn(async move {
+                rounds
+                    .index(|| async {
+                        release.notified().await;
+                        Ok(1)
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut waiter = Box::pin(rounds.index(|| async { Ok(2) }));
+        assert!(futures::poll!(&mut waiter).is_pending(), "the waiter waits");
+        release.notify_one();
+        assert_eq!(driver.await.unwrap().unwrap(), 1);
+        // The driver handed its turn to the waiter, which goes away without looking.
+        drop(waiter);
+        let next = tokio::time::timeout(Duration::from_secs(10), rounds.index(|| async { Ok(3) }))
+            .await
+            .expect("a later read is answered");
+        assert_eq!(next.unwrap(), 3);
     }
 
     /// An error reaches every reader of the round.
