@@ -26,8 +26,8 @@ use rkube_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
 use serde_json::{json, Value};
 
 use crate::ignore_gone;
-use crate::informer::{key_of, Informer};
-use crate::queue::{Outcome, WorkQueue};
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::queue::{Outcome, WorkQueue};
 
 /// kube-controller-manager's --cluster-signing-duration default: one year.
 pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -95,7 +95,7 @@ impl CsrController {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             "csr-controller",
             self.queue.clone(),
             2,
@@ -303,7 +303,7 @@ impl BootstrapController {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             "bootstrap-signer",
             self.queue.clone(),
             1,

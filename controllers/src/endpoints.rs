@@ -13,9 +13,9 @@ use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::ignore_gone;
-use crate::informer::{key_of, Informer};
-use crate::queue::{Outcome, WorkQueue};
 use crate::replicaset::is_ready;
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::queue::{Outcome, WorkQueue};
 
 const WORKERS: usize = 2;
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -107,7 +107,7 @@ impl Controller {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             "endpoint-controller",
             self.queue.clone(),
             WORKERS,

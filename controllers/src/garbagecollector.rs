@@ -17,8 +17,8 @@ use rkube_api::error::ApiError;
 use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
-use crate::informer::{key_of, Informer};
-use crate::queue::WorkQueue;
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::queue::WorkQueue;
 
 const WORKERS: usize = 2;
 const ORPHAN: &str = "orphan";
@@ -167,7 +167,7 @@ impl Collector {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             "garbage-collector",
             self.queue.clone(),
             WORKERS,

@@ -1,7 +1,8 @@
 //! The controllers of an rkube control plane. They run in the server process of the Raft leader
-//! ([`manager`]), read shared [`informer`] caches of the member's own store, take keys from
-//! rate-limited work queues ([`queue`]), write through the API's in-process client (the same
-//! validation and admission as any client) and record [`events`] as Kubernetes does.
+//! ([`manager`]), read shared informer caches of the member's own store, take keys from
+//! rate-limited work queues, write through the API's in-process client (the same validation and
+//! admission as any client) and record events as Kubernetes does: informers, queues, events and
+//! the per-term manager are `rkube_runtime`'s.
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
@@ -16,17 +17,14 @@ pub mod certificates;
 pub mod compaction;
 pub mod deployment;
 pub mod endpoints;
-pub mod events;
 pub mod garbagecollector;
-pub mod informer;
 pub mod loadbalancer;
 pub mod manager;
 pub mod nodelifecycle;
 pub mod podgc;
-pub mod queue;
 pub mod replicaset;
 
-pub use manager::{start, ControllerManager, Settings};
+pub use manager::{start, Settings};
 
 /// A write whose object is gone (404) or moved (409) meanwhile is not an error for a
 /// controller: the informer's event about it brings another sync.

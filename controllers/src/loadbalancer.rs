@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
 use crate::ignore_gone;
-use crate::informer::Informer;
+use rkube_runtime::informer::Informer;
 
 /// A range of IPv4 addresses: `A-B` or a CIDR (its usable addresses).
 #[derive(Debug, Clone, PartialEq)]

@@ -1,35 +1,16 @@
-//! The controller manager: runs the controllers while this member is the Raft leader, and stops
-//! them when it is not. A new term first waits until the member has applied everything
-//! committed (a read-index barrier), so the informers start from the newest state.
-//!
-//! # Correctness
-//! No lease is needed: every write a controller makes is a Raft proposal, which a deposed leader
-//! cannot commit, and every informer reads the member's own applied state.
+//! The controller manager: which controllers run during each term this member leads, and what
+//! they are tuned with. `rkube_runtime::manager` runs them (and the scheduler, handed in as
+//! another hook) while this member is the Raft leader.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rkube_api::client::LocalClient;
+use rkube_runtime::informer::Informer;
+use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
-use tokio::sync::watch;
 
-use crate::informer::Informer;
 use crate::replicaset::{self, REPLICATION_CONTROLLER, REPLICA_SET};
-
-/// How often leadership is checked.
-const LEADERSHIP_POLL: Duration = Duration::from_millis(100);
-
-pub struct ControllerManager {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ControllerManager {
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
 
 /// What the controllers are tuned with (kube-controller-manager's flags).
 #[derive(Debug, Clone)]
@@ -45,56 +26,19 @@ pub struct Settings {
     pub load_balancer_pool: Option<crate::loadbalancer::Pool>,
 }
 
+/// Runs the controllers, then `hooks` (the scheduler), during every term this member leads.
 pub fn start(
     node: Arc<Node>,
     client: LocalClient,
     settings: Settings,
     hooks: Vec<TermHook>,
-) -> ControllerManager {
-    let (stop, mut stopped) = watch::channel(false);
-    let task = tokio::spawn(async move {
-        // The running term: the Raft term it was started in, and its stop switch.
-        let mut term: Option<(u64, watch::Sender<bool>)> = None;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(LEADERSHIP_POLL) => {}
-                _ = stopped.changed() => break,
-            }
-            let leading = node.is_leader();
-            // Leadership lost, or lost and won again in a later term between two looks: the
-            // running controllers belong to a term this member no longer leads.
-            if term
-                .as_ref()
-                .is_some_and(|(t, _)| !leading || node.term() != *t)
-            {
-                tracing::info!("no longer leading that term: stopping the controllers");
-                if let Some((_, stop)) = term.take() {
-                    let _ = stop.send(true);
-                }
-            }
-            if leading && term.is_none() {
-                if let Err(e) = node.linearizable_barrier().await {
-                    tracing::debug!(error = %e, "leader not settled yet; controllers wait");
-                    continue;
-                }
-                let t = node.term();
-                tracing::info!(term = t, "leading: starting the controllers");
-                // Everything this term's controllers write is fenced to the term.
-                let stop = start_term(&node, &client.fenced(t), settings.clone(), &hooks, t);
-                term = Some((t, stop));
-            }
-        }
-        if let Some((_, stop)) = term.take() {
-            let _ = stop.send(true);
-        }
-    });
-    ControllerManager { stop, task }
-}
-
-/// The shared informers of one term, one per store folder, made on first use.
-#[derive(Default)]
-pub struct Informers {
-    all: Vec<Arc<Informer>>,
+) -> Manager {
+    let controllers: TermHook = {
+        let node = node.clone();
+        Arc::new(move |term: &mut Term| start_term(&node, term, settings.clone()))
+    };
+    let all = std::iter::once(controllers).chain(hooks).collect();
+    rkube_runtime::manager::start(node, client, all)
 }
 
 impl Default for Settings {
@@ -108,32 +52,10 @@ impl Default for Settings {
     }
 }
 
-/// More to run during each term, beside the controllers (the scheduler): it takes the term's
-/// informers (registering its handlers before they start), a client, and the term's stop.
-pub type TermHook = Arc<dyn Fn(&mut Informers, &LocalClient, watch::Receiver<bool>) + Send + Sync>;
-
-impl Informers {
-    pub fn of(&mut self, folder: &str) -> Arc<Informer> {
-        if let Some(i) = self.all.iter().find(|i| i.prefix() == folder) {
-            return i.clone();
-        }
-        let i = Informer::new(folder);
-        self.all.push(i.clone());
-        i
-    }
-}
-
-/// Starts every controller with fresh informers; they all stop when the returned sender sends
-/// true.
-fn start_term(
-    node: &Arc<Node>,
-    client: &LocalClient,
-    settings: Settings,
-    hooks: &[TermHook],
-    raft_term: u64,
-) -> watch::Sender<bool> {
-    let (tx, rx) = watch::channel(false);
-    let mut inf = Informers::default();
+/// Starts every controller of one term on the term's informers.
+fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
+    let (client, rx, raft_term) = (term.client, term.stop.clone(), term.raft_term);
+    let inf = &mut term.informers;
     let pods = inf.of("/registry/pods/");
     let replicasets = inf.of("/registry/replicasets/");
     let rs_controller = replicaset::Controller::new(
@@ -203,23 +125,16 @@ fn start_term(
         crate::podgc::CHECK_PERIOD,
         rx.clone(),
     );
-    for hook in hooks {
-        hook(&mut inf, client, rx.clone());
-    }
     crate::compaction::run(
         node.clone(),
         raft_term,
         settings.compaction_interval,
         rx.clone(),
     );
-    for informer in inf.all {
-        tokio::spawn(informer.run(node.clone(), rx.clone()));
-    }
     collector.run(rx.clone());
     rs_controller.run(rx.clone());
     rc_controller.run(rx.clone());
     deployment_controller.run(rx.clone());
     endpoints_controller.run(rx.clone());
     node_controller.run(rx);
-    tx
 }

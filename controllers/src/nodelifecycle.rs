@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::json::str_at as s;
+use rkube_core::taints::tolerates;
 use serde_json::{json, Value};
 
-use crate::events::{Recorder, NORMAL, WARNING};
-use crate::informer::Informer;
+use rkube_runtime::events::{Recorder, NORMAL, WARNING};
+use rkube_runtime::informer::Informer;
 
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -67,19 +68,6 @@ fn wanted_taints(ready: &str) -> Vec<(&'static str, &'static str)> {
         "False" => vec![(NOT_READY, "NoExecute"), (NOT_READY, "NoSchedule")],
         _ => vec![(UNREACHABLE, "NoExecute"), (UNREACHABLE, "NoSchedule")],
     }
-}
-
-/// Whether a toleration tolerates a taint (Kubernetes' matching: key, or empty key with
-/// Exists; operator Equal compares values; an empty effect matches every effect).
-pub fn tolerates(t: &Value, taint: &Value) -> bool {
-    let effect_ok = s(t, "/effect").is_empty() || s(t, "/effect") == s(taint, "/effect");
-    let key_ok = s(t, "/key").is_empty() || s(t, "/key") == s(taint, "/key");
-    let value_ok = match s(t, "/operator") {
-        "Exists" => true,
-        _ => s(t, "/value") == s(taint, "/value"),
-    };
-    let empty_key_needs_exists = !s(t, "/key").is_empty() || s(t, "/operator") == "Exists";
-    effect_ok && key_ok && value_ok && empty_key_needs_exists
 }
 
 /// When a pod on a node with these NoExecute taints must go (a time that may have passed), or

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::ignore_gone;
-use crate::informer::Informer;
+use rkube_runtime::informer::Informer;
 
 /// kube-controller-manager's --terminated-pod-gc period of checks (gcCheckPeriod).
 pub const CHECK_PERIOD: Duration = Duration::from_secs(20);

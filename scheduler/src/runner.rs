@@ -10,13 +10,12 @@ use std::time::Duration;
 use hyper::Method;
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
-use rkube_controllers::events::{Recorder, NORMAL, WARNING};
-use rkube_controllers::informer::{key_of, Informer};
-use rkube_controllers::manager::Informers;
-use rkube_controllers::queue::{Outcome, WorkQueue};
 use rkube_core::json::str_at as s;
+use rkube_runtime::events::{Recorder, NORMAL, WARNING};
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::manager::Term;
+use rkube_runtime::queue::{Outcome, WorkQueue};
 use serde_json::{json, Value};
-use tokio::sync::watch;
 
 use crate::cache::Cache;
 use crate::framework::{schedule_from, Profile};
@@ -46,8 +45,9 @@ pub struct Scheduler {
     unschedulable: Mutex<HashSet<String>>,
 }
 
-/// Starts the scheduler for one term (a [`rkube_controllers::manager::TermHook`]).
-pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bool>) {
+/// Starts the scheduler for one term (a [`rkube_runtime::manager::TermHook`]).
+pub fn start(term: &mut Term) {
+    let (inf, client, stop) = (&mut term.informers, term.client, term.stop.clone());
     let s = Arc::new(Scheduler {
         pods: inf.of("/registry/pods/"),
         nodes: inf.of("/registry/minions/"),
@@ -126,7 +126,7 @@ pub fn start(inf: &mut Informers, client: &LocalClient, stop: watch::Receiver<bo
     }));
     let c = s.clone();
     // One worker: each decision sees the ones before it.
-    rkube_controllers::queue::run_workers(
+    rkube_runtime::queue::run_workers(
         SCHEDULER_NAME,
         s.queue.clone(),
         1,

@@ -19,11 +19,11 @@ use rkube_core::json::str_at as s;
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Value};
 
-use crate::events::{Recorder, NORMAL};
 use crate::ignore_gone;
-use crate::informer::{key_of, Informer};
-use crate::queue::WorkQueue;
 use crate::replicaset::controller_of;
+use rkube_runtime::events::{Recorder, NORMAL};
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::queue::WorkQueue;
 
 pub const HASH_LABEL: &str = "pod-template-hash";
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
@@ -147,7 +147,7 @@ impl Controller {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             "deployment-controller",
             self.queue.clone(),
             WORKERS,

@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 
 pub use expectations::Expectations;
 
-use crate::events::{Recorder, NORMAL, WARNING};
-use crate::informer::{key_of, Informer};
-use crate::queue::WorkQueue;
+use rkube_runtime::events::{Recorder, NORMAL, WARNING};
+use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::queue::WorkQueue;
 
 /// Most pods one sync creates or deletes (Kubernetes' burstReplicas).
 const BURST: usize = 500;
@@ -237,7 +237,7 @@ impl Controller {
     /// Runs the workers until `stop`.
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        crate::queue::run_workers(
+        rkube_runtime::queue::run_workers(
             self.kind.component,
             self.queue.clone(),
             WORKERS,

@@ -19,10 +19,7 @@ impl FilterPlugin for NodeUnschedulable {
         let taint = json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"});
         let tolerated = crate::snapshot::at(pod, &["spec", "tolerations"])
             .and_then(Value::as_array)
-            .is_some_and(|ts| {
-                ts.iter()
-                    .any(|t| rkube_controllers::nodelifecycle::tolerates(t, &taint))
-            });
+            .is_some_and(|ts| ts.iter().any(|t| rkube_core::taints::tolerates(t, &taint)));
         if cordoned && !tolerated {
             Status::unresolvable("node(s) were unschedulable")
         } else {

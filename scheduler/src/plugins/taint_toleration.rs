@@ -16,10 +16,7 @@ fn taints(node: &NodeInfo) -> &[Value] {
 fn tolerated(pod: &Value, taint: &Value) -> bool {
     crate::snapshot::at(pod, &["spec", "tolerations"])
         .and_then(Value::as_array)
-        .is_some_and(|ts| {
-            ts.iter()
-                .any(|t| rkube_controllers::nodelifecycle::tolerates(t, taint))
-        })
+        .is_some_and(|ts| ts.iter().any(|t| rkube_core::taints::tolerates(t, taint)))
 }
 
 pub struct TaintToleration;
