@@ -300,22 +300,7 @@ pub fn issue(
         .iter()
         .map(|san| parse_san(san))
         .collect::<Result<_, _>>()?;
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    if server {
-        params
-            .extended_key_usages
-            .push(ExtendedKeyUsagePurpose::ServerAuth);
-    }
-    if client {
-        params
-            .extended_key_usages
-            .push(ExtendedKeyUsagePurpose::ClientAuth);
-    }
-    params.use_authority_key_identifier_extension = true;
+    leaf_usages(&mut params, server, client);
     set_validity(&mut params, LEAF_VALIDITY)?;
 
     let key = generate_key("generate the certificate key")?;
@@ -476,23 +461,7 @@ impl CsrSigner {
         let mut req = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| PkiError::InvalidCsr(e.to_string()))?;
         let params = &mut req.params;
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages.clear();
-        if client {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ClientAuth);
-        }
-        if server {
-            params
-                .extended_key_usages
-                .push(ExtendedKeyUsagePurpose::ServerAuth);
-        }
-        params.use_authority_key_identifier_extension = true;
+        leaf_usages(params, server, client);
         params.serial_number = Some(rcgen::SerialNumber::from_slice(&rand_serial()));
         set_validity(params, valid_for)?;
         let cert = req
@@ -714,6 +683,28 @@ fn validate_name(name: &str) -> Result<(), PkiError> {
         });
     }
     Ok(())
+}
+
+/// A leaf certificate's key usages: not a CA, signing and key encipherment, and server and/or
+/// client authentication (whatever the request asked for is replaced).
+fn leaf_usages(params: &mut CertificateParams, server: bool, client: bool) {
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages.clear();
+    if server {
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ServerAuth);
+    }
+    if client {
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ClientAuth);
+    }
+    params.use_authority_key_identifier_extension = true;
 }
 
 /// Valid from a little before now (see [`CLOCK_SKEW`]) until `valid_for` after now.
