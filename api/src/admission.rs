@@ -354,7 +354,7 @@ fn validate_labels(object: &Value, causes: &mut Vec<Cause>) {
             continue;
         };
         for (k, v) in map {
-            if !crate::query::valid_label_key(k) {
+            if !rkube_core::selector::valid_label_key(k) {
                 causes.push(invalid(
                     &format!("metadata.{what}"),
                     format!("Invalid value: {k:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::error::ApiError;
-pub use rkube_core::selector::{valid_label_key, LabelSelector};
+pub use rkube_core::selector::LabelSelector;
 
 /// Decoded `?a=b&c=d` pairs.
 #[derive(Debug, Default, Clone)]

@@ -17,6 +17,21 @@ enum Requirement {
     Never,
 }
 
+impl Requirement {
+    /// The label key the requirement reads (none for [`Requirement::Never`]).
+    fn key(&self) -> Option<&str> {
+        match self {
+            Requirement::Equals(k, _)
+            | Requirement::NotEquals(k, _)
+            | Requirement::In(k, _)
+            | Requirement::NotIn(k, _)
+            | Requirement::Exists(k)
+            | Requirement::NotExists(k) => Some(k),
+            Requirement::Never => None,
+        }
+    }
+}
+
 /// A label selector in Kubernetes' string form: `app=web,tier!=db,env in (a,b),!legacy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LabelSelector {
@@ -110,16 +125,7 @@ impl LabelSelector {
             } else {
                 Requirement::Exists(part.to_string())
             };
-            let key = match &req {
-                Requirement::Equals(k, _)
-                | Requirement::NotEquals(k, _)
-                | Requirement::In(k, _)
-                | Requirement::NotIn(k, _)
-                | Requirement::Exists(k)
-                | Requirement::NotExists(k) => k,
-                Requirement::Never => unreachable!("not parsed from a string"),
-            };
-            if !valid_label_key(key) {
+            if !req.key().is_some_and(valid_label_key) {
                 return Err(bad(part, "invalid label key"));
             }
             reqs.push(req);
