@@ -484,8 +484,8 @@ impl Node {
     }
 
     /// Returns once this member has applied everything committed before the call: the
-    /// read-index protocol (the leader confirms its leadership with a quorum).
-    /// Concurrent reads share read-index rounds (`ReadRounds`).
+    /// read-index protocol (the leader confirms its leadership with a quorum), in rounds that
+    /// concurrent reads share (`ReadRounds`).
     pub async fn linearizable_barrier(&self) -> Result<(), StoreError> {
         let index = self
             .read_rounds
@@ -816,9 +816,8 @@ impl Node {
     }
 
     /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
-    /// leads now.
-    /// Hands the leadership to `to`; returns once this member, too, follows it, so that what
-    /// the client asks this member next already sees the new leader.
+    /// leads now; returns once this member, too, follows it, so that what the client asks this
+    /// member next already sees the new leader.
     pub async fn move_leader(&self, to: NodeId) -> Result<(), StoreError> {
         self.to_leader(Forward::MoveLeader(to)).await?;
         self.raft
