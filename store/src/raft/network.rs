@@ -126,18 +126,6 @@ enum Rpc {
 }
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
-    /// How long replication to an unreachable peer pauses before it tries again: 10 ms, then
-    /// doubling up to 100 ms (a heartbeat interval). openraft's default is 500 ms, and a member
-    /// that started a moment after the leader's first AppendEntries to it was refused heard
-    /// nothing for that long: it campaigned, and with its empty log and the highest id it kept
-    /// deposing leaders for seconds (seen in CI as split votes through term 11 at a cluster's
-    /// start).
-    fn backoff(&self) -> openraft::network::Backoff {
-        openraft::network::Backoff::new(
-            (0u32..).map(|i| Duration::from_millis((10u64 << i.min(4)).min(100))),
-        )
-    }
-
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
