@@ -54,6 +54,23 @@ pub async fn collect(target: &Target) -> Vec<Row> {
     }
     let mut rows = Vec::new();
     for (id, name, endpoint) in endpoints {
+        if endpoint.is_empty() {
+            // A member added to the membership that has not started yet publishes no client
+            // address (etcd lists it as unstarted): there is nothing to ask.
+            rows.push(Row {
+                id,
+                name,
+                endpoint,
+                role: "unstarted".into(),
+                term: 0,
+                commit_index: 0,
+                applied_index: 0,
+                revision: 0,
+                db_size: 0,
+                error: None,
+            });
+            continue;
+        }
         let mut row = Row {
             id,
             name,

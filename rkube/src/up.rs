@@ -717,12 +717,17 @@ pub async fn up(args: UpArgs) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut rows = loop {
         let rows = collect(&target).await;
-        if rows.iter().any(|r| r.role == "leader") {
+        // Every member started and answering, one of them the leader.
+        let answered = rows
+            .iter()
+            .all(|r| r.role != "unreachable" && r.role != "unstarted");
+        if answered && rows.iter().any(|r| r.role == "leader") {
             break rows;
         }
         if Instant::now() > deadline {
             bail!(
-                "the cluster did not elect a leader within 60 s; see the logs in {}",
+                "the cluster did not elect a leader with every member answering within 60 s; \
+                 see the logs in {}",
                 args.dir.display()
             );
         }
