@@ -33,6 +33,7 @@ pub enum Fault {
     DelayPeers,
     LossPeers,
     SnapshotCatchup,
+    PartitionFollower,
     ReplaceMember,
     Failpoint,
     RollingRestart,
@@ -43,7 +44,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 18] = [
         Fault::KillLeader,
         Fault::KillMember,
         Fault::QuorumLoss,
@@ -54,6 +55,7 @@ impl Fault {
         Fault::DelayPeers,
         Fault::LossPeers,
         Fault::SnapshotCatchup,
+        Fault::PartitionFollower,
         Fault::ReplaceMember,
         Fault::Failpoint,
         Fault::RollingRestart,
@@ -83,6 +85,7 @@ impl Fault {
             Fault::DelayPeers => "delay-peers",
             Fault::LossPeers => "loss-peers",
             Fault::SnapshotCatchup => "snapshot-catchup",
+            Fault::PartitionFollower => "partition-follower",
             Fault::ReplaceMember => "replace-member",
             Fault::Failpoint => "failpoint",
             Fault::RollingRestart => "rolling-restart",
@@ -150,6 +153,9 @@ pub struct FaultRecord {
     /// For a power cut: each member whose power was cut, what its filesystem threw away, and
     /// the fsyncs that filesystem had seen until then.
     pub cuts: Vec<(usize, CutReport, u64)>,
+    /// For a fault that must not move the leadership (a follower cut off and back): whether
+    /// the leader kept its term through it.
+    pub leader_kept: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -189,7 +195,10 @@ impl Summary {
             && w.bookmarkable
             && self.revisions.is_ok()
             && self.hashes.is_ok()
-            && self.faults.iter().all(|f| f.recovered && f.injected)
+            && self
+                .faults
+                .iter()
+                .all(|f| f.recovered && f.injected && f.leader_kept != Some(false))
     }
 
     /// The summary table.
@@ -785,6 +794,7 @@ impl Run {
             recovered: false,
             injected: true,
             cuts: Vec::new(),
+            leader_kept: None,
         }
     }
 
@@ -934,6 +944,48 @@ impl Run {
                     at,
                     false,
                 )
+            }
+            Fault::PartitionFollower => {
+                // A follower cut off both ways for two election timeouts and more: with
+                // PreVote it never raises its term, so coming back it deposes nobody.
+                let others = self.others(l);
+                let f = others[self.rng.gen_range(0..others.len())];
+                let term_of = |s: Option<pb::StatusResponse>| s.map(|s| s.raft_term);
+                let before = term_of(self.sys.status(l).await);
+                let all: Vec<usize> = (0..n).collect();
+                self.sys
+                    .proxies
+                    .isolate(f, &all, true, true, LinkFault::Cut);
+                let at = now();
+                let hold = 2 * self.sys.tuning.election_timeout_ms + 1500;
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                let head = self.head_revision_of(l).await.unwrap_or(0);
+                self.sys.proxies.heal();
+                let caught = self.wait_caught_up(f, head, RECOVERY_BOUND).await;
+                // A deposed leader shows within an election timeout of the heal.
+                tokio::time::sleep(Duration::from_millis(self.sys.tuning.election_timeout_ms))
+                    .await;
+                let after = term_of(self.sys.status(l).await);
+                let still_leads = self.sys.leader().await == Some(l);
+                let kept = before.is_some() && before == after && still_leads;
+                let mut r = self.record(
+                    fault,
+                    format!(
+                        "cut follower m{f} off both ways for {hold} ms; caught up {}; leader m{l} {}",
+                        caught.map_or("never".into(), |d| format!("{:.2} s after the heal", d.as_secs_f64())),
+                        if kept {
+                            format!("kept term {}", before.unwrap_or(0))
+                        } else {
+                            format!(
+                                "did not keep its leadership (term {before:?} -> {after:?}, leads: {still_leads})"
+                            )
+                        }
+                    ),
+                    at,
+                    false,
+                );
+                r.leader_kept = Some(kept);
+                r
             }
             Fault::SnapshotCatchup => {
                 let others = self.others(l);

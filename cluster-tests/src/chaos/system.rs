@@ -234,6 +234,8 @@ impl System {
                     .args(["--initial-cluster-state", state])
                     .args(["--initial-cluster-token", &self.token])
                     .args(["--snapshot-count", &t.snapshot_count.to_string()])
+                    // PreVote, as rkube always has it (etcd 3.5 made it the default).
+                    .arg("--pre-vote")
                     .args(["--logger", "zap", "--log-level", "warn"]);
                 c
             }

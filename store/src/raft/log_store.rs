@@ -67,6 +67,12 @@ impl LogStore {
         Self { committed, ..self }
     }
 
+    /// The write-ahead log itself, for what the member reads of it beside openraft (the last
+    /// log id a PreVote question carries).
+    pub fn wal(&self) -> Arc<Wal> {
+        self.wal.clone()
+    }
+
     /// Counts of the log's fdatasyncs and appended batches.
     pub fn stats(&self) -> Arc<WalStats> {
         self.wal.stats.clone()

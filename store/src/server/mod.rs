@@ -5,6 +5,7 @@
 
 pub mod batcher;
 pub mod datadir;
+mod election;
 pub mod endpoint;
 pub mod etcd;
 pub mod history;
@@ -308,12 +309,17 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
         max_in_snapshot_log_to_keep: cfg.snapshot_catchup_entries,
         max_payload_entries: 64,
+        // `Node::watch_leader` is the only elector: openraft's tick would campaign after
+        // 2/5 of the election timeout whenever the vote is not committed, as after every
+        // restart.
+        enable_elect: false,
         ..Default::default()
     }
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
 
     let network = PeerNetwork::new(client_tls.clone());
+    let wal = log_store.wal();
     let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
         .await
         .map_err(|e| ServerError::Raft(e.to_string()))?;
@@ -344,6 +350,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         committed,
         timing,
         network,
+        wal,
         cfg.quota_backend_bytes,
     ));
 

@@ -21,7 +21,8 @@ use crate::mvcc::{AlarmKind, Applied, Command, MvccStore};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::Payload;
 use crate::raft::network::PeerNetwork;
-use crate::raft::{Member, NodeId, Raft};
+use crate::raft::wal::Wal;
+use crate::raft::{LogId, Member, NodeId, Raft};
 
 /// A request a follower hands to the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +42,11 @@ pub enum Forward {
     },
     /// To the transferee, from the leader: campaign now.
     Campaign,
+    /// To any voter, from a member about to campaign: would you vote for me with my log
+    /// ending here (PreVote)?
+    PreVote {
+        last_log: Option<LogId>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -51,6 +57,7 @@ pub enum ForwardReply {
     TimeToLive { ttl: i64, granted: i64 },
     Membership,
     Done,
+    PreVote { granted: bool },
 }
 
 /// Errors as they travel between members.
@@ -134,6 +141,8 @@ pub struct Node {
     pub committed: Arc<AtomicU64>,
     pub timing: Timing,
     network: PeerNetwork,
+    /// The Raft log (openraft owns it; the member reads its last log id for PreVote).
+    pub(super) wal: Arc<Wal>,
     leases: LeaseClock,
     /// The database size that raises a NOSPACE alarm (etcd's --quota-backend-bytes).
     pub quota_bytes: u64,
@@ -144,7 +153,7 @@ pub struct Node {
     /// that the transferee catches up and nothing refreshes the followers' leader lease.
     transferring: AtomicBool,
     /// Whether this member may campaign (off while a leader transfer holds elections).
-    elections: Arc<AtomicBool>,
+    pub(super) elections: Arc<AtomicBool>,
     /// Group commit of this member's proposals while it leads.
     batcher: Batcher,
     /// Read-index rounds shared by concurrent linearizable reads on this member.
@@ -178,6 +187,7 @@ impl Node {
         committed: Arc<AtomicU64>,
         timing: Timing,
         network: PeerNetwork,
+        wal: Arc<Wal>,
         quota_bytes: u64,
     ) -> Self {
         let db_size = AtomicU64::new(db_size_on_disk(&db));
@@ -194,6 +204,7 @@ impl Node {
             committed,
             timing,
             network,
+            wal,
             leases: LeaseClock::default(),
             quota_bytes,
             db_size,
@@ -249,7 +260,7 @@ impl Node {
         Ok(())
     }
 
-    fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
+    pub(super) fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let addr = membership
             .nodes()
@@ -331,6 +342,10 @@ impl Node {
                 self.hold_elections(to, Duration::from_millis(millis));
                 return Ok(ForwardReply::Done);
             }
+            Forward::PreVote { last_log } => {
+                let granted = self.grants_pre_vote(last_log).await;
+                return Ok(ForwardReply::PreVote { granted });
+            }
             Forward::Campaign => {
                 self.raft
                     .trigger()
@@ -359,7 +374,9 @@ impl Node {
                 .await
                 .map(|_| ForwardReply::Membership),
             Forward::MoveLeader(to) => self.move_leader_local(to).await.map(|_| ForwardReply::Done),
-            Forward::HoldElections { .. } | Forward::Campaign => Ok(ForwardReply::Done),
+            Forward::HoldElections { .. } | Forward::Campaign | Forward::PreVote { .. } => {
+                Ok(ForwardReply::Done)
+            }
         }
     }
 
@@ -736,85 +753,6 @@ impl Node {
         }
     }
 
-    /// Campaigns when the leader has been silent too long. openraft 0.9 checks that on a tick
-    /// of 1.5 times its heartbeat interval (which is 2/5 of the election timeout here, see
-    /// `server::start`: 600 ms for the default 1 s), so its first campaign came up to that much
-    /// late. This checks openraft's own condition — a follower campaigns once its vote was last
-    /// renewed by the leader more than the leader's lease (`election_timeout_max`) plus a
-    /// random timeout in [`election_timeout_min`, `election_timeout_max`) ago — every `every`;
-    /// openraft's tick stays as it was, so whichever sees it first campaigns.
-    pub async fn watch_leader(
-        self: Arc<Self>,
-        every: Duration,
-        stopped: impl std::future::Future<Output = ()>,
-    ) {
-        use rand::Rng;
-        let (min, max) = {
-            let c = self.raft.config();
-            (
-                c.election_timeout_min,
-                c.election_timeout_max.max(c.election_timeout_min + 1),
-            )
-        };
-        let id = self.id;
-        let mut renewed = None;
-        let mut timeout = Duration::ZERO;
-        tokio::pin!(stopped);
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = &mut stopped => return,
-                _ = tick.tick() => {}
-            }
-            if !self.elections.load(Ordering::Acquire) {
-                continue;
-            }
-            let Ok((campaigner, committed, utime)) = self
-                .raft
-                .with_raft_state(move |st| {
-                    let voters = st.membership_state.effective().voter_ids().count();
-                    let voter = st.membership_state.effective().voter_ids().any(|v| v == id);
-                    (
-                        // openraft itself campaigns at once when it is the only voter.
-                        voter && voters > 1 && st.server_state != ServerState::Leader,
-                        st.vote_ref().is_committed(),
-                        st.vote_last_modified(),
-                    )
-                })
-                .await
-            else {
-                return;
-            };
-            let Some(utime) = utime else { continue };
-            if !campaigner {
-                continue;
-            }
-            if renewed != Some(utime) {
-                renewed = Some(utime);
-                timeout = Duration::from_millis(rand::thread_rng().gen_range(min..max));
-            }
-            let limit = if committed {
-                Duration::from_millis(max) + timeout
-            } else {
-                timeout
-            };
-            if utime.elapsed() > limit {
-                tracing::debug!(
-                    silent_ms = utime.elapsed().as_millis() as u64,
-                    "no word from a leader within the election timeout: campaigning"
-                );
-                if self.raft.trigger().elect().await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-
-    fn allow_elections(&self, on: bool) {
-        allow_elections(&self.raft, &self.elections, on);
-    }
-
     /// Moves the leadership to the voter `to` (etcd's MoveLeader), through whichever member
     /// leads now; returns once this member, too, follows it, so that what the client asks this
     /// member next already sees the new leader.
@@ -921,7 +859,7 @@ impl Node {
             let mut rx = raft.metrics();
             let _ =
                 tokio::time::timeout(window, rx.wait_for(|m| m.current_leader == Some(to))).await;
-            allow_elections(&raft, &elections, true);
+            elections.store(true, Ordering::Release);
         });
     }
 
@@ -991,12 +929,6 @@ pub fn db_size_on_disk(db: &sled::Db) -> u64 {
 
 pub fn committed_index(committed: &AtomicU64) -> u64 {
     committed.load(Ordering::Relaxed)
-}
-
-/// Lets a member campaign (on both openraft's tick and [`Node::watch_leader`]) or not.
-fn allow_elections(raft: &Raft, elections: &AtomicBool, on: bool) {
-    elections.store(on, Ordering::Release);
-    raft.runtime_config().elect(on);
 }
 
 #[cfg(test)]
