@@ -22,6 +22,24 @@ pub struct Row {
     pub error: Option<String>,
 }
 
+impl Row {
+    /// A member that gave no status (yet): only what the member list says, and why.
+    fn unanswered(id: String, name: String, endpoint: String, role: &str) -> Row {
+        Row {
+            id,
+            name,
+            endpoint,
+            role: role.into(),
+            term: 0,
+            commit_index: 0,
+            applied_index: 0,
+            revision: 0,
+            db_size: 0,
+            error: None,
+        }
+    }
+}
+
 /// Asks every reachable member for its status; unreachable members are listed with the error.
 pub async fn collect(target: &Target) -> Vec<Row> {
     let mut endpoints: Vec<(String, String, String)> = Vec::new(); // (id, name, endpoint)
@@ -57,32 +75,10 @@ pub async fn collect(target: &Target) -> Vec<Row> {
         if endpoint.is_empty() {
             // A member added to the membership that has not started yet publishes no client
             // address (etcd lists it as unstarted): there is nothing to ask.
-            rows.push(Row {
-                id,
-                name,
-                endpoint,
-                role: "unstarted".into(),
-                term: 0,
-                commit_index: 0,
-                applied_index: 0,
-                revision: 0,
-                db_size: 0,
-                error: None,
-            });
+            rows.push(Row::unanswered(id, name, endpoint, "unstarted"));
             continue;
         }
-        let mut row = Row {
-            id,
-            name,
-            endpoint: endpoint.clone(),
-            role: "unreachable".into(),
-            term: 0,
-            commit_index: 0,
-            applied_index: 0,
-            revision: 0,
-            db_size: 0,
-            error: None,
-        };
+        let mut row = Row::unanswered(id, name, endpoint.clone(), "unreachable");
         let status = async {
             let ch = target.channel_to(&endpoint)?;
             let mut m = pb::maintenance_client::MaintenanceClient::new(ch);
