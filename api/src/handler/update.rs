@@ -1,0 +1,632 @@
+//! Update, patch and server-side apply, and the store changes every write makes (the object,
+//! Service address claims and quota usage).
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::admission;
+use crate::error::ApiError;
+use crate::fieldvalidation;
+use crate::patch;
+use crate::query::Query;
+use crate::quota;
+use crate::resources::{self, Resource};
+use crate::services;
+use crate::storage::{decode, set_resource_version, Change, Freshness, Stored};
+
+use super::{
+    is_quota, is_service, json_response, meta, meta_mut, meta_str, now, Api, Resp, Target,
+    UPDATE_RETRIES,
+};
+
+impl Api {
+    /// Every store change that goes with writing `new` (None: deleting) over `old` at `key`:
+    /// the object, the address claims of a Service and the usage of the namespace's quotas.
+    pub(super) async fn changes_for(
+        &self,
+        t: &Target,
+        key: &str,
+        expected: i64,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) -> Result<Vec<Change>, ApiError> {
+        let mut changes = vec![Change {
+            key: key.to_string(),
+            expected: Some(expected),
+            write: new.cloned(),
+        }];
+        let any = new.or(old);
+        let name = any
+            .and_then(|o| meta_str(o, "name"))
+            .unwrap_or("")
+            .to_string();
+        if is_service(t.res) {
+            let before = old.map(services::claims).unwrap_or_default();
+            let after = new.map(services::claims).unwrap_or_default();
+            let owner = json!({"service": format!("{}/{name}", t.ns.as_deref().unwrap_or(""))});
+            for c in after.iter().filter(|c| !before.contains(c)) {
+                changes.push(Change {
+                    key: c.clone(),
+                    expected: Some(0),
+                    write: Some(owner.clone()),
+                });
+            }
+            for c in before.iter().filter(|c| !after.contains(c)) {
+                changes.push(Change {
+                    key: c.clone(),
+                    expected: None,
+                    write: None,
+                });
+            }
+        }
+        if t.res.namespaced && !is_quota(t.res) {
+            let delta = quota::delta(t.res, old, new);
+            if !delta.is_empty() {
+                let qres = resources::find("", "v1", "resourcequotas").expect("served");
+                let ns =
+                    t.ns.as_deref()
+                        .or_else(|| any.and_then(|o| meta_str(o, "namespace")))
+                        .unwrap_or("");
+                let prefix = qres.prefix(Some(ns));
+                let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+                let (kvs, _, _) = self
+                    .store
+                    .range(&prefix, &end, 0, Freshness::Latest)
+                    .await?;
+                for kv in kvs {
+                    let q = decode(&kv)?;
+                    if let Some(charged) = quota::charge(&q.object, t.res, &name, new, &delta)? {
+                        changes.push(Change {
+                            key: String::from_utf8_lossy(&kv.key).to_string(),
+                            expected: Some(q.revision),
+                            write: Some(charged),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// A quota's status computed from the objects in its namespace, and the revision read at.
+    pub(crate) async fn quota_status(
+        &self,
+        ns: &str,
+        hard: &serde_json::Map<String, Value>,
+        freshness: Freshness,
+    ) -> Result<(Value, i64), ApiError> {
+        let mut totals = std::collections::BTreeMap::new();
+        let mut fresh = freshness;
+        let mut revision = 0;
+        let mut seen = std::collections::HashSet::new();
+        for res in resources::RESOURCES
+            .iter()
+            .filter(|r| r.namespaced && !r.storage.is_empty())
+        {
+            if !seen.insert(res.storage) {
+                continue;
+            }
+            let prefix = res.prefix(Some(ns));
+            let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+            let (kvs, rev, _) = self.store.range(&prefix, &end, 0, fresh).await?;
+            // Every resource is read at the same revision.
+            fresh = Freshness::Exact(rev);
+            revision = rev;
+            for kv in kvs {
+                let o = decode(&kv)?;
+                for (k, v) in quota::usage(res, &o.object) {
+                    *totals.entry(k).or_insert(0) += v;
+                }
+            }
+        }
+        Ok((quota::status_from(hard, &totals), revision))
+    }
+
+    /// The new state of an object from a full replacement (`PUT`), given its current state.
+    fn merge_update(
+        &self,
+        t: &Target,
+        current: &Value,
+        mut new: Value,
+        sub: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let res = t.res;
+        if let Some(kind) = new.get("kind").and_then(Value::as_str) {
+            let want = if sub == Some("scale") {
+                "Scale"
+            } else {
+                res.kind
+            };
+            if kind != want {
+                return Err(ApiError::bad_request(format!(
+                    "the kind in the data ({kind}) does not match the expected kind ({want})"
+                )));
+            }
+        }
+        match sub {
+            Some("status") => {
+                let mut out = current.clone();
+                crate::value::set(
+                    &mut out,
+                    &["status"],
+                    new.get("status").cloned().unwrap_or(json!({})),
+                );
+                return Ok(out);
+            }
+            Some("scale") => {
+                let replicas = new
+                    .pointer("/spec/replicas")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                if replicas < 0 {
+                    return Err(ApiError::invalid(
+                        "autoscaling",
+                        "Scale",
+                        t.name(),
+                        vec![crate::error::Cause {
+                            reason: "FieldValueInvalid",
+                            field: "spec.replicas".into(),
+                            message: format!(
+                                "Invalid value: {replicas}: must be greater than or equal to 0"
+                            ),
+                        }],
+                    ));
+                }
+                let mut out = current.clone();
+                crate::value::set(&mut out, &["spec", "replicas"], json!(replicas));
+                return Ok(bump_generation(res, current, out));
+            }
+            Some("finalize") => {
+                let mut out = current.clone();
+                let finalizers = new
+                    .pointer("/spec/finalizers")
+                    .cloned()
+                    .unwrap_or(json!([]));
+                crate::value::set(&mut out, &["spec", "finalizers"], finalizers);
+                return Ok(out);
+            }
+            Some("approval") => {
+                let mut out = current.clone();
+                let conditions = new
+                    .pointer("/status/conditions")
+                    .cloned()
+                    .unwrap_or(json!([]));
+                crate::value::set(&mut out, &["status", "conditions"], conditions);
+                return Ok(out);
+            }
+            _ => {}
+        }
+        let o = new
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad_request("the request body is not a JSON object"))?;
+        o.insert("apiVersion".into(), json!(res.api_version()));
+        o.insert("kind".into(), json!(res.kind));
+        if res.subresources.contains(&"status") {
+            match current.get("status") {
+                Some(s) => {
+                    o.insert("status".into(), s.clone());
+                }
+                None => {
+                    o.remove("status");
+                }
+            }
+        }
+        let cur_meta = meta(current).cloned().unwrap_or_default();
+        let m = meta_mut(&mut new)?;
+        if let Some(n) = m.get("name").and_then(Value::as_str) {
+            if n != t.name() {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({})",
+                    t.name()
+                )));
+            }
+        }
+        m.insert("name".into(), json!(t.name()));
+        if res.namespaced {
+            m.insert("namespace".into(), json!(t.ns.clone().unwrap_or_default()));
+        }
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "generateName",
+        ] {
+            match cur_meta.get(f) {
+                Some(v) => {
+                    m.insert(f.into(), v.clone());
+                }
+                None => {
+                    m.remove(f);
+                }
+            }
+        }
+        if is_service(res) {
+            services::keep_allocated(current, &mut new);
+        }
+        admission::defaults(res, &mut new);
+        Ok(bump_generation(res, current, new))
+    }
+
+    /// Stores the new state of an object whose current state was read at `current.revision`.
+    /// An object being deleted whose last finalizer is gone is deleted instead.
+    pub(super) async fn commit(
+        &self,
+        t: &Target,
+        current: &Stored,
+        new: Value,
+        dry_run: bool,
+    ) -> Result<Option<Stored>, ApiError> {
+        admission::validate(t.res, &new)?;
+        check_immutable(t.res, &current.object, &new)?;
+        let finalizers_done = new.pointer("/metadata/deletionTimestamp").is_some()
+            && new
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(|f| f.is_empty());
+        let mut new = new;
+        if is_service(t.res) && !finalizers_done {
+            services::allocate(&self.net, &mut new)?;
+        }
+        let write = (!finalizers_done).then(|| new.clone());
+        let changes = self
+            .changes_for(
+                t,
+                &t.key(),
+                current.revision,
+                Some(&current.object),
+                write.as_ref(),
+            )
+            .await?;
+        if dry_run {
+            return Ok(Some(Stored {
+                object: new,
+                revision: current.revision,
+            }));
+        }
+        match self.store.apply(&changes).await? {
+            Some(revision) => {
+                let mut object = write.unwrap_or_else(|| current.object.clone());
+                set_resource_version(&mut object, revision);
+                Ok(Some(Stored { object, revision }))
+            }
+            None => {
+                if is_service(t.res) {
+                    self.check_claims(&new, Some(&current.object)).await?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    pub(super) async fn update(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: Value,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let pinned = body
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<i64>().map_err(|_| {
+                    ApiError::bad_request(format!("metadata.resourceVersion: Invalid value: {s:?}"))
+                })
+            })
+            .transpose()?;
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            if let Some(rv) = pinned {
+                if rv != current.revision {
+                    return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+                }
+            }
+            let new = self.merge_update(t, &current.object, body.clone(), sub)?;
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                let out = if sub == Some("scale") {
+                    scale_of(t.res, &s.object)
+                } else {
+                    s.object
+                };
+                return Ok(json_response(200, &out));
+            }
+            if pinned.is_some() {
+                return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    pub(super) async fn patch(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: &Bytes,
+        content_type: &str,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let ct = content_type.split(';').next().unwrap_or("").trim();
+        if ct == "application/apply-patch+yaml" {
+            return self.server_side_apply(t, q, body, sub).await;
+        }
+        let patch: Value = match ct {
+            "application/json-patch+json"
+            | "application/merge-patch+json"
+            | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+            other => return Err(ApiError::unsupported_media_type(other)),
+        };
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.get(t, &Query::default()).await?;
+            // A patch applies to what the client sees: the Scale for /scale.
+            let mut view = if sub == Some("scale") {
+                scale_of(t.res, &current.object)
+            } else {
+                current.object.clone()
+            };
+            let before = view.clone();
+            match ct {
+                "application/json-patch+json" => patch::json_patch(&mut view, &patch)?,
+                "application/strategic-merge-patch+json" => {
+                    let (group, version, kind) = if sub == Some("scale") {
+                        ("autoscaling", "v1", "Scale")
+                    } else {
+                        (t.res.group, t.res.version, t.res.kind)
+                    };
+                    let def = crate::openapi::schemas::schemas().kind_def(group, version, kind);
+                    crate::strategic::apply(def, &mut view, &patch)?
+                }
+                _ => patch::merge_patch(&mut view, &patch),
+            }
+            let warnings = fieldvalidation::check_patch(t.res, sub, body, &before, &view, q)?;
+            let pinned = view
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|rv| {
+                    patch.pointer("/metadata/resourceVersion").is_some() && *rv != current.revision
+                });
+            if pinned.is_some() {
+                return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
+            }
+            let new = match sub {
+                None => {
+                    let mut new = self.merge_update(t, &current.object, view.clone(), None)?;
+                    // A patch of the main resource leaves status as it was (merge_update did),
+                    // except for kinds without a status subresource, where it is part of the object.
+                    if !t.res.subresources.contains(&"status") {
+                        if let Some(s) = view.get("status") {
+                            crate::value::set(&mut new, &["status"], s.clone());
+                        }
+                    }
+                    new
+                }
+                Some(s) => self.merge_update(t, &current.object, view, Some(s))?,
+            };
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                let out = if sub == Some("scale") {
+                    scale_of(t.res, &s.object)
+                } else {
+                    s.object
+                };
+                return Ok(fieldvalidation::with_warnings(
+                    json_response(200, &out),
+                    &warnings,
+                ));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+
+    /// Server-side apply: creates the object if it is absent, else merges the configuration
+    /// in, with field ownership (see [`crate::apply`]).
+    async fn server_side_apply(
+        &self,
+        t: &Target,
+        q: &Query,
+        body: &Bytes,
+        sub: Option<&str>,
+    ) -> Result<Resp, ApiError> {
+        let dry_run = q.dry_run()?;
+        let manager = q
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "meta.k8s.io",
+                    "PatchOptions",
+                    "",
+                    vec![crate::error::Cause {
+                        reason: "FieldValueRequired",
+                        field: "fieldManager".into(),
+                        message: "Required value: is required for apply patch".into(),
+                    }],
+                )
+            })?;
+        if sub.is_some() {
+            return Err(ApiError::method_not_allowed("server-side apply of a subresource is not supported by this server; apply the object itself"));
+        }
+        let force = q.flag("force");
+        let config: Value = serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+        if !config.is_object() {
+            return Err(ApiError::bad_request(
+                "the applied configuration is not an object",
+            ));
+        }
+        if let Some(n) = config.pointer("/metadata/name").and_then(Value::as_str) {
+            if n != t.name() {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({})",
+                    t.name()
+                )));
+            }
+        }
+        let def =
+            crate::openapi::schemas::schemas().kind_def(t.res.group, t.res.version, t.res.kind);
+        let api_version = t.res.api_version();
+        for _ in 0..UPDATE_RETRIES {
+            let current = self.store.get(&t.key(), Freshness::Latest).await?;
+            let Some(current) = current else {
+                let mut object =
+                    crate::apply::apply(def, None, &config, manager, force, &api_version, &now())?;
+                crate::value::set(&mut object, &["metadata", "name"], json!(t.name()));
+                return self.create(t, q, object).await;
+            };
+            let applied = crate::apply::apply(
+                def,
+                Some(&current.object),
+                &config,
+                manager,
+                force,
+                &api_version,
+                &now(),
+            )?;
+            let new = self.merge_update(t, &current.object, applied, None)?;
+            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
+                return Ok(json_response(200, &s.object));
+            }
+        }
+        Err(ApiError::conflict(
+            t.res.group,
+            t.res.plural,
+            t.name(),
+            "too many concurrent updates; try again",
+        ))
+    }
+}
+
+/// A copy of `new` with metadata.generation bumped if its spec differs from `current`'s.
+pub(super) fn bump_generation(res: &Resource, current: &Value, mut new: Value) -> Value {
+    if res.has_spec && current.get("spec") != new.get("spec") {
+        let g = current
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        crate::value::set(&mut new, &["metadata", "generation"], json!(g));
+    }
+    new
+}
+
+/// Fields that may not change after creation.
+pub(super) fn check_immutable(
+    res: &Resource,
+    current: &Value,
+    new: &Value,
+) -> Result<(), ApiError> {
+    let mut causes = Vec::new();
+    let name = meta_str(new, "name").unwrap_or("");
+    let immutable: &[&str] = match (res.group, res.kind) {
+        ("", "Service") => &["/spec/clusterIP"],
+        ("apps", "Deployment" | "ReplicaSet") => &["/spec/selector"],
+        ("", "Pod") => &[],
+        _ => &[],
+    };
+    for ptr in immutable {
+        let old = current.pointer(ptr);
+        if old.is_some() && old != new.pointer(ptr) {
+            causes.push(crate::error::Cause {
+                reason: "FieldValueInvalid",
+                field: ptr.trim_start_matches('/').replace('/', "."),
+                message: format!(
+                    "Invalid value: {}: field is immutable",
+                    new.pointer(ptr).cloned().unwrap_or(Value::Null)
+                ),
+            });
+        }
+    }
+    if res.kind == "Pod" {
+        // A pod's spec is fixed once created, except container images and a few others.
+        let strip = |v: Option<&Value>| {
+            let mut v = v.cloned().unwrap_or(json!({}));
+            for list in ["containers", "initContainers"] {
+                if let Some(cs) = v.get_mut(list).and_then(Value::as_array_mut) {
+                    for c in cs {
+                        if let Some(c) = c.as_object_mut() {
+                            c.remove("image");
+                        }
+                    }
+                }
+            }
+            if let Some(o) = v.as_object_mut() {
+                for f in [
+                    "activeDeadlineSeconds",
+                    "tolerations",
+                    "terminationGracePeriodSeconds",
+                    "nodeName",
+                ] {
+                    o.remove(f);
+                }
+            }
+            v
+        };
+        if strip(current.get("spec")) != strip(new.get("spec")) {
+            causes.push(crate::error::Cause {
+                reason: "FieldValueForbidden",
+                field: "spec".into(),
+                message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".into(),
+            });
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(res.group, res.kind, name, causes))
+    }
+}
+
+/// The autoscaling/v1 Scale of a workload.
+pub(super) fn scale_of(res: &Resource, o: &Value) -> Value {
+    let selector = match o.pointer("/spec/selector") {
+        Some(sel) if sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some() => {
+            let mut parts: Vec<String> = sel
+                .get("matchLabels")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect();
+            parts.sort();
+            parts.join(",")
+        }
+        Some(sel) => sel
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => String::new(),
+    };
+    let m = meta(o).cloned().unwrap_or_default();
+    let _ = res;
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": m.get("name"), "namespace": m.get("namespace"), "uid": m.get("uid"),
+            "resourceVersion": m.get("resourceVersion"), "creationTimestamp": m.get("creationTimestamp"),
+        },
+        "spec": {"replicas": o.pointer("/spec/replicas").cloned().unwrap_or(json!(0))},
+        "status": {
+            "replicas": o.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector,
+        },
+    })
+}
