@@ -205,7 +205,6 @@ impl Api {
         ))
     }
 
-    /// Every object of a resource in one namespace, as this member has them.
     /// Priority admission: a pod's priority is its PriorityClass's value (the built-in
     /// system-cluster-critical and system-node-critical too), or the global default class's
     /// when it names none.
@@ -265,6 +264,7 @@ impl Api {
         Ok(())
     }
 
+    /// Every object of a resource in one namespace, as this member has them.
     pub(crate) async fn namespace_objects(
         &self,
         plural: &str,
