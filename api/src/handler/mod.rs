@@ -452,11 +452,17 @@ impl Api {
             return self.node_stream(&t, sub, req).await;
         }
         let body = read_body(req).await?;
+        // The object a create, an update or a delete carries, decoded once for everything below
+        // (a node's restriction, field validation, the verb); a patch reads its bytes itself.
+        let carries_object = matches!(method, Method::POST | Method::PUT)
+            || (method == Method::DELETE && !body.is_empty());
+        let mut decoded = carries_object.then(|| decode_body(&body, &content_type));
         if let Some(node) = crate::node_authz::node_of(user) {
             let body_name = (method == Method::POST)
-                .then(|| decode_body(&body, &content_type).ok())
+                .then_some(decoded.as_ref())
                 .flatten()
-                .and_then(|o| meta_str(&o, "name").map(str::to_string));
+                .and_then(|d| d.as_ref().ok())
+                .and_then(|o| meta_str(o, "name").map(str::to_string));
             self.node_restriction(node, &t.attributes(&method, &q), body_name.as_deref())
                 .await?;
         }
@@ -467,6 +473,7 @@ impl Api {
                 .ok_or_else(|| ApiError::internal("core events are served"))?;
             let (body, content_type) = crate::events::body_to_core(&body, &content_type)?;
             let q = crate::events::query_to_core(&q);
+            decoded = decoded.map(|_| decode_body(&body, &content_type));
             (Target { res: core, ..t }, body, content_type, q)
         } else {
             (t, body, content_type, q)
@@ -485,10 +492,15 @@ impl Api {
         };
         // Unknown and duplicate fields of a create or update body (patches check their result).
         let warnings = match method {
-            Method::POST | Method::PUT if decode_body(&body, &content_type).is_ok() => {
+            Method::POST | Method::PUT if matches!(decoded, Some(Ok(_))) => {
                 fieldvalidation::check(t.res, t.sub.as_deref(), &body, &content_type, &q)?
             }
             _ => Vec::new(),
+        };
+        let mut object = || {
+            decoded
+                .take()
+                .unwrap_or_else(|| decode_body(&body, &content_type))
         };
         let resp = match (method, t.name.is_some(), t.sub.as_deref()) {
             (Method::GET, false, None) => {
@@ -509,18 +521,18 @@ impl Api {
                 }
             }
             (Method::POST, false, None) if t.res.is_virtual() => {
-                let object = decode_body(&body, &content_type)?;
+                let object = object()?;
                 let answer = self.review(user, &t, object).await?;
                 Ok(json_response(201, &answer))
             }
             (Method::POST, true, Some("token")) => {
-                let object = decode_body(&body, &content_type)?;
+                let object = object()?;
                 let answer = self.token_request(&t, object).await?;
                 Ok(json_response(201, &answer))
             }
             (Method::POST, false, None) => {
                 verb_allowed("create")?;
-                let mut object = decode_body(&body, &content_type)?;
+                let mut object = object()?;
                 if t.res.group == "certificates.k8s.io" {
                     crate::certificates::stamp(user, &mut object);
                     crate::certificates::validate(&object)?;
@@ -528,18 +540,18 @@ impl Api {
                 self.create(&t, &q, object).await
             }
             (Method::POST, true, Some("binding")) => {
-                let object = decode_body(&body, &content_type)?;
+                let object = object()?;
                 self.bind(&t, &q, object).await
             }
             (Method::POST, true, Some("eviction")) => {
-                let object = decode_body(&body, &content_type)?;
+                let object = object()?;
                 let opts = object.get("deleteOptions").cloned();
                 self.delete(&t, &q, opts.as_ref()).await?;
                 Ok(json_response(201, &success_status()))
             }
             (Method::PUT, true, sub) => {
                 verb_allowed("update")?;
-                let object = decode_body(&body, &content_type)?;
+                let object = object()?;
                 self.update(&t, &q, object, sub).await
             }
             (Method::PATCH, true, sub) => {
@@ -551,7 +563,7 @@ impl Api {
                 let opts = if body.is_empty() {
                     None
                 } else {
-                    Some(decode_body(&body, &content_type)?)
+                    Some(object()?)
                 };
                 let deleted = self.delete(&t, &q, opts.as_ref()).await?;
                 Ok(json_response(200, &deleted))
