@@ -79,7 +79,7 @@ impl Node {
                 return;
             };
             let voter = voters.contains(&id);
-            let voters = voters.into_iter().filter(|v| *v != id).collect::<Vec<_>>();
+            let others = voters.into_iter().filter(|v| *v != id).collect::<Vec<_>>();
             let term = vote.leader_id().get_term();
             let started_term = *started_term.get_or_insert(term);
             let Some(utime) = utime else { continue };
@@ -96,7 +96,7 @@ impl Node {
             }
             let limit = campaign_after(
                 id,
-                voters.len() + 1,
+                others.len() + 1,
                 &vote,
                 started_term,
                 Duration::from_millis(max),
@@ -107,7 +107,7 @@ impl Node {
                     silent_ms = utime.elapsed().as_millis() as u64,
                     "no word from a leader within the election timeout: campaigning"
                 );
-                if !self.pre_vote(&voters, self.wal.state().1).await {
+                if !self.pre_vote(&others, self.wal.state().1).await {
                     tracing::debug!(
                         "pre-vote lost: a majority still hears a leader or holds a longer log"
                     );
@@ -131,9 +131,10 @@ impl Node {
             return true;
         }
         let budget = Duration::from_millis(self.raft.config().election_timeout_min);
-        let data = match bincode::serialize(&Forward::PreVote { last_log }) {
-            Ok(data) => data,
-            Err(_) => return true,
+        // Encoding a log id does not fail; were it to, the member campaigns as it would
+        // without PreVote rather than never again.
+        let Ok(data) = bincode::serialize(&Forward::PreVote { last_log }) else {
+            return true;
         };
         let asks = others.iter().map(|&peer| {
             let data = data.clone();
