@@ -2,6 +2,7 @@
 //! create/mod revisions and versions, reads at past revisions, compaction, leases, and a watch
 //! hub that replays history and then follows live changes.
 
+mod index;
 pub mod keys;
 pub mod store;
 pub mod types;

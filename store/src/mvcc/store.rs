@@ -2,10 +2,12 @@
 //!
 //! Trees:
 //! - `hist`: revision -> [`Record`]: every change ever made (until compacted), in revision order.
-//!   Watch replay and compaction read it; it is the only tree a snapshot strictly needs.
-//! - `kidx`: escaped key ‖ revision -> (): the generations of each key, for reads at a past
-//!   revision.
-//! - `cur`: key -> [`KeyValue`]: the live version of each key, for reads at the newest revision.
+//!   Every read of a key's value reads it; it is the only tree with a write per changed key.
+//!   Which revision holds a key's version at a given revision is in the [`KeyIndex`], in
+//!   memory, rebuilt from `hist` when the store opens. (Until 2026-12 two more trees held the
+//!   index and the live versions; a DeleteRange of a hundred thousand keys then made three
+//!   hundred thousand sled writes, and took longer than a request may. A store of an older
+//!   build drops them when it opens.)
 //! - `leases`: lease id -> [`Lease`]; `lkeys`: lease id ‖ key -> (): the keys attached to a lease.
 //! - `meta`: the store revision, the compacted revision, member attributes, and whatever the
 //!   caller (the Raft state machine) commits with each change.
@@ -18,8 +20,8 @@
 //! commands on disk and re-applying the log after a restart starts exactly where the state
 //! ends. The one command
 //! whose work follows its commit, a compaction, commits its revision first and is finished on
-//! the next open. Readers hold the read side of `lock` while the writer holds the write side for
-//! the commit, so a read never sees half a transaction.
+//! the next open. Readers hold the read side of `index` while the writer holds the write side
+//! for the commit, so a read never sees half a transaction.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -28,7 +30,8 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use super::keys::{escape_key, index_key, split_index_key, Revision};
+use super::index::KeyIndex;
+use super::keys::Revision;
 use super::types::*;
 use crate::error::{MvccError, StorageError};
 
@@ -58,9 +61,8 @@ const META_BASELINE_PENDING: &[u8] = b"baseline_snapshot_pending";
 
 /// One blind write of a commit: (tree, key, value or removal).
 type Write = (u8, Vec<u8>, Option<Vec<u8>>);
+/// (1 and 2 were the key index and live-version trees of older builds; no redo names them.)
 const TREE_HIST: u8 = 0;
-const TREE_KIDX: u8 = 1;
-const TREE_CUR: u8 = 2;
 const TREE_LEASES: u8 = 3;
 const TREE_LKEYS: u8 = 4;
 const TREE_META: u8 = 5;
@@ -82,6 +84,25 @@ struct Record {
     kv: KeyValue,
     tombstone: bool,
 }
+
+impl Record {
+    /// The key and whether it is a deletion, read from an encoded record without decoding
+    /// (and copying) its value: bincode writes the key first, length first (u64, little
+    /// endian), and the tombstone flag last.
+    fn key_and_tombstone(bytes: &[u8]) -> Option<(&[u8], bool)> {
+        let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+        let key = bytes.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
+        let tombstone = match bytes.last()? {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        Some((key, tombstone))
+    }
+}
+
+/// Old trees of the store that it no longer keeps (see the module doc).
+const DROPPED_TREES: [&str; 2] = ["mvcc_kidx", "mvcc_cur"];
 
 /// A [`Record`] encoded from borrowed parts (the same bytes), so that a commit writes the
 /// history from its events without copying them.
@@ -119,8 +140,6 @@ pub struct MemberAttrs {
 #[derive(Clone)]
 struct Trees {
     hist: sled::Tree,
-    kidx: sled::Tree,
-    cur: sled::Tree,
     leases: sled::Tree,
     lkeys: sled::Tree,
     meta: sled::Tree,
@@ -129,11 +148,9 @@ struct Trees {
 }
 
 impl Trees {
-    fn all(&self) -> [(&'static str, &sled::Tree); 6] {
+    fn all(&self) -> [(&'static str, &sled::Tree); 4] {
         [
             ("hist", &self.hist),
-            ("kidx", &self.kidx),
-            ("cur", &self.cur),
             ("leases", &self.leases),
             ("lkeys", &self.lkeys),
             ("meta", &self.meta),
@@ -173,9 +190,15 @@ impl Dump {
         self.meta_i64(META_COMPACT)
     }
 
-    /// Live keys in the dump.
+    /// Live keys in the dump: keys whose last history record is not a deletion.
     pub fn key_count(&self) -> usize {
-        self.rows("cur").len()
+        let mut last: HashMap<&[u8], bool> = HashMap::new();
+        for (_, v) in self.rows("hist") {
+            if let Some((key, tombstone)) = Record::key_and_tombstone(v) {
+                last.insert(key, tombstone);
+            }
+        }
+        last.values().filter(|tombstone| !**tombstone).count()
     }
 
     /// The same value [`MvccStore::hash_kv`] gives at the dump's revision.
@@ -205,7 +228,9 @@ pub struct MvccStore {
     trees: Trees,
     /// The sled database's directory, for [`MvccStore::sync`] (none for a temporary one).
     dir: Option<std::path::PathBuf>,
-    lock: RwLock<()>,
+    /// Where each key's versions are in `hist`; also the lock that keeps reads and commits
+    /// apart (see the module doc).
+    index: RwLock<KeyIndex>,
     /// Blob files [`MvccStore::sync`] has synced.
     synced_blobs: std::sync::Mutex<HashSet<std::ffi::OsString>>,
     revision: AtomicI64,
@@ -374,12 +399,12 @@ impl Changes {
 
 /// What a commit is about to write, kept (in the `redo` tree) before anything else of it.
 ///
-/// A commit writes its history records first, then for each the `kidx` and `cur` writes that
-/// follow from it, then `other`. sled recovers a prefix of its log after a crash, so at open
-/// ([`MvccStore::finish_redo`]): if every history record of the last commit is there, the
-/// rest is written (again: the writes are blind, so twice is harmless); if only some are, the
-/// crash came before anything else of the commit was written, and they are removed. Either
-/// way the store holds whole commits; the Raft log applies again whatever is not there.
+/// A commit writes its history records first, then `other`. sled recovers a prefix of its log
+/// after a crash, so at open ([`MvccStore::finish_redo`]): if every history record of the last
+/// commit is there, `other` is written (again: the writes are blind, so twice is harmless); if
+/// only some are, the crash came before anything else of the commit was written, and they are
+/// removed. Either way the store holds whole commits (the key index is built from the history
+/// after this); the Raft log applies again whatever is not there.
 #[derive(Serialize, Deserialize)]
 pub(super) struct Redo {
     /// The first and last revision (main, sub) of the commit's history records, and how many
@@ -418,45 +443,12 @@ fn staged_records(
     })
 }
 
-/// Every write of a commit, in the order [`Redo`] relies on: history, then the index writes,
-/// then the rest, each made (encoded) only when the one before it is written.
+/// Every write of a commit, in the order [`Redo`] relies on: history, then the rest, each made
+/// (encoded) only when the one before it is written.
 fn commit_writes(batches: &[RevisionBatch], other: Vec<Write>) -> impl Iterator<Item = Write> + '_ {
-    let records = staged_records(batches);
-    let hist = records
-        .clone()
-        .map(|(rev, r)| (TREE_HIST, rev.to_bytes().to_vec(), Some(encode(&r))));
-    hist.chain(index_writes_of(records)).chain(other)
-}
-
-/// The `kidx` and `cur` writes that follow from history records: each record's index entry,
-/// then each key's last version once, in key order (sled inserts faster in order).
-fn index_writes_of<'a>(
-    records: impl Iterator<Item = (Revision, RecordRef<'a>)> + Clone + 'a,
-) -> impl Iterator<Item = Write> + 'a {
-    let mut live = BTreeMap::new();
-    for (_, r) in records.clone() {
-        live.insert(r.kv.key.as_slice(), (!r.tombstone).then_some(r.kv));
-    }
-    let kidx = records.map(|(rev, r)| (TREE_KIDX, index_key(&r.kv.key, rev), Some(Vec::new())));
-    let cur = live
-        .into_iter()
-        .map(|(key, kv)| (TREE_CUR, key.to_vec(), kv.map(encode)));
-    kidx.chain(cur)
-}
-
-/// [`index_writes_of`] records read back from the history.
-fn index_writes<'a>(records: impl IntoIterator<Item = (&'a Revision, &'a Record)>) -> Vec<Write> {
-    let records: Vec<(Revision, RecordRef<'a>)> = records
-        .into_iter()
-        .map(|(rev, r)| {
-            let r = RecordRef {
-                kv: &r.kv,
-                tombstone: r.tombstone,
-            };
-            (*rev, r)
-        })
-        .collect();
-    index_writes_of(records.into_iter()).collect()
+    staged_records(batches)
+        .map(|(rev, r)| (TREE_HIST, rev.to_bytes().to_vec(), Some(encode(&r))))
+        .chain(other)
 }
 
 /// What [`MvccStore::commit`] does with [`Changes`].
@@ -522,8 +514,6 @@ impl MvccStore {
     pub fn open(db: &sled::Db) -> Result<Self, StorageError> {
         let trees = Trees {
             hist: db.open_tree("mvcc_hist")?,
-            kidx: db.open_tree("mvcc_kidx")?,
-            cur: db.open_tree("mvcc_cur")?,
             leases: db.open_tree("mvcc_leases")?,
             lkeys: db.open_tree("mvcc_lkeys")?,
             meta: db.open_tree("mvcc_meta")?,
@@ -532,13 +522,21 @@ impl MvccStore {
         let store = Self {
             trees,
             dir: None,
-            lock: RwLock::new(()),
+            index: RwLock::new(KeyIndex::default()),
             synced_blobs: Default::default(),
             revision: AtomicI64::new(0),
             compact_revision: AtomicI64::new(0),
             hub: broadcast::channel(4096).0,
         };
         store.finish_redo()?;
+        for name in DROPPED_TREES {
+            if db.drop_tree(name)? {
+                tracing::info!(
+                    tree = name,
+                    "dropped a tree that this build no longer keeps"
+                );
+            }
+        }
         store.revision.store(
             read_i64(&store.trees.meta, META_REVISION)?,
             Ordering::Release,
@@ -547,21 +545,50 @@ impl MvccStore {
             read_i64(&store.trees.meta, META_COMPACT)?,
             Ordering::Release,
         );
+        store.rebuild_index(&mut store.index.write().unwrap_or_else(|e| e.into_inner()))?;
         store.finish_compaction()?;
         Ok(store)
     }
 
-    /// The read side of `lock`, which every public read takes, so that no read sees half a
+    /// Builds the key index from the history, one record at a time in revision order.
+    fn rebuild_index(&self, index: &mut KeyIndex) -> Result<(), StorageError> {
+        index.clear();
+        for item in self.trees.hist.iter() {
+            let (k, v) = item?;
+            let rev = Revision::from_bytes(&k)
+                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
+            let (key, tombstone) = Record::key_and_tombstone(&v)
+                .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
+            index.record(key, rev, tombstone);
+        }
+        Ok(())
+    }
+
+    /// The version a history record holds (none for a deletion).
+    fn version_at(&self, rev: Revision) -> Result<Option<KeyValue>, StorageError> {
+        match self.trees.hist.get(rev.to_bytes())? {
+            Some(v) => {
+                let record: Record = decode(&v)?;
+                Ok((!record.tombstone).then_some(record.kv))
+            }
+            None => Err(StorageError::Corrupt(format!(
+                "the key index names revision {}/{}, which the history does not hold",
+                rev.main, rev.sub
+            ))),
+        }
+    }
+
+    /// The read side of `index`, which every public read takes, so that no read sees half a
     /// commit. A long commit (a DeleteRange of a hundred thousand keys takes seconds in sled)
     /// holds the write side; a reader on one of the async runtime's workers then waits through
     /// `block_in_place`, which hands the worker's other tasks to another thread, so the peer
     /// service still answers heartbeats and votes meanwhile.
-    fn read_lock(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        match self.lock.try_read() {
+    fn read_lock(&self) -> std::sync::RwLockReadGuard<'_, KeyIndex> {
+        match self.index.try_read() {
             Ok(guard) => guard,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
-                let wait = || self.lock.read().unwrap_or_else(|e| e.into_inner());
+                let wait = || self.index.read().unwrap_or_else(|e| e.into_inner());
                 let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|h| {
                     h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
                 });
@@ -618,14 +645,15 @@ impl MvccStore {
     /// A range read at the newest or at a past revision. Returns the result and the store
     /// revision the read saw.
     pub fn range(&self, req: &RangeRequest) -> Result<(RangeResult, i64), MvccError> {
-        let _guard = self.read_lock();
+        let index = self.read_lock();
         let current = self.revision();
-        let result = self.range_locked(req, current, None)?;
+        let result = self.range_locked(&index, req, current, None)?;
         Ok((result, current))
     }
 
     fn range_locked(
         &self,
+        index: &KeyIndex,
         req: &RangeRequest,
         current: i64,
         ws: Option<&WriteSet>,
@@ -649,10 +677,10 @@ impl MvccStore {
             });
         }
         let mut kvs = if at == current {
-            self.scan_current(&req.range, &layers)
+            self.scan_current(index, &req.range, &layers)
                 .map_err(|_| MvccError::FutureRevision)?
         } else {
-            self.scan_at(&req.range, at)
+            self.scan_at(index, &req.range, at)
                 .map_err(|_| MvccError::FutureRevision)?
         };
         let count = kvs.len() as i64;
@@ -679,10 +707,11 @@ impl MvccStore {
     }
 
     /// Live keys in the range in key order, with staged changes (`layers`, later ones over
-    /// earlier ones) laid over `cur`: one pass over `cur` merged with the staged keys in the
-    /// range, so that each live version is decoded once and copied nowhere else.
+    /// earlier ones) laid over the index: one pass over the index merged with the staged keys
+    /// in the range, so that each live version is read once and copied nowhere else.
     fn scan_current(
         &self,
+        index: &KeyIndex,
         range: &KeyRange,
         layers: &[&BTreeMap<Vec<u8>, Option<KeyValue>>],
     ) -> Result<Vec<KeyValue>, StorageError> {
@@ -691,8 +720,8 @@ impl MvccStore {
             let staged = layers.iter().rev().find_map(|l| l.get(&range.key));
             return Ok(match staged {
                 Some(kv) => kv.iter().cloned().collect(),
-                None => match self.trees.cur.get(&range.key)? {
-                    Some(v) => vec![decode(&v)?],
+                None => match index.at(&range.key, i64::MAX) {
+                    Some(rev) => self.version_at(rev)?.into_iter().collect(),
                     None => Vec::new(),
                 },
             });
@@ -711,15 +740,16 @@ impl MvccStore {
             }
         }
         let mut staged = staged.into_iter().peekable();
-        let mut out = Vec::new();
-        let mut take_staged = |out: &mut Vec<KeyValue>, until: Option<&[u8]>| {
+        // Each live key in order: a staged version, or the revision of the stored one.
+        let mut slots: Vec<Result<KeyValue, Revision>> = Vec::new();
+        let mut take_staged = |out: &mut Vec<_>, until: Option<&[u8]>| {
             while let Some((k, _)) = staged.peek() {
                 if until.is_some_and(|u| *k > u) {
                     break;
                 }
                 let (k, v) = staged.next().expect("peeked");
                 if let Some(kv) = v {
-                    out.push(kv.clone());
+                    out.push(Ok(kv.clone()));
                 }
                 if until == Some(k) {
                     return true;
@@ -727,79 +757,73 @@ impl MvccStore {
             }
             false
         };
-        let sled_range = (start.map(<[u8]>::to_vec), end.map(<[u8]>::to_vec));
-        for item in self.trees.cur.range(sled_range) {
-            let (k, v) = item?;
+        for (k, rev) in index.range(range.start(), range.end(), i64::MAX) {
             // Staged keys before this one, and this one if it is staged (the staged version
             // or deletion wins).
-            if !take_staged(&mut out, Some(&k)) {
-                out.push(decode(&v)?);
+            if !take_staged(&mut slots, Some(k)) {
+                slots.push(Err(rev));
             }
         }
-        take_staged(&mut out, None);
-        Ok(out)
+        take_staged(&mut slots, None);
+        self.versions_of(slots)
+    }
+
+    /// The stored versions of `slots` (the `Err` ones, by revision) with the others, in the
+    /// order of `slots`. The history is read in revision order: in key order the reads of a
+    /// large range jump all over the history's tree, which took twice as long for 175,000 keys.
+    fn versions_of(
+        &self,
+        slots: Vec<Result<KeyValue, Revision>>,
+    ) -> Result<Vec<KeyValue>, StorageError> {
+        let mut stored: Vec<(Revision, usize)> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| slot.as_ref().err().map(|rev| (*rev, i)))
+            .collect();
+        stored.sort_unstable();
+        let mut found: Vec<Option<KeyValue>> = vec![None; slots.len()];
+        for (rev, i) in stored {
+            found[i] = self.version_at(rev)?;
+        }
+        Ok(slots
+            .into_iter()
+            .zip(found)
+            .filter_map(|(slot, found)| slot.ok().or(found))
+            .collect())
     }
 
     /// Keys in the range as they were at revision `at`.
-    fn scan_at(&self, range: &KeyRange, at: i64) -> Result<Vec<KeyValue>, StorageError> {
-        let (lo, hi) = if range.is_single() {
-            let k = escape_key(&range.key);
-            let mut hi = k.clone();
-            hi.extend_from_slice(&[0xff; 16]);
-            (k, Some(hi))
-        } else {
-            (escape_key(range.start()), range.end().map(escape_key))
-        };
-        let iter = match hi {
-            Some(hi) => self.trees.kidx.range(lo..hi),
-            None => self.trees.kidx.range(lo..),
-        };
-        // For each key, the newest revision at or before `at`.
-        let mut latest: Vec<(Vec<u8>, Revision)> = Vec::new();
-        for item in iter {
-            let (entry, _) = item?;
-            let (key, rev) = split_index_key(&entry)
-                .ok_or_else(|| StorageError::Corrupt("key index entry".into()))?;
-            if rev.main > at {
-                continue;
-            }
-            match latest.last_mut() {
-                Some((k, r)) if *k == key => *r = rev,
-                _ => latest.push((key, rev)),
-            }
+    fn scan_at(
+        &self,
+        index: &KeyIndex,
+        range: &KeyRange,
+        at: i64,
+    ) -> Result<Vec<KeyValue>, StorageError> {
+        if range.is_single() {
+            return match index.at(&range.key, at) {
+                Some(rev) => Ok(self.version_at(rev)?.into_iter().collect()),
+                None => Ok(Vec::new()),
+            };
         }
-        let mut out = Vec::with_capacity(latest.len());
-        for (_, rev) in latest {
-            if let Some(v) = self.trees.hist.get(rev.to_bytes())? {
-                let record: Record = decode(&v)?;
-                if !record.tombstone {
-                    out.push(record.kv);
-                }
-            }
-        }
-        Ok(out)
+        self.versions_of(
+            index
+                .range(range.start(), range.end(), at)
+                .map(|(_, rev)| Err(rev))
+                .collect(),
+        )
     }
 
     /// The version of `key` live just before revision `before`, for a watch's prev_kv.
     fn version_before(
         &self,
+        index: &KeyIndex,
         key: &[u8],
         before: Revision,
     ) -> Result<Option<KeyValue>, StorageError> {
-        let lo = escape_key(key);
-        let hi = index_key(key, before);
-        if let Some(item) = self.trees.kidx.range(lo..hi).next_back() {
-            let (entry, _) = item?;
-            if let Some((_, rev)) = split_index_key(&entry) {
-                if let Some(v) = self.trees.hist.get(rev.to_bytes())? {
-                    let record: Record = decode(&v)?;
-                    if !record.tombstone {
-                        return Ok(Some(record.kv));
-                    }
-                }
-            }
+        match index.before(key, before) {
+            Some(rev) => self.version_at(rev),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     /// Events of revisions `from..=to` inside `range`, grouped per revision, at most about
@@ -813,14 +837,14 @@ impl MvccStore {
         prev_kv: bool,
         max_events: usize,
     ) -> Result<Vec<RevisionBatch>, MvccError> {
-        let _guard = self.read_lock();
+        let index = self.read_lock();
         let compact = self.compact_revision();
         if from < compact {
             return Err(MvccError::Compacted {
                 compact_revision: compact,
             });
         }
-        self.history_locked(range, from, to, prev_kv, max_events)
+        self.history_locked(&index, range, from, to, prev_kv, max_events)
             .map_err(|_| MvccError::Compacted {
                 compact_revision: compact,
             })
@@ -828,6 +852,7 @@ impl MvccStore {
 
     fn history_locked(
         &self,
+        index: &KeyIndex,
         range: &KeyRange,
         from: i64,
         to: i64,
@@ -852,7 +877,7 @@ impl MvccStore {
                 continue;
             }
             let prev = if prev_kv {
-                self.version_before(&record.kv.key, rev)?
+                self.version_before(index, &record.kv.key, rev)?
             } else {
                 None
             };
@@ -891,6 +916,12 @@ impl MvccStore {
 
     pub fn lease(&self, id: i64) -> Result<Option<Lease>, StorageError> {
         let _guard = self.read_lock();
+        self.lease_unlocked(id)
+    }
+
+    /// [`MvccStore::lease`] for the writer, which holds the index already (a second read lock
+    /// on the same thread could wait behind a waiting writer).
+    fn lease_unlocked(&self, id: i64) -> Result<Option<Lease>, StorageError> {
         match self.trees.leases.get((id as u64).to_be_bytes())? {
             Some(v) => Ok(Some(decode(&v)?)),
             None => Ok(None),
@@ -899,6 +930,10 @@ impl MvccStore {
 
     pub fn lease_keys(&self, id: i64) -> Result<Vec<Vec<u8>>, StorageError> {
         let _guard = self.read_lock();
+        self.lease_keys_unlocked(id)
+    }
+
+    fn lease_keys_unlocked(&self, id: i64) -> Result<Vec<Vec<u8>>, StorageError> {
         let mut out = Vec::new();
         for item in self.trees.lkeys.scan_prefix((id as u64).to_be_bytes()) {
             let (k, _) = item?;
@@ -924,6 +959,10 @@ impl MvccStore {
     /// The active alarms, in member then kind order.
     pub fn alarms(&self) -> Result<Vec<Alarm>, StorageError> {
         let _guard = self.read_lock();
+        self.alarms_unlocked()
+    }
+
+    fn alarms_unlocked(&self) -> Result<Vec<Alarm>, StorageError> {
         match self.trees.meta.get(META_ALARMS)? {
             Some(v) => decode(&v),
             None => Ok(Vec::new()),
@@ -1010,9 +1049,14 @@ impl MvccStore {
         changes.commands += 1;
         changes.closed |= alone;
         let current = changes.revision;
+        let index = self.read_lock();
+        let index = &*index;
         let mut ws = WriteSet::new(current + 1, &changes.keys);
         let no_space = || -> Result<bool, StorageError> {
-            Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
+            Ok(self
+                .alarms_unlocked()?
+                .iter()
+                .any(|a| a.kind == AlarmKind::NoSpace))
         };
         let output = match cmd {
             Command::Batch(_) => {
@@ -1022,9 +1066,11 @@ impl MvccStore {
             }
             // With a NOSPACE alarm active every member refuses what would grow the database.
             _ if cmd.takes_space() && no_space()? => Err(MvccError::NoSpace),
-            Command::Txn(txn) => self.apply_txn(txn, current, &mut ws).map(Output::Txn),
+            Command::Txn(txn) => self
+                .apply_txn(index, txn, current, &mut ws)
+                .map(Output::Txn),
             Command::LeaseGrant { id, ttl } => self.apply_grant(*id, *ttl, &mut ws),
-            Command::LeaseRevoke { id } => self.apply_revoke(*id, &mut ws),
+            Command::LeaseRevoke { id } => self.apply_revoke(index, *id, &mut ws),
             Command::Compact { revision } => {
                 self.check_compact(*revision, current).map(|_| {
                     // Committed with the command (and the caller's applied log id), so that a
@@ -1058,7 +1104,7 @@ impl MvccStore {
                 member,
                 alarm,
             } => {
-                let mut alarms = self.alarms()?;
+                let mut alarms = self.alarms_unlocked()?;
                 let this = Alarm {
                     member: *member,
                     kind: *alarm,
@@ -1109,13 +1155,16 @@ impl MvccStore {
             return Ok(());
         }
         let encoded = encode(&redo);
-        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         self.write_redo(&encoded)?;
         self.write(commit_writes(&batches, redo.other))?;
+        for (rev, record) in staged_records(&batches) {
+            index.record(&record.kv.key, rev, record.tombstone);
+        }
         if let Some(revision) = revision {
             self.revision.store(revision, Ordering::Release);
         }
-        drop(_guard);
+        drop(index);
         // No receivers is fine: nobody is watching.
         for batch in batches {
             let _ = self.hub.send(Arc::new(batch));
@@ -1168,8 +1217,6 @@ impl MvccStore {
         for (tree, key, value) in writes {
             let tree = match tree {
                 TREE_HIST => &t.hist,
-                TREE_KIDX => &t.kidx,
-                TREE_CUR => &t.cur,
                 TREE_LEASES => &t.leases,
                 TREE_LKEYS => &t.lkeys,
                 TREE_META => &t.meta,
@@ -1209,7 +1256,8 @@ impl MvccStore {
             return Ok(());
         }
         let redo: Redo = decode(&bytes)?;
-        let mut found = Vec::new();
+        let mut found = 0u64;
+        let mut undo: Vec<Write> = Vec::new();
         if redo.records > 0 {
             let first = Revision {
                 main: redo.first.0,
@@ -1222,49 +1270,48 @@ impl MvccStore {
             }
             .to_bytes();
             for item in self.trees.hist.range(first..=last) {
-                let (k, v) = item?;
-                let rev = Revision::from_bytes(&k)
-                    .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-                found.push((rev, decode::<Record>(&v)?));
+                let (k, _) = item?;
+                found += 1;
+                undo.push((TREE_HIST, k.to_vec(), None));
             }
         }
-        if found.len() as u64 == redo.records {
-            let mut writes = index_writes(found.iter().map(|(rev, r)| (rev, r)));
-            writes.extend(redo.other);
-            self.write(writes)
+        if found == redo.records {
+            self.write(redo.other)
         } else {
             tracing::info!(
-                found = found.len(),
+                found,
                 of = redo.records,
                 "the last commit was cut short before its history was written: undoing it"
             );
-            let undo: Vec<Write> = found
-                .iter()
-                .map(|(rev, _)| (TREE_HIST, rev.to_bytes().to_vec(), None::<Vec<u8>>))
-                .collect();
             self.write(undo)
         }
     }
 
-    fn current_kv(&self, key: &[u8], ws: &WriteSet) -> Result<Option<KeyValue>, StorageError> {
+    fn current_kv(
+        &self,
+        index: &KeyIndex,
+        key: &[u8],
+        ws: &WriteSet,
+    ) -> Result<Option<KeyValue>, StorageError> {
         if let Some(v) = ws.own.overlay.get(key).or_else(|| ws.base.get(key)) {
             return Ok(v.clone());
         }
-        match self.trees.cur.get(key)? {
-            Some(v) => Ok(Some(decode(&v)?)),
+        match index.at(key, i64::MAX) {
+            Some(rev) => self.version_at(rev),
             None => Ok(None),
         }
     }
 
     fn apply_txn(
         &self,
+        index: &KeyIndex,
         txn: &TxnRequest,
         current: i64,
         ws: &mut WriteSet,
     ) -> Result<TxnResult, MvccError> {
         let mut succeeded = true;
         for cmp in &txn.compare {
-            if !self.compare(cmp, ws.base)? {
+            if !self.compare(index, cmp, ws.base)? {
                 succeeded = false;
                 break;
             }
@@ -1276,7 +1323,7 @@ impl MvccStore {
         };
         let mut responses = Vec::with_capacity(ops.len());
         for op in ops {
-            responses.push(self.apply_op(op, current, ws)?);
+            responses.push(self.apply_op(index, op, current, ws)?);
         }
         Ok(TxnResult {
             succeeded,
@@ -1290,11 +1337,12 @@ impl MvccStore {
     /// Earlier commands of the same [`Changes`] are seen through `staged`.
     fn compare(
         &self,
+        index: &KeyIndex,
         cmp: &Compare,
         staged: &BTreeMap<Vec<u8>, Option<KeyValue>>,
     ) -> Result<bool, MvccError> {
         let kvs = self
-            .scan_current(&cmp.range, &[staged])
+            .scan_current(index, &cmp.range, &[staged])
             .map_err(|_| MvccError::FutureRevision)?;
         if kvs.is_empty() {
             if matches!(cmp.target, CompareTarget::Value(_)) {
@@ -1305,7 +1353,13 @@ impl MvccStore {
         Ok(kvs.iter().all(|kv| compare_kv(cmp, kv)))
     }
 
-    fn apply_op(&self, op: &Op, current: i64, ws: &mut WriteSet) -> Result<OpResult, MvccError> {
+    fn apply_op(
+        &self,
+        index: &KeyIndex,
+        op: &Op,
+        current: i64,
+        ws: &mut WriteSet,
+    ) -> Result<OpResult, MvccError> {
         let storage = |_: StorageError| MvccError::FutureRevision;
         match op {
             Op::Range(req) => {
@@ -1315,13 +1369,14 @@ impl MvccStore {
                     req.revision = 0;
                 }
                 Ok(OpResult::Range(self.range_locked(
+                    index,
                     &req,
                     current,
                     Some(ws),
                 )?))
             }
             Op::Put(req) => {
-                let prev = self.current_kv(&req.key, ws).map_err(storage)?;
+                let prev = self.current_kv(index, &req.key, ws).map_err(storage)?;
                 let value = if req.ignore_value {
                     prev.as_ref()
                         .map(|p| p.value.clone())
@@ -1336,7 +1391,7 @@ impl MvccStore {
                 } else {
                     req.lease
                 };
-                if lease != 0 && self.lease(lease).map_err(storage)?.is_none() {
+                if lease != 0 && self.lease_unlocked(lease).map_err(storage)?.is_none() {
                     return Err(MvccError::LeaseNotFound);
                 }
                 let main = ws.own.main;
@@ -1370,7 +1425,7 @@ impl MvccStore {
             }
             Op::Delete(req) => {
                 let existing = self
-                    .scan_current(&req.range, &[ws.base, &ws.own.overlay])
+                    .scan_current(index, &req.range, &[ws.base, &ws.own.overlay])
                     .map_err(storage)?;
                 let deleted = existing.len() as i64;
                 let mut prev_kvs = Vec::new();
@@ -1397,7 +1452,7 @@ impl MvccStore {
                 }
                 Ok(OpResult::Delete(DeleteResult { deleted, prev_kvs }))
             }
-            Op::Txn(inner) => Ok(OpResult::Txn(self.apply_txn(inner, current, ws)?)),
+            Op::Txn(inner) => Ok(OpResult::Txn(self.apply_txn(index, inner, current, ws)?)),
         }
     }
 
@@ -1406,7 +1461,7 @@ impl MvccStore {
             return Err(MvccError::LeaseTtlTooLarge);
         }
         if self
-            .lease(id)
+            .lease_unlocked(id)
             .map_err(|_| MvccError::LeaseNotFound)?
             .is_some()
         {
@@ -1416,18 +1471,26 @@ impl MvccStore {
         Ok(Output::LeaseGranted { id, ttl })
     }
 
-    fn apply_revoke(&self, id: i64, ws: &mut WriteSet) -> Result<Output, MvccError> {
+    fn apply_revoke(
+        &self,
+        index: &KeyIndex,
+        id: i64,
+        ws: &mut WriteSet,
+    ) -> Result<Output, MvccError> {
         if self
-            .lease(id)
+            .lease_unlocked(id)
             .map_err(|_| MvccError::LeaseNotFound)?
             .is_none()
         {
             return Err(MvccError::LeaseNotFound);
         }
-        let keys = self.lease_keys(id).map_err(|_| MvccError::LeaseNotFound)?;
+        let keys = self
+            .lease_keys_unlocked(id)
+            .map_err(|_| MvccError::LeaseNotFound)?;
         for key in keys {
             let current = ws.own.main - 1;
             self.apply_op(
+                index,
                 &Op::Delete(DeleteRequest {
                     range: KeyRange::single(key),
                     prev_kv: false,
@@ -1458,33 +1521,12 @@ impl MvccStore {
     /// by running it again, which [`MvccStore::finish_compaction`] does at the next start.
     fn compact(&self, revision: i64) -> Result<(), StorageError> {
         let t = &self.trees;
-        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
-        // Newest revision at or before `revision` of every key touched in that history.
-        let mut keep: HashMap<Vec<u8>, (Revision, bool)> = HashMap::new();
-        for item in t.hist.range(..Revision::first_of(revision + 1)) {
-            let (k, v) = item?;
-            let rev = Revision::from_bytes(&k)
-                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            let record: Record = decode(&v)?;
-            keep.insert(record.kv.key, (rev, record.tombstone));
-        }
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         let mut hist_batch = sled::Batch::default();
-        let mut kidx_batch = sled::Batch::default();
-        for item in t.hist.range(..Revision::first_of(revision + 1)) {
-            let (k, v) = item?;
-            let rev = Revision::from_bytes(&k)
-                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            let record: Record = decode(&v)?;
-            let kept = keep
-                .get(&record.kv.key)
-                .map_or(false, |(r, tomb)| *r == rev && !tomb);
-            if !kept {
-                hist_batch.remove(k);
-                kidx_batch.remove(index_key(&record.kv.key, rev));
-            }
+        for rev in index.compact(revision) {
+            hist_batch.remove(&rev.to_bytes());
         }
         t.hist.apply_batch(hist_batch)?;
-        t.kidx.apply_batch(kidx_batch)?;
         t.meta.insert(META_COMPACT, &revision.to_be_bytes())?;
         self.compact_revision.store(revision, Ordering::Release);
         Ok(())
@@ -1597,7 +1639,7 @@ impl MvccStore {
 
     /// Replaces the whole state with a dump.
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
-        let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         // The last commit's redo is about the state being replaced.
         self.trees.redo.clear()?;
         for (name, tree) in self.trees.all() {
@@ -1616,7 +1658,8 @@ impl MvccStore {
         );
         self.compact_revision
             .store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
-        drop(_guard);
+        self.rebuild_index(&mut index)?;
+        drop(index);
         // A dump taken between a compaction's commit and its work carries it half done.
         self.finish_compaction()?;
         let _ = self.hub.send(Arc::new(RevisionBatch {
@@ -1649,7 +1692,7 @@ impl MvccStore {
             let revision = self.revision();
             self.compact(revision)?;
             let bumped = revision + bump;
-            let _guard = self.lock.write().unwrap_or_else(|e| e.into_inner());
+            let _guard = self.index.write().unwrap_or_else(|e| e.into_inner());
             self.trees
                 .meta
                 .insert(META_REVISION, &bumped.to_be_bytes())?;
@@ -1867,6 +1910,33 @@ mod tests {
                 None
             ]
         );
+    }
+
+    /// The key index is rebuilt from records without decoding their values.
+    #[test]
+    fn a_record_gives_its_key_and_deletion_without_decoding() {
+        for (key, value, tombstone) in [
+            (&b""[..], &b""[..], false),
+            (b"k\0\x01", b"value", false),
+            (b"gone", b"", true),
+            (b"big", &[7u8; 70_000][..], false),
+        ] {
+            let record = Record {
+                kv: KeyValue {
+                    key: key.to_vec(),
+                    value: value.to_vec(),
+                    create_revision: 1,
+                    mod_revision: 2,
+                    version: 3,
+                    lease: -1,
+                },
+                tombstone,
+            };
+            let bytes = encode(&record);
+            assert_eq!(Record::key_and_tombstone(&bytes), Some((key, tombstone)));
+        }
+        assert_eq!(Record::key_and_tombstone(&[1, 0, 0, 0, 0, 0, 0, 0]), None);
+        assert_eq!(Record::key_and_tombstone(&[]), None);
     }
 
     /// A commit writes history records from its events through [`RecordRef`]; they are read

@@ -2293,3 +2293,65 @@ fn a_commit_cut_while_its_redo_is_written_leaves_the_commit_before_it() {
     );
     apply(&store, cmd_put("c", "1"));
 }
+
+/// The key index lives in memory and is built from the history when the store opens: every
+/// read, at the newest revision and at each past one since the compaction, answers the same
+/// after a reopen. A store of a build that kept the index in sled trees has them dropped.
+#[test]
+fn a_reopened_store_reads_every_revision_as_before() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let read_all = |store: &MvccStore| {
+        let newest = store.revision();
+        (store.compact_revision()..=newest)
+            .map(|at| {
+                let mut r = req(all());
+                r.revision = if at == newest { 0 } else { at.max(1) };
+                range(store, r).map(|res| res.kvs)
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = {
+        let db = crate::reopen_sled(dir.path()).expect("sled opens");
+        // What an older build left behind.
+        db.open_tree("mvcc_cur")
+            .expect("tree")
+            .insert(b"stale", b"x".as_slice())
+            .expect("insert");
+        db.open_tree("mvcc_kidx").expect("tree");
+        let store = MvccStore::open(&db).expect("mvcc store opens");
+        let names = db.tree_names();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.as_ref() == b"mvcc_cur" || n.as_ref() == b"mvcc_kidx"),
+            "the trees of the old key index are still there"
+        );
+        grant(&store, 9, 60);
+        for i in 0..20 {
+            put(&store, &format!("k{}", i % 7), &format!("v{i}"));
+            if i % 5 == 4 {
+                del(&store, between("k2", "k4"));
+            }
+        }
+        put_lease(&store, "leased", "x", 9);
+        apply(&store, Command::Compact { revision: 12 });
+        put(&store, "k\0nul", "after the compaction");
+        del(&store, KeyRange::single("k5"));
+        let before = (read_all(&store), store.revision(), store.hash_kv(0));
+        assert!(get(&store, "k5").is_none() && get(&store, "k6").is_some());
+        db.flush().expect("flush");
+        before
+    };
+    let db = crate::reopen_sled(dir.path()).expect("sled opens");
+    let store = MvccStore::open(&db).expect("mvcc store opens");
+    assert!(before.0.iter().all(|r| r.is_ok()));
+    assert_eq!(
+        (read_all(&store), store.revision(), store.hash_kv(0)),
+        before
+    );
+    assert_eq!(store.lease_keys(9).expect("lease keys"), vec![b("leased")]);
+    // The reopened store goes on from where it was.
+    let next = put(&store, "k0", "next").revision;
+    assert_eq!(next, before.1 + 1);
+    assert_eq!(get(&store, "k0").map(|kv| kv.version), Some(4));
+}

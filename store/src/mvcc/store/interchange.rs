@@ -1,7 +1,8 @@
 //! A [`Dump`] as other stores of etcd's data model hold it: the history, one key-value or
 //! tombstone per revision, and the leases, with the revision and the compaction. Backups in
-//! etcd's format (`crate::backup`) are written from it and read back into it; the key index,
-//! the current keys and the lease attachments follow from the history, as they do on commit.
+//! etcd's format (`crate::backup`) are written from it and read back into it; the lease
+//! attachments follow from the history, as they do on commit (and the key index, when the dump
+//! is restored).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -10,7 +11,7 @@ use super::{
     META_MEMBER_PREFIX, META_REVISION,
 };
 use crate::error::StorageError;
-use crate::mvcc::keys::{index_key, Revision};
+use crate::mvcc::keys::Revision;
 use crate::mvcc::{KeyValue, Lease};
 
 /// One change of the history: a key's new version, or its deletion at `revision` (then `kv`
@@ -93,22 +94,14 @@ impl Dump {
             hist.push((h.revision.to_bytes().to_vec(), encode(&record)));
             records.push((h.revision, record));
         }
-        // Every record has its index entry; a key's last record is its current version, unless
-        // it is a deletion.
-        let mut kidx: Vec<(Vec<u8>, Vec<u8>)> = records
-            .iter()
-            .map(|(rev, r)| (index_key(&r.kv.key, *rev), Vec::new()))
-            .collect();
-        kidx.sort();
+        // A key's last record is its current version, unless it is a deletion.
         let mut last: BTreeMap<&[u8], &Record> = BTreeMap::new();
         for (_, r) in &records {
             last.insert(r.kv.key.as_slice(), r);
         }
         let ids: HashSet<i64> = leases.iter().map(|l| l.id).collect();
-        let mut cur = Vec::new();
         let mut lkeys = Vec::new();
         for (key, r) in last.into_iter().filter(|(_, r)| !r.tombstone) {
-            cur.push((key.to_vec(), encode(&r.kv)));
             if r.kv.lease != 0 && ids.contains(&r.kv.lease) {
                 lkeys.push((lkey(r.kv.lease, key), Vec::new()));
             }
@@ -133,8 +126,6 @@ impl Dump {
         Ok(Dump {
             trees: vec![
                 ("hist".into(), hist),
-                ("kidx".into(), kidx),
-                ("cur".into(), cur),
                 ("leases".into(), lease_rows),
                 ("lkeys".into(), lkeys),
                 ("meta".into(), meta),

@@ -1,0 +1,180 @@
+//! The key index: for every key, the revisions of it that the history still holds, in memory
+//! (etcd's treeIndex does the same job).
+//!
+//! The history (`hist`, revision -> record) is the only per-key thing the store writes; the
+//! index is rebuilt from it when the store opens ([`KeyIndex::record`] for each record in
+//! revision order) and after a snapshot is installed. A read finds the revision of each key's
+//! version here and then reads that record from the history.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use super::keys::Revision;
+
+/// The revisions of one key in the history, oldest first, each with whether it is a deletion.
+type Versions = Vec<(Revision, bool)>;
+
+#[derive(Default)]
+pub(super) struct KeyIndex {
+    keys: BTreeMap<Vec<u8>, Versions>,
+}
+
+/// The revision of the version live at main revision `at`: the newest at or before it, unless
+/// that one is a deletion.
+fn live_at(versions: &Versions, at: i64) -> Option<Revision> {
+    let i = versions.partition_point(|(rev, _)| rev.main <= at);
+    let (rev, tombstone) = *versions.get(i.checked_sub(1)?)?;
+    (!tombstone).then_some(rev)
+}
+
+impl KeyIndex {
+    pub(super) fn clear(&mut self) {
+        self.keys.clear();
+    }
+
+    /// Adds a history record of `key` at `rev`, newer than every record of it so far.
+    pub(super) fn record(&mut self, key: &[u8], rev: Revision, tombstone: bool) {
+        match self.keys.get_mut(key) {
+            Some(versions) => versions.push((rev, tombstone)),
+            None => {
+                self.keys.insert(key.to_vec(), vec![(rev, tombstone)]);
+            }
+        }
+    }
+
+    /// The revision of `key`'s version live at main revision `at`.
+    pub(super) fn at(&self, key: &[u8], at: i64) -> Option<Revision> {
+        live_at(self.keys.get(key)?, at)
+    }
+
+    /// The revision of `key`'s version live just before `before`.
+    pub(super) fn before(&self, key: &[u8], before: Revision) -> Option<Revision> {
+        let versions = self.keys.get(key)?;
+        let i = versions.partition_point(|(rev, _)| *rev < before);
+        let (rev, tombstone) = *versions.get(i.checked_sub(1)?)?;
+        (!tombstone).then_some(rev)
+    }
+
+    /// The keys in `[start, end)` (to the last key when `end` is `None`) live at main revision
+    /// `at`, in key order, with the revision of their version then.
+    pub(super) fn range<'a>(
+        &'a self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        at: i64,
+    ) -> impl Iterator<Item = (&'a [u8], Revision)> + 'a {
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        // BTreeMap::range panics on an end before its start.
+        let empty = end.is_some_and(|end| end <= start);
+        let iter = (!empty).then(|| self.keys.range::<[u8], _>((Bound::Included(start), upper)));
+        iter.into_iter()
+            .flatten()
+            .filter_map(move |(key, versions)| Some((key.as_slice(), live_at(versions, at)?)))
+    }
+
+    /// Forgets what a compaction at `revision` drops from the history, and returns the
+    /// revisions of those records: for every key, each record at or before `revision` except
+    /// the newest one, and that one too when it is a deletion.
+    pub(super) fn compact(&mut self, revision: i64) -> Vec<Revision> {
+        let mut dropped = Vec::new();
+        self.keys.retain(|_, versions| {
+            let upto = versions.partition_point(|(rev, _)| rev.main <= revision);
+            if upto == 0 {
+                return true;
+            }
+            let keep_newest = !versions[upto - 1].1;
+            let drop = if keep_newest { upto - 1 } else { upto };
+            dropped.extend(versions.drain(..drop).map(|(rev, _)| rev));
+            !versions.is_empty()
+        });
+        dropped.sort_unstable();
+        dropped
+    }
+
+    /// How many keys are live at the newest revision.
+    #[cfg(test)]
+    pub(super) fn live_keys(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|versions| versions.last().is_some_and(|(_, tombstone)| !tombstone))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(main: i64, sub: i64) -> Revision {
+        Revision { main, sub }
+    }
+
+    fn index(records: &[(&str, i64, bool)]) -> KeyIndex {
+        let mut index = KeyIndex::default();
+        for (key, main, tombstone) in records {
+            index.record(key.as_bytes(), rev(*main, 0), *tombstone);
+        }
+        index
+    }
+
+    #[test]
+    fn reads_a_key_at_each_revision() {
+        let index = index(&[("a", 2, false), ("a", 4, true), ("a", 6, false)]);
+        let at = |main| index.at(b"a", main).map(|r| r.main);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 6, 9].map(at),
+            [None, Some(2), Some(2), None, None, Some(6), Some(6)]
+        );
+        assert_eq!(index.before(b"a", rev(6, 0)), None);
+        assert_eq!(index.before(b"a", rev(4, 0)), Some(rev(2, 0)));
+        assert_eq!(index.before(b"a", rev(2, 0)), None);
+        assert_eq!(index.at(b"b", 9), None);
+    }
+
+    #[test]
+    fn ranges_over_keys_live_at_a_revision() {
+        let index = index(&[
+            ("a", 1, false),
+            ("b", 2, false),
+            ("c", 3, false),
+            ("b", 4, true),
+            ("d", 5, false),
+        ]);
+        let keys = |start: &str, end: Option<&str>, at| {
+            index
+                .range(start.as_bytes(), end.map(str::as_bytes), at)
+                .map(|(k, r)| (String::from_utf8(k.to_vec()).expect("utf-8"), r.main))
+                .collect::<Vec<_>>()
+        };
+        let owned = |v: &[(&str, i64)]| {
+            v.iter()
+                .map(|(k, r)| (k.to_string(), *r))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys("a", None, 9), owned(&[("a", 1), ("c", 3), ("d", 5)]));
+        assert_eq!(keys("a", Some("c"), 3), owned(&[("a", 1), ("b", 2)]));
+        assert_eq!(keys("b", Some("b"), 9), owned(&[]));
+        assert_eq!(keys("c", Some("a"), 9), owned(&[]));
+        assert_eq!(keys("a", None, 0), owned(&[]));
+    }
+
+    #[test]
+    fn a_compaction_keeps_each_key_as_it_was_at_the_compacted_revision() {
+        let mut index = index(&[
+            ("a", 1, false),
+            ("a", 2, false),
+            ("b", 3, false),
+            ("b", 4, true),
+            ("c", 5, false),
+            ("a", 6, false),
+        ]);
+        assert_eq!(index.compact(5), vec![rev(1, 0), rev(3, 0), rev(4, 0)]);
+        assert_eq!(index.at(b"a", 5), Some(rev(2, 0)));
+        assert_eq!(index.at(b"a", 6), Some(rev(6, 0)));
+        assert_eq!(index.at(b"b", 5), None);
+        assert_eq!(index.at(b"c", 5), Some(rev(5, 0)));
+        assert_eq!(index.live_keys(), 2);
+        // Again at the same revision: nothing more to drop.
+        assert_eq!(index.compact(5), vec![]);
+    }
+}
