@@ -1,4 +1,4 @@
-//! What a member remembers of its recent past, for the status page (`status_page.rs`): the
+//! What a member remembers of its recent past, for the status page (`status_page/`): the
 //! leader changes and snapshots (Raft's and the scheduled ones) of the last hours, as they
 //! happen, and every [`SAMPLE_INTERVAL`] a sample of the proposal rate, commit latency and
 //! fsync latency, from the member's own metrics, for the last hour. Kept in memory only: a

@@ -1,5 +1,5 @@
 //! Operations signals of a member: Prometheus `/metrics`, `/livez` and `/readyz` over HTTP
-//! (the status page, `status_page.rs`, is served beside them).
+//! (the status page, `status_page/`, is served beside them).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
