@@ -11,20 +11,30 @@ use std::ops::Bound;
 
 use super::keys::Revision;
 
-/// The revisions of one key in the history, oldest first, each with whether it is a deletion.
-type Versions = Vec<(Revision, bool)>;
+/// Where one version of a key is in the history, and what a delete of it needs to know
+/// without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Version {
+    pub(super) rev: Revision,
+    pub(super) tombstone: bool,
+    /// The lease the version is attached to (0: none).
+    pub(super) lease: i64,
+}
+
+/// The versions of one key in the history, oldest first.
+type Versions = Vec<Version>;
 
 #[derive(Default)]
 pub(super) struct KeyIndex {
     keys: BTreeMap<Vec<u8>, Versions>,
 }
 
-/// The revision of the version live at main revision `at`: the newest at or before it, unless
-/// that one is a deletion.
-fn live_at(versions: &Versions, at: i64) -> Option<Revision> {
-    let i = versions.partition_point(|(rev, _)| rev.main <= at);
-    let (rev, tombstone) = *versions.get(i.checked_sub(1)?)?;
-    (!tombstone).then_some(rev)
+/// The version live at main revision `at`: the newest at or before it, unless that one is a
+/// deletion.
+fn live_at(versions: &Versions, at: i64) -> Option<Version> {
+    let i = versions.partition_point(|v| v.rev.main <= at);
+    let version = *versions.get(i.checked_sub(1)?)?;
+    (!version.tombstone).then_some(version)
 }
 
 impl KeyIndex {
@@ -32,37 +42,37 @@ impl KeyIndex {
         self.keys.clear();
     }
 
-    /// Adds a history record of `key` at `rev`, newer than every record of it so far.
-    pub(super) fn record(&mut self, key: &[u8], rev: Revision, tombstone: bool) {
+    /// Adds a history record of `key`, newer than every record of it so far.
+    pub(super) fn record(&mut self, key: &[u8], version: Version) {
         match self.keys.get_mut(key) {
-            Some(versions) => versions.push((rev, tombstone)),
+            Some(versions) => versions.push(version),
             None => {
-                self.keys.insert(key.to_vec(), vec![(rev, tombstone)]);
+                self.keys.insert(key.to_vec(), vec![version]);
             }
         }
     }
 
-    /// The revision of `key`'s version live at main revision `at`.
-    pub(super) fn at(&self, key: &[u8], at: i64) -> Option<Revision> {
+    /// `key`'s version live at main revision `at`.
+    pub(super) fn at(&self, key: &[u8], at: i64) -> Option<Version> {
         live_at(self.keys.get(key)?, at)
     }
 
     /// The revision of `key`'s version live just before `before`.
     pub(super) fn before(&self, key: &[u8], before: Revision) -> Option<Revision> {
         let versions = self.keys.get(key)?;
-        let i = versions.partition_point(|(rev, _)| *rev < before);
-        let (rev, tombstone) = *versions.get(i.checked_sub(1)?)?;
-        (!tombstone).then_some(rev)
+        let i = versions.partition_point(|v| v.rev < before);
+        let version = *versions.get(i.checked_sub(1)?)?;
+        (!version.tombstone).then_some(version.rev)
     }
 
     /// The keys in `[start, end)` (to the last key when `end` is `None`) live at main revision
-    /// `at`, in key order, with the revision of their version then.
+    /// `at`, in key order, with their version then.
     pub(super) fn range<'a>(
         &'a self,
         start: &[u8],
         end: Option<&[u8]>,
         at: i64,
-    ) -> impl Iterator<Item = (&'a [u8], Revision)> + 'a {
+    ) -> impl Iterator<Item = (&'a [u8], Version)> + 'a {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         // BTreeMap::range panics on an end before its start.
         let empty = end.is_some_and(|end| end <= start);
@@ -78,13 +88,13 @@ impl KeyIndex {
     pub(super) fn compact(&mut self, revision: i64) -> Vec<Revision> {
         let mut dropped = Vec::new();
         self.keys.retain(|_, versions| {
-            let upto = versions.partition_point(|(rev, _)| rev.main <= revision);
+            let upto = versions.partition_point(|v| v.rev.main <= revision);
             if upto == 0 {
                 return true;
             }
-            let keep_newest = !versions[upto - 1].1;
+            let keep_newest = !versions[upto - 1].tombstone;
             let drop = if keep_newest { upto - 1 } else { upto };
-            dropped.extend(versions.drain(..drop).map(|(rev, _)| rev));
+            dropped.extend(versions.drain(..drop).map(|v| v.rev));
             !versions.is_empty()
         });
         dropped.sort_unstable();
@@ -96,7 +106,7 @@ impl KeyIndex {
     pub(super) fn live_keys(&self) -> usize {
         self.keys
             .values()
-            .filter(|versions| versions.last().is_some_and(|(_, tombstone)| !tombstone))
+            .filter(|versions| versions.last().is_some_and(|v| !v.tombstone))
             .count()
     }
 }
@@ -112,7 +122,12 @@ mod tests {
     fn index(records: &[(&str, i64, bool)]) -> KeyIndex {
         let mut index = KeyIndex::default();
         for (key, main, tombstone) in records {
-            index.record(key.as_bytes(), rev(*main, 0), *tombstone);
+            let version = Version {
+                rev: rev(*main, 0),
+                tombstone: *tombstone,
+                lease: 0,
+            };
+            index.record(key.as_bytes(), version);
         }
         index
     }
@@ -120,7 +135,7 @@ mod tests {
     #[test]
     fn reads_a_key_at_each_revision() {
         let index = index(&[("a", 2, false), ("a", 4, true), ("a", 6, false)]);
-        let at = |main| index.at(b"a", main).map(|r| r.main);
+        let at = |main| index.at(b"a", main).map(|v| v.rev.main);
         assert_eq!(
             [1, 2, 3, 4, 5, 6, 9].map(at),
             [None, Some(2), Some(2), None, None, Some(6), Some(6)]
@@ -143,7 +158,7 @@ mod tests {
         let keys = |start: &str, end: Option<&str>, at| {
             index
                 .range(start.as_bytes(), end.map(str::as_bytes), at)
-                .map(|(k, r)| (String::from_utf8(k.to_vec()).expect("utf-8"), r.main))
+                .map(|(k, v)| (String::from_utf8(k.to_vec()).expect("utf-8"), v.rev.main))
                 .collect::<Vec<_>>()
         };
         let owned = |v: &[(&str, i64)]| {
@@ -169,10 +184,11 @@ mod tests {
             ("a", 6, false),
         ]);
         assert_eq!(index.compact(5), vec![rev(1, 0), rev(3, 0), rev(4, 0)]);
-        assert_eq!(index.at(b"a", 5), Some(rev(2, 0)));
-        assert_eq!(index.at(b"a", 6), Some(rev(6, 0)));
-        assert_eq!(index.at(b"b", 5), None);
-        assert_eq!(index.at(b"c", 5), Some(rev(5, 0)));
+        let at = |key: &[u8], main| index.at(key, main).map(|v| v.rev);
+        assert_eq!(at(b"a", 5), Some(rev(2, 0)));
+        assert_eq!(at(b"a", 6), Some(rev(6, 0)));
+        assert_eq!(at(b"b", 5), None);
+        assert_eq!(at(b"c", 5), Some(rev(5, 0)));
         assert_eq!(index.live_keys(), 2);
         // Again at the same revision: nothing more to drop.
         assert_eq!(index.compact(5), vec![]);

@@ -26,7 +26,12 @@ impl Revision {
 
     /// The first possible revision of a main revision.
     pub fn first_of(main: i64) -> [u8; 16] {
-        Revision { main, sub: 0 }.to_bytes()
+        Self::first_of_rev(main).to_bytes()
+    }
+
+    /// The first possible revision of a main revision, as a revision.
+    pub fn first_of_rev(main: i64) -> Revision {
+        Revision { main, sub: 0 }
     }
 }
 

@@ -2355,3 +2355,103 @@ fn a_reopened_store_reads_every_revision_as_before() {
     assert_eq!(next, before.1 + 1);
     assert_eq!(get(&store, "k0").map(|kv| kv.version), Some(4));
 }
+
+/// A DeleteRange of more keys than `DELETED_VERSIONS_IN_EVENTS` does not read every deleted
+/// version into its events; a watcher that asked for them still gets each one (read from the
+/// history), one that replays the revision from history too, keys on a lease leave it, and the
+/// response carries the versions when the request asks for them.
+#[tokio::test]
+async fn a_large_delete_gives_watchers_the_deleted_versions_they_asked_for() {
+    use super::store::DELETED_VERSIONS_IN_EVENTS;
+    let keys = DELETED_VERSIONS_IN_EVENTS + 5;
+    for prev_kv_in_response in [false, true] {
+        let s = new_store();
+        grant(&s, 3, 60);
+        let mut want = BTreeMap::new();
+        for i in 0..keys {
+            let key = format!("big/{i:05}");
+            let applied = if i % 100 == 7 {
+                put_lease(&s, &key, &format!("v{i}"), 3)
+            } else {
+                put(&s, &key, &format!("v{i}"))
+            };
+            want.insert(key.clone(), get(&s, &key).expect("just put"));
+            assert!(applied.output.is_ok());
+        }
+        let before = s.revision();
+        let watch = |prev_kv, start_revision| {
+            watch::start(
+                s.clone(),
+                WatchSpec {
+                    range: from_key("big/"),
+                    start_revision,
+                    prev_kv,
+                    ..Default::default()
+                },
+                16,
+            )
+        };
+        let mut live = watch(true, 0);
+        let mut without = watch(false, 0);
+        let mut hub = s.subscribe();
+        // One key of the range is written by the deleting transaction itself.
+        let applied = apply(
+            &s,
+            Txn::new()
+                .then(op_put("big/00000", "in the same txn"))
+                .then(Op::Delete(DeleteRequest {
+                    range: from_key("big/"),
+                    prev_kv: prev_kv_in_response,
+                }))
+                .cmd(),
+        );
+        let deleted = match &txn_result(&applied).responses[1] {
+            OpResult::Delete(d) => d.clone(),
+            other => panic!("not a delete: {other:?}"),
+        };
+        assert_eq!(deleted.deleted, keys as i64);
+        assert_eq!(
+            deleted.prev_kvs.len(),
+            if prev_kv_in_response { keys } else { 0 }
+        );
+        let broadcast = hub.recv().await.expect("the delete's batch");
+        let carried = broadcast
+            .events
+            .iter()
+            .filter(|e| e.kind == EventKind::Delete && e.prev_kv.is_some())
+            .count();
+        // The key the transaction wrote is in memory anyway.
+        assert_eq!(carried, if prev_kv_in_response { keys } else { 1 });
+        assert!(s.lease_keys(3).expect("lease keys").is_empty());
+
+        let mut replay = watch(true, before + 1);
+        want.insert(
+            "big/00000".into(),
+            kv(
+                "big/00000",
+                "in the same txn",
+                want["big/00000"].create_revision,
+                before + 1,
+                2,
+            ),
+        );
+        for (name, rx) in [("live", &mut live), ("replayed", &mut replay)] {
+            let WatchMessage::Events { events, .. } = next(rx).await else {
+                panic!("{name}: no events")
+            };
+            let deletes: BTreeMap<String, KeyValue> = events
+                .into_iter()
+                .filter(|e| e.kind == EventKind::Delete)
+                .map(|e| {
+                    let prev = e.prev_kv.unwrap_or_else(|| panic!("{name}: no prev_kv"));
+                    (String::from_utf8(e.kv.key).expect("utf-8"), prev)
+                })
+                .collect();
+            assert_eq!(deletes, want, "{name}");
+        }
+        let WatchMessage::Events { events, .. } = next(&mut without).await else {
+            panic!("no events")
+        };
+        assert!(events.iter().all(|e| e.prev_kv.is_none()));
+    }
+}

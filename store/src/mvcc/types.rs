@@ -20,6 +20,9 @@ pub struct Event {
     pub kind: EventKind,
     /// For a delete, `kv` carries the key and the deleting revision only.
     pub kv: KeyValue,
+    /// The version a put replaced or a delete removed. A broadcast delete event of a
+    /// DeleteRange of more than `DELETED_VERSIONS_IN_EVENTS` keys has `None` here: the watch
+    /// reads it from the history for watchers that asked for it.
     pub prev_kv: Option<KeyValue>,
 }
 

@@ -184,7 +184,8 @@ async fn run(
                         continue;
                     }
                     // The batch is shared by every watcher: copy only the events this one
-                    // wants (a DeleteRange's batch holds every deleted version).
+                    // wants. A large DeleteRange's events do not carry the deleted versions
+                    // (`DELETED_VERSIONS_IN_EVENTS`): a watcher that wants them reads them.
                     let events = batch
                         .events
                         .iter()
@@ -192,10 +193,14 @@ async fn run(
                         .map(|e| Event {
                             kind: e.kind,
                             kv: e.kv.clone(),
-                            prev_kv: if spec.prev_kv {
-                                e.prev_kv.clone()
-                            } else {
-                                None
+                            prev_kv: match (&e.prev_kv, spec.prev_kv, e.kind) {
+                                (_, false, _) => None,
+                                (Some(prev), true, _) => Some(prev.clone()),
+                                (None, true, EventKind::Delete) => store
+                                    .version_before_revision(&e.kv.key, batch.revision)
+                                    .ok()
+                                    .flatten(),
+                                (None, true, EventKind::Put) => None,
                             },
                         })
                         .collect();

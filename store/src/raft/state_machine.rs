@@ -46,6 +46,8 @@ pub(crate) const META_MEMBERSHIP: &[u8] = b"raft_membership";
 pub(super) const META_BATCH_PROGRESS: &[u8] = b"raft_batch_progress";
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 const INSTALL_MARKER: &str = "snapshot.installing";
+/// How long applying entries may take before a member warns (etcd's expected duration).
+const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
 
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
@@ -159,10 +161,30 @@ impl StateMachine {
         }
     }
 
-    /// Applies entries in order, all in one commit with the last one's applied log
+    /// Applies entries in order (warning, as etcd does, when that takes longer than
+    /// [`SLOW_APPLY`]), all in one commit with the last one's applied log
     /// id (a command that must be committed on its own splits them; see
     /// [`crate::mvcc::Changes`]).
     fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, StorageError> {
+        let started = std::time::Instant::now();
+        let first = entries.first().map(|e| e.log_id.index);
+        let last = entries.last().map(|e| e.log_id.index);
+        let out = self.apply_in_one_commit(entries)?;
+        let took = started.elapsed();
+        // etcd's warning, with its threshold (100 ms) and words.
+        if took > SLOW_APPLY {
+            tracing::warn!(
+                took = ?took,
+                expected_duration = ?SLOW_APPLY,
+                first_index = first,
+                last_index = last,
+                "apply request took too long"
+            );
+        }
+        Ok(out)
+    }
+
+    fn apply_in_one_commit(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, StorageError> {
         let mut changes = self.mvcc.changes();
         let mut out = Vec::with_capacity(entries.len());
         crash_point(APPLY_BEFORE);
