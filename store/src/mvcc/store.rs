@@ -181,6 +181,12 @@ pub struct Dump {
 /// A tree's rows, key and value.
 type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// What [`MvccStore::dump_rows`] gives: a tree's name, then its rows.
+enum DumpRow<'a> {
+    Tree(&'static str),
+    Row(&'a [u8], &'a [u8]),
+}
+
 impl Dump {
     fn rows(&self, tree: &str) -> &[(Vec<u8>, Vec<u8>)] {
         self.trees
@@ -245,6 +251,9 @@ pub struct MvccStore {
     /// Where each key's versions are in `hist`; also the lock that keeps reads and commits
     /// apart (see the module doc).
     index: RwLock<KeyIndex>,
+    /// Held (read) by a dump while it reads the history without `index`'s lock, and (write)
+    /// by what removes history: compaction and restore. Taken before `index`, never after.
+    compaction_gate: RwLock<()>,
     /// Blob files [`MvccStore::sync`] has synced.
     synced_blobs: std::sync::Mutex<HashSet<std::ffi::OsString>>,
     revision: AtomicI64,
@@ -601,6 +610,7 @@ impl MvccStore {
             trees,
             dir: None,
             index: RwLock::new(KeyIndex::default()),
+            compaction_gate: RwLock::new(()),
             synced_blobs: Default::default(),
             revision: AtomicI64::new(0),
             compact_revision: AtomicI64::new(0),
@@ -1594,6 +1604,10 @@ impl MvccStore {
     /// by running it again, which [`MvccStore::finish_compaction`] does at the next start.
     fn compact(&self, revision: i64) -> Result<(), StorageError> {
         let t = &self.trees;
+        let _gate = self
+            .compaction_gate
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         let mut hist_batch = sled::Batch::default();
         for rev in index.compact(revision) {
@@ -1617,18 +1631,67 @@ impl MvccStore {
 
     // ---- snapshots ----
 
+    /// Every row of every tree (in [`Trees::all`]'s order), consistent with one commit, given
+    /// to `visit` as a tree's name before its rows. Commits go on meanwhile: the index lock is
+    /// held only while the small trees are copied and the revision is read; the history up to
+    /// that revision is then read without it, since commits only add later revisions, and
+    /// `compaction_gate` keeps compactions and restores, which remove history, out until the
+    /// dump is done. (Under the lock, a Raft snapshot of 200,000 keys held every write of the
+    /// cluster for two seconds.)
+    fn dump_rows(
+        &self,
+        mut visit: impl FnMut(DumpRow<'_>) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let _gate = self
+            .compaction_gate
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let (revision, small) = {
+            let _index = self.read_lock();
+            let mut small = Vec::new();
+            for (name, tree) in self.trees.all() {
+                if name == "hist" {
+                    continue;
+                }
+                let mut rows = Vec::new();
+                for item in tree.iter() {
+                    let (k, v) = item?;
+                    rows.push((k, v));
+                }
+                small.push((name, rows));
+            }
+            (self.revision(), small)
+        };
+        for (name, tree) in self.trees.all() {
+            visit(DumpRow::Tree(name))?;
+            if name == "hist" {
+                for item in tree.range(..Revision::first_of(revision.saturating_add(1))) {
+                    let (k, v) = item?;
+                    visit(DumpRow::Row(&k, &v))?;
+                }
+            } else if let Some((_, rows)) = small.iter().find(|(n, _)| *n == name) {
+                for (k, v) in rows {
+                    visit(DumpRow::Row(k, v))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A raw copy of every tree, consistent with one point of the applied log.
     pub fn dump(&self) -> Result<Dump, StorageError> {
-        let _guard = self.read_lock();
-        let mut trees = Vec::new();
-        for (name, tree) in self.trees.all() {
-            let mut rows = Vec::new();
-            for item in tree.iter() {
-                let (k, v) = item?;
-                rows.push((k.to_vec(), v.to_vec()));
+        let mut trees: Vec<(String, Rows)> = Vec::new();
+        self.dump_rows(|row| {
+            match row {
+                DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
+                DumpRow::Row(k, v) => {
+                    if let Some((_, rows)) = trees.last_mut() {
+                        rows.push((k.to_vec(), v.to_vec()));
+                    }
+                }
             }
-            trees.push((name.to_string(), rows));
-        }
+            Ok(())
+        })?;
         Ok(Dump { trees })
     }
 
@@ -1647,30 +1710,42 @@ impl MvccStore {
             put_len(out, bytes.len());
             out.extend_from_slice(bytes);
         }
-        let _guard = self.read_lock();
         let mut out = Vec::new();
         let mut values = vec![None; keys.len()];
-        let trees = self.trees.all();
-        put_len(&mut out, trees.len());
-        for (name, tree) in trees {
-            put_bytes(&mut out, name.as_bytes());
-            // The row count goes before the rows; it is known once they are written.
-            let count_at = out.len();
-            put_len(&mut out, 0);
-            let mut count = 0;
-            for item in tree.iter() {
-                let (k, v) = item?;
-                if name == "meta" {
-                    if let Some(i) = keys.iter().position(|key| *key == k.as_ref()) {
-                        values[i] = Some(v.to_vec());
-                    }
-                }
-                put_bytes(&mut out, &k);
-                put_bytes(&mut out, &v);
-                count += 1;
+        put_len(&mut out, self.trees.all().len());
+        // Where the row count of the tree being written goes, its name, and its rows so far:
+        // the count goes before the rows and is known once they are written.
+        let mut open: Option<(usize, &str, u64)> = None;
+        let close = |out: &mut Vec<u8>, open: Option<(usize, &str, u64)>| {
+            if let Some((at, _, count)) = open {
+                out[at..at + 8].copy_from_slice(&count.to_le_bytes());
             }
-            out[count_at..count_at + 8].copy_from_slice(&(count as u64).to_le_bytes());
-        }
+        };
+        self.dump_rows(|row| {
+            match row {
+                DumpRow::Tree(name) => {
+                    close(&mut out, open.take());
+                    put_bytes(&mut out, name.as_bytes());
+                    open = Some((out.len(), name, 0));
+                    put_len(&mut out, 0);
+                }
+                DumpRow::Row(k, v) => {
+                    let Some((_, name, count)) = open.as_mut() else {
+                        return Err(StorageError::Corrupt("a dump row before its tree".into()));
+                    };
+                    if *name == "meta" {
+                        if let Some(i) = keys.iter().position(|key| *key == k) {
+                            values[i] = Some(v.to_vec());
+                        }
+                    }
+                    put_bytes(&mut out, k);
+                    put_bytes(&mut out, v);
+                    *count += 1;
+                }
+            }
+            Ok(())
+        })?;
+        close(&mut out, open);
         Ok((out, values))
     }
 
@@ -1712,6 +1787,10 @@ impl MvccStore {
 
     /// Replaces the whole state with a dump.
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
+        let gate = self
+            .compaction_gate
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         // The last commit's redo is about the state being replaced.
         self.trees.redo.clear()?;
@@ -1733,6 +1812,7 @@ impl MvccStore {
             .store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
         self.rebuild_index(&mut index)?;
         drop(index);
+        drop(gate);
         // A dump taken between a compaction's commit and its work carries it half done.
         self.finish_compaction()?;
         let _ = self.hub.send(Arc::new(RevisionBatch {
@@ -1983,6 +2063,80 @@ mod tests {
                 None
             ]
         );
+    }
+
+    /// A dump reads the history without holding up commits: a commit made while a dump is
+    /// halfway through the history finishes, and the dump holds the state before it.
+    #[test]
+    fn a_commit_goes_through_while_a_dump_reads_the_history() {
+        let db = sled::Config::new().temporary(true).open().expect("db");
+        let store = std::sync::Arc::new(MvccStore::open(&db).expect("store"));
+        let put = |key: &str| {
+            let cmd = Command::Txn(TxnRequest {
+                success: vec![Op::Put(PutRequest {
+                    key: key.as_bytes().to_vec(),
+                    value: b"v".to_vec(),
+                    ..Default::default()
+                })],
+                ..Default::default()
+            });
+            store.apply(&cmd, Vec::new()).expect("put")
+        };
+        for i in 0..10 {
+            put(&format!("k{i}"));
+        }
+        let before = store.dump().expect("dump");
+        let (reached, wait) = std::sync::mpsc::channel::<()>();
+        let (go_on, resume) = std::sync::mpsc::channel::<()>();
+        let dumping = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let mut paused = false;
+                let mut trees: Vec<(String, Rows)> = Vec::new();
+                store
+                    .dump_rows(|row| {
+                        match row {
+                            DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
+                            DumpRow::Row(k, v) => {
+                                if !paused {
+                                    paused = true;
+                                    reached.send(()).expect("test waits");
+                                    resume.recv().expect("test resumes");
+                                }
+                                let rows = &mut trees.last_mut().expect("tree").1;
+                                rows.push((k.to_vec(), v.to_vec()));
+                            }
+                        }
+                        Ok(())
+                    })
+                    .expect("dump");
+                Dump { trees }
+            })
+        };
+        wait.recv().expect("the dump reads the history");
+        let (done, committed) = std::sync::mpsc::channel();
+        let writer = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let cmd = Command::Txn(TxnRequest {
+                    success: vec![Op::Put(PutRequest {
+                        key: b"during".to_vec(),
+                        value: b"v".to_vec(),
+                        ..Default::default()
+                    })],
+                    ..Default::default()
+                });
+                store.apply(&cmd, Vec::new()).expect("put");
+                done.send(()).expect("test waits");
+            })
+        };
+        let went_through = committed.recv_timeout(std::time::Duration::from_secs(30));
+        go_on.send(()).expect("dump waits");
+        let dump = dumping.join().expect("dump thread");
+        writer.join().expect("writer thread");
+        assert!(went_through.is_ok(), "the commit waited for the dump");
+        assert_eq!(encode(&dump), encode(&before));
+        assert_eq!(store.revision(), before.revision() + 1);
     }
 
     /// The key index is rebuilt from records without decoding their values.
