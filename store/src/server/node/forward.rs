@@ -1,0 +1,317 @@
+//! Forwarding to the leader: the requests a member hands to the leader, their replies and
+//! errors; finding the leader and sending to it (or serving it here, as leader); and what a
+//! request whose RPC to the leader failed comes to.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tonic::transport::Channel;
+
+use super::{MembershipChange, Node};
+use crate::error::{MvccError, StoreError};
+use crate::mvcc::{Applied, Command};
+use crate::proto::peer::peer_client::PeerClient;
+use crate::proto::peer::Payload;
+use crate::raft::{LogId, NodeId};
+
+/// A request a follower hands to the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Forward {
+    Propose(Command),
+    ReadIndex,
+    LeaseKeepAlive(i64),
+    LeaseTimeToLive(i64),
+    Membership(MembershipChange),
+    /// Hand the leadership to this voter (etcd's MoveLeader).
+    MoveLeader(NodeId),
+    /// To any member, from the leader: hold off elections of its own while the leadership
+    /// moves to `to`, for at most `millis`.
+    HoldElections {
+        to: NodeId,
+        millis: u64,
+    },
+    /// To the transferee, from the leader: campaign now.
+    Campaign,
+    /// To any voter, from a member about to campaign: would you vote for me with my log
+    /// ending here (PreVote)?
+    PreVote {
+        last_log: Option<LogId>,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardReply {
+    Applied(Applied),
+    ReadIndex(u64),
+    KeepAlive { ttl: i64 },
+    TimeToLive { ttl: i64, granted: i64 },
+    Membership,
+    Done,
+    PreVote { granted: bool },
+}
+
+/// Errors as they travel between members.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ForwardError {
+    NotLeader,
+    Mvcc(MvccError),
+    Unavailable(String),
+    Timeout,
+    NotFound(String),
+    FailedPrecondition(String),
+    InvalidArgument(String),
+}
+
+impl From<StoreError> for ForwardError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Mvcc(m) => ForwardError::Mvcc(m),
+            StoreError::Unavailable(m) => ForwardError::Unavailable(m),
+            StoreError::Timeout => ForwardError::Timeout,
+            StoreError::NotFound(m) => ForwardError::NotFound(m),
+            StoreError::FailedPrecondition(m) => ForwardError::FailedPrecondition(m),
+            StoreError::InvalidArgument(m) => ForwardError::InvalidArgument(m),
+            StoreError::Storage(e) => ForwardError::Unavailable(e.to_string()),
+            StoreError::Stopped => ForwardError::Unavailable("server stopped".into()),
+        }
+    }
+}
+
+impl From<ForwardError> for StoreError {
+    fn from(e: ForwardError) -> Self {
+        match e {
+            ForwardError::NotLeader => StoreError::Unavailable("leader changed".into()),
+            ForwardError::Mvcc(m) => StoreError::Mvcc(m),
+            ForwardError::Unavailable(m) => StoreError::Unavailable(m),
+            ForwardError::Timeout => StoreError::Timeout,
+            ForwardError::NotFound(m) => StoreError::NotFound(m),
+            ForwardError::FailedPrecondition(m) => StoreError::FailedPrecondition(m),
+            ForwardError::InvalidArgument(m) => StoreError::InvalidArgument(m),
+        }
+    }
+}
+
+impl Node {
+    /// Waits (bounded by the request timeout) until some member is leader.
+    async fn wait_for_leader(&self, deadline: Instant) -> Result<NodeId, StoreError> {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Some(leader) = rx.borrow().current_leader {
+                return Ok(leader);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+                return Err(StoreError::Unavailable("no leader".into()));
+            }
+        }
+    }
+
+    pub(in crate::server) fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let addr = membership
+            .nodes()
+            .find(|(nid, _)| **nid == id)
+            .map(|(_, n)| n.peer_addr.clone());
+        let addr = addr.ok_or_else(|| {
+            StoreError::Unavailable(format!("leader {id:x} is not in the membership"))
+        })?;
+        let channel = self
+            .network
+            .channel(&addr)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        Ok(PeerClient::new(channel).max_decoding_message_size(usize::MAX))
+    }
+
+    /// Sends a request to the current leader (possibly this member), retrying while the
+    /// leadership moves, within the request timeout.
+    pub(super) async fn to_leader(&self, req: Forward) -> Result<ForwardReply, StoreError> {
+        let deadline = Instant::now() + self.timing.request_timeout;
+        loop {
+            let leader = self.wait_for_leader(deadline).await?;
+            let result = if leader == self.id {
+                self.serve_forward(req.clone()).await
+            } else {
+                self.send_forward(leader, &req, deadline).await
+            };
+            match result {
+                Err(ForwardError::NotLeader) if Instant::now() < deadline => {
+                    // Leadership moved under us; wait for metrics to catch up and retry.
+                    let mut rx = self.raft.metrics();
+                    let left = deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(200));
+                    let _ = tokio::time::timeout(left, rx.changed()).await;
+                }
+                Err(ForwardError::NotLeader) => {
+                    return Err(StoreError::Unavailable("no leader".into()))
+                }
+                Err(e) => return Err(e.into()),
+                Ok(r) => return Ok(r),
+            }
+        }
+    }
+
+    pub(super) async fn send_forward(
+        &self,
+        leader: NodeId,
+        req: &Forward,
+        deadline: Instant,
+    ) -> Result<ForwardReply, ForwardError> {
+        let mut client = self.peer(leader).map_err(ForwardError::from)?;
+        let data = bincode::serialize(req).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+        let mut request = tonic::Request::new(Payload { data });
+        request.set_timeout(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(50)),
+        );
+        let propose = matches!(req, Forward::Propose(_) | Forward::Membership(_));
+        match client.forward(request).await {
+            Ok(reply) => {
+                bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
+                    .map_err(|e| ForwardError::Unavailable(e.to_string()))?
+            }
+            Err(status) => {
+                let error = forward_failed(&status, propose, Instant::now() >= deadline);
+                if matches!(error, ForwardError::Unavailable(_)) {
+                    tracing::debug!(leader = format!("{leader:x}"), %status, "forwarded write lost");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Serves a request on this member as leader; `NotLeader` when it is not.
+    pub async fn serve_forward(&self, req: Forward) -> Result<ForwardReply, ForwardError> {
+        match req {
+            Forward::HoldElections { to, millis } => {
+                self.hold_elections(to, Duration::from_millis(millis));
+                return Ok(ForwardReply::Done);
+            }
+            Forward::PreVote { last_log } => {
+                let granted = self.grants_pre_vote(last_log).await;
+                return Ok(ForwardReply::PreVote { granted });
+            }
+            Forward::Campaign => {
+                self.raft
+                    .trigger()
+                    .elect()
+                    .await
+                    .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+                return Ok(ForwardReply::Done);
+            }
+            _ => {}
+        }
+        if !self.is_leader() || self.transferring.load(Ordering::Acquire) {
+            return Err(ForwardError::NotLeader);
+        }
+        self.check_quorum_contact()?;
+        match req {
+            Forward::Propose(cmd) => self.propose_local(cmd).await.map(ForwardReply::Applied),
+            Forward::ReadIndex => self.read_index().await.map(ForwardReply::ReadIndex),
+            Forward::LeaseKeepAlive(id) => self
+                .keep_alive_local(id)
+                .map(|ttl| ForwardReply::KeepAlive { ttl }),
+            Forward::LeaseTimeToLive(id) => self
+                .ttl_local(id)
+                .map(|(ttl, granted)| ForwardReply::TimeToLive { ttl, granted }),
+            Forward::Membership(change) => self
+                .change_membership_local(change)
+                .await
+                .map(|_| ForwardReply::Membership),
+            Forward::MoveLeader(to) => self.move_leader_local(to).await.map(|_| ForwardReply::Done),
+            Forward::HoldElections { .. } | Forward::Campaign | Forward::PreVote { .. } => {
+                Ok(ForwardReply::Done)
+            }
+        }
+    }
+}
+
+/// What a forwarded request whose RPC to the leader failed with `status` comes to.
+///
+/// The request may or may not have reached the leader's log: only a read can be retried
+/// safely; a write reports the ambiguity as etcd does. The leader's gRPC server ends a request
+/// at the deadline sent with it as Cancelled ("Timeout expired"), which is a timeout, not a
+/// lost connection.
+fn forward_failed(status: &tonic::Status, propose: bool, deadline_passed: bool) -> ForwardError {
+    match status.code() {
+        tonic::Code::DeadlineExceeded => ForwardError::Timeout,
+        tonic::Code::Cancelled if deadline_passed => ForwardError::Timeout,
+        _ if !propose => ForwardError::NotLeader,
+        tonic::Code::Unavailable if is_connect_error(status) => ForwardError::NotLeader,
+        // The connection to the leader broke with the write in flight: it may have been
+        // committed or not. etcd's wording for that, which clients know to check.
+        _ => ForwardError::Unavailable("request timed out, possibly due to connection lost".into()),
+    }
+}
+
+/// True when the call failed before any byte reached the peer (so it was never served).
+fn is_connect_error(status: &tonic::Status) -> bool {
+    let text = format!("{status:?}").to_lowercase();
+    text.contains("connection refused")
+        || text.contains("tcp connect error")
+        || text.contains("error trying to connect")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    #[test]
+    fn a_failed_forward_is_a_timeout_a_retry_elsewhere_or_a_lost_write() {
+        let timed_out = "etcdserver: request timed out";
+        let lost = "etcdserver: request timed out, possibly due to connection lost";
+        let retry = "etcdserver: leader changed";
+        // (case, status, a write, the deadline passed, what the client is told)
+        let cases = [
+            (
+                "the leader's server ended a write at the deadline sent with it",
+                Status::cancelled("Timeout expired"),
+                true,
+                true,
+                timed_out,
+            ),
+            (
+                "the deadline passed on the way",
+                Status::deadline_exceeded("deadline has elapsed"),
+                true,
+                false,
+                timed_out,
+            ),
+            (
+                "a write cancelled before its deadline",
+                Status::cancelled("operation was canceled"),
+                true,
+                false,
+                lost,
+            ),
+            (
+                "a write whose connection broke",
+                Status::unknown("transport error"),
+                true,
+                false,
+                lost,
+            ),
+            (
+                "a write to a leader that is not listening",
+                Status::unavailable("tcp connect error: Connection refused"),
+                true,
+                false,
+                retry,
+            ),
+            (
+                "a read whose connection broke",
+                Status::unknown("transport error"),
+                false,
+                false,
+                retry,
+            ),
+        ];
+        for (case, status, propose, passed, want) in cases {
+            let got = StoreError::from(forward_failed(&status, propose, passed)).to_string();
+            assert_eq!(got, want, "{case}");
+        }
+    }
+}
