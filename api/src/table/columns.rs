@@ -1,0 +1,142 @@
+//! The columns kubectl's printers show for each kind.
+
+use crate::resources::Resource;
+
+pub(super) type Columns = &'static [(&'static str, &'static str, u8)];
+
+/// The columns of a kind (name, type, priority), without the leading Name column when the
+/// kind's printer does not start with it (events).
+pub(super) fn columns(res: &Resource) -> Columns {
+    match (res.group, res.kind) {
+        ("", "Pod") => &[
+            ("Name", "string", 0),
+            ("Ready", "string", 0),
+            ("Status", "string", 0),
+            ("Restarts", "string", 0),
+            ("Age", "string", 0),
+            ("IP", "string", 1),
+            ("Node", "string", 1),
+            ("Nominated Node", "string", 1),
+            ("Readiness Gates", "string", 1),
+        ],
+        ("apps", "Deployment") => &[
+            ("Name", "string", 0),
+            ("Ready", "string", 0),
+            ("Up-to-date", "string", 0),
+            ("Available", "string", 0),
+            ("Age", "string", 0),
+            ("Containers", "string", 1),
+            ("Images", "string", 1),
+            ("Selector", "string", 1),
+        ],
+        ("apps", "ReplicaSet") | ("", "ReplicationController") => &[
+            ("Name", "string", 0),
+            ("Desired", "integer", 0),
+            ("Current", "integer", 0),
+            ("Ready", "integer", 0),
+            ("Age", "string", 0),
+            ("Containers", "string", 1),
+            ("Images", "string", 1),
+            ("Selector", "string", 1),
+        ],
+        ("", "Service") => &[
+            ("Name", "string", 0),
+            ("Type", "string", 0),
+            ("Cluster-IP", "string", 0),
+            ("External-IP", "string", 0),
+            ("Port(s)", "string", 0),
+            ("Age", "string", 0),
+            ("Selector", "string", 1),
+        ],
+        ("certificates.k8s.io", "CertificateSigningRequest") => &[
+            ("Name", "string", 0),
+            ("Age", "date", 0),
+            ("SignerName", "string", 0),
+            ("Requestor", "string", 0),
+            ("RequestedDuration", "string", 0),
+            ("Condition", "string", 0),
+        ],
+        ("", "Node") => &[
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Roles", "string", 0),
+            ("Age", "string", 0),
+            ("Version", "string", 0),
+            ("Internal-IP", "string", 1),
+            ("External-IP", "string", 1),
+            ("OS-Image", "string", 1),
+            ("Kernel-Version", "string", 1),
+            ("Container-Runtime", "string", 1),
+        ],
+        ("", "Namespace") => &[
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("", "ConfigMap") => &[
+            ("Name", "string", 0),
+            ("Data", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("", "Secret") => &[
+            ("Name", "string", 0),
+            ("Type", "string", 0),
+            ("Data", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("", "ServiceAccount") => &[
+            ("Name", "string", 0),
+            ("Secrets", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("", "Endpoints") => &[
+            ("Name", "string", 0),
+            ("Endpoints", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("discovery.k8s.io", "EndpointSlice") => &[
+            ("Name", "string", 0),
+            ("AddressType", "string", 0),
+            ("Ports", "string", 0),
+            ("Endpoints", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("", "Event") | ("events.k8s.io", "Event") => &[
+            ("Last Seen", "string", 0),
+            ("Type", "string", 0),
+            ("Reason", "string", 0),
+            ("Object", "string", 0),
+            ("Message", "string", 0),
+        ],
+        ("", "ResourceQuota") => &[
+            ("Name", "string", 0),
+            ("Age", "string", 0),
+            ("Request", "string", 0),
+            ("Limit", "string", 0),
+        ],
+        ("coordination.k8s.io", "Lease") => &[
+            ("Name", "string", 0),
+            ("Holder", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("scheduling.k8s.io", "PriorityClass") => &[
+            ("Name", "string", 0),
+            ("Value", "integer", 0),
+            ("Global-Default", "boolean", 0),
+            ("Age", "string", 0),
+            ("PreemptionPolicy", "string", 0),
+        ],
+        ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => &[
+            ("Name", "string", 0),
+            ("Role", "string", 0),
+            ("Age", "string", 0),
+            ("Users", "string", 1),
+            ("Groups", "string", 1),
+            ("ServiceAccounts", "string", 1),
+        ],
+        ("rbac.authorization.k8s.io", _) | ("", "LimitRange") => {
+            &[("Name", "string", 0), ("Created At", "date", 0)]
+        }
+        _ => &[("Name", "string", 0), ("Age", "string", 0)],
+    }
+}
