@@ -238,15 +238,24 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
         .await
         .expect("build");
     assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 0, 5)));
+    // What openraft sends: the current snapshot, read from its file (it keeps only the
+    // metadata of one it had built).
+    let sent = leader
+        .sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot was built");
+    assert_eq!(sent.meta, snapshot.meta);
     let mut received = follower
         .sm
         .begin_receiving_snapshot()
         .await
         .expect("receive");
-    *received = *snapshot.snapshot;
+    *received = *sent.snapshot;
     follower
         .sm
-        .install_snapshot(&snapshot.meta, received)
+        .install_snapshot(&sent.meta, received)
         .await
         .expect("install");
 

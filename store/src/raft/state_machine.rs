@@ -17,7 +17,7 @@
 //! marker; the marker is removed once the trees hold the snapshot and are synced, and a member
 //! that finds the marker at start-up installs again.
 
-use std::io::Cursor;
+use std::io::{Cursor, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -277,6 +277,56 @@ impl StateMachine {
         }
     }
 
+    /// Writes a snapshot of the store to the snapshot file as the store is read (bincode's
+    /// encoding of a [`SnapshotFile`]: the metadata, the data's length, the data), and returns
+    /// its metadata: the applied id and membership as of the dump, not as of now.
+    fn write_snapshot_from_store(&self) -> Result<SnapshotMeta<NodeId, Member>, StorageError> {
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut made = None;
+        self.mvcc
+            .write_dump(&mut out, &[META_APPLIED, META_MEMBERSHIP], |out, values| {
+                let applied: Option<LogId> = match &values[0] {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => None,
+                };
+                let membership: StoredMembership = match &values[1] {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => StoredMembership::default(),
+                };
+                let n = self.counter.fetch_add(1, Ordering::Relaxed);
+                let snapshot_id = match applied {
+                    Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
+                    None => format!("0-0-{n}"),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: applied,
+                    last_membership: membership,
+                    snapshot_id,
+                };
+                out.write_all(&bincode::serialize(&meta)?)?;
+                // The data's length, known once it is written.
+                let len_at = out.stream_position()?;
+                out.write_all(&0u64.to_le_bytes())?;
+                made = Some((meta, len_at));
+                Ok(())
+            })?;
+        let (meta, len_at) =
+            made.ok_or_else(|| StorageError::Corrupt("the dump wrote no header".into()))?;
+        let end = out.stream_position()?;
+        out.seek(SeekFrom::Start(len_at))?;
+        out.write_all(&(end - len_at - 8).to_le_bytes())?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        crash_point(SNAPSHOT_BUILD_BEFORE_SAVE);
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        crash_point(SNAPSHOT_BUILD_AFTER_SAVE);
+        self.snapshot_durable(&meta);
+        Ok(meta)
+    }
+
     fn write_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         // bincode's encoding of the file, in parts: the metadata, then the data as a byte
@@ -320,36 +370,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let sm = self.clone();
         let built =
             tokio::task::spawn_blocking(move || -> Result<Snapshot<TypeConfig>, StorageError> {
-                // The applied id and membership as of the dump, not as of now.
-                let (data, meta) = sm.mvcc.dump_encoded(&[META_APPLIED, META_MEMBERSHIP])?;
-                let applied: Option<LogId> = match &meta[0] {
-                    Some(v) => bincode::deserialize(v)?,
-                    None => None,
-                };
-                let membership: StoredMembership = match &meta[1] {
-                    Some(v) => bincode::deserialize(v)?,
-                    None => StoredMembership::default(),
-                };
-                let n = sm.counter.fetch_add(1, Ordering::Relaxed);
-                let snapshot_id = match applied {
-                    Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
-                    None => format!("0-0-{n}"),
-                };
-                let meta = SnapshotMeta {
-                    last_log_id: applied,
-                    last_membership: membership,
-                    snapshot_id,
-                };
-                let file = SnapshotFile {
-                    meta: meta.clone(),
-                    data,
-                };
-                crash_point(SNAPSHOT_BUILD_BEFORE_SAVE);
-                sm.write_snapshot_file(&file)?;
-                crash_point(SNAPSHOT_BUILD_AFTER_SAVE);
+                let meta = sm.write_snapshot_from_store()?;
+                // openraft 0.9 keeps only the metadata of a snapshot it asked to be built
+                // (`core/sm/worker.rs`: `Response::BuildSnapshot(snap.meta)`), and reads the
+                // data through `get_current_snapshot` (the file) when it sends one. The data
+                // is not read back into memory for it.
                 Ok(Snapshot {
                     meta,
-                    snapshot: Box::new(Cursor::new(file.data)),
+                    snapshot: Box::new(Cursor::new(Vec::new())),
                 })
             })
             .await

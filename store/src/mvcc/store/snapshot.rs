@@ -1,53 +1,49 @@
 //! Dumps and restores of the whole state (Raft snapshots, backups), and syncing sled's files.
 
+use std::io::{Seek, SeekFrom, Write};
+
 use super::*;
 
-/// What [`MvccStore::dump_rows`] gives: a tree's name, then its rows.
+/// What [`DumpView::rows`] gives: a tree's name, then its rows.
 pub(super) enum DumpRow<'a> {
     Tree(&'static str),
     Row(&'a [u8], &'a [u8]),
 }
 
-impl MvccStore {
-    /// Every row of every tree (in [`Trees::all`]'s order), consistent with one commit, given
-    /// to `visit` as a tree's name before its rows. Commits go on meanwhile: the index lock is
-    /// held only while the small trees are copied and the revision is read; the history up to
-    /// that revision is then read without it, since commits only add later revisions, and
-    /// `compaction_gate` keeps compactions and restores, which remove history, out until the
-    /// dump is done. (Under the lock, a Raft snapshot of 200,000 keys held every write of the
-    /// cluster for two seconds.)
-    pub(super) fn dump_rows(
+/// A dump in progress: the small trees and the revision, copied under the index lock; the
+/// history up to that revision is read when the rows are visited (see
+/// [`MvccStore::dump_view`]).
+pub(super) struct DumpView<'a> {
+    store: &'a MvccStore,
+    _gate: std::sync::RwLockReadGuard<'a, ()>,
+    revision: i64,
+    small: Vec<(&'static str, Vec<(sled::IVec, sled::IVec)>)>,
+}
+
+impl DumpView<'_> {
+    /// A metadata value as of the dump.
+    fn meta(&self, key: &[u8]) -> Option<&[u8]> {
+        let (_, rows) = self.small.iter().find(|(n, _)| *n == "meta")?;
+        rows.iter()
+            .find(|(k, _)| k.as_ref() == key)
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// Every row of every tree (in [`Trees::all`]'s order), given to `visit` as a tree's name
+    /// before its rows.
+    pub(super) fn rows(
         &self,
         mut visit: impl FnMut(DumpRow<'_>) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        let _gate = self
-            .compaction_gate
-            .read()
-            .unwrap_or_else(|e| e.into_inner());
-        let (revision, small) = {
-            let _index = self.read_lock();
-            let mut small = Vec::new();
-            for (name, tree) in self.trees.all() {
-                if name == "hist" {
-                    continue;
-                }
-                let mut rows = Vec::new();
-                for item in tree.iter() {
-                    let (k, v) = item?;
-                    rows.push((k, v));
-                }
-                small.push((name, rows));
-            }
-            (self.revision(), small)
-        };
-        for (name, tree) in self.trees.all() {
+        for (name, tree) in self.store.trees.all() {
             visit(DumpRow::Tree(name))?;
             if name == "hist" {
-                for item in tree.range(..Revision::first_of(revision.saturating_add(1))) {
+                let end = Revision::first_of(self.revision.saturating_add(1));
+                for item in tree.range(..end) {
                     let (k, v) = item?;
                     visit(DumpRow::Row(&k, &v))?;
                 }
-            } else if let Some((_, rows)) = small.iter().find(|(n, _)| *n == name) {
+            } else if let Some((_, rows)) = self.small.iter().find(|(n, _)| *n == name) {
                 for (k, v) in rows {
                     visit(DumpRow::Row(k, v))?;
                 }
@@ -55,11 +51,62 @@ impl MvccStore {
         }
         Ok(())
     }
+}
+
+/// Writes a length or count as bincode does (u64, little endian).
+fn put_len(out: &mut impl Write, len: usize) -> std::io::Result<()> {
+    out.write_all(&(len as u64).to_le_bytes())
+}
+
+fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
+    put_len(out, bytes.len())?;
+    out.write_all(bytes)
+}
+
+/// Writes `value` at `at` and comes back to the end.
+fn patch_len<W: Write + Seek>(out: &mut W, at: u64, value: u64) -> std::io::Result<()> {
+    out.seek(SeekFrom::Start(at))?;
+    out.write_all(&value.to_le_bytes())?;
+    out.seek(SeekFrom::End(0))?;
+    Ok(())
+}
+
+impl MvccStore {
+    /// Starts a dump consistent with one commit. Commits go on meanwhile: the index lock is
+    /// held only while the small trees are copied and the revision is read; the history up to
+    /// that revision is read later without it, since commits only add later revisions, and
+    /// `compaction_gate` keeps compactions and restores, which remove history, out until the
+    /// view is dropped. (Under the lock, a Raft snapshot of 200,000 keys held every write of the
+    /// cluster for two seconds.)
+    pub(super) fn dump_view(&self) -> Result<DumpView<'_>, StorageError> {
+        let gate = self
+            .compaction_gate
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let _index = self.read_lock();
+        let mut small = Vec::new();
+        for (name, tree) in self.trees.all() {
+            if name == "hist" {
+                continue;
+            }
+            let mut rows = Vec::new();
+            for item in tree.iter() {
+                rows.push(item?);
+            }
+            small.push((name, rows));
+        }
+        Ok(DumpView {
+            store: self,
+            _gate: gate,
+            revision: self.revision(),
+            small,
+        })
+    }
 
     /// A raw copy of every tree, consistent with one point of the applied log.
     pub fn dump(&self) -> Result<Dump, StorageError> {
         let mut trees: Vec<(String, Rows)> = Vec::new();
-        self.dump_rows(|row| {
+        self.dump_view()?.rows(|row| {
             match row {
                 DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
                 DumpRow::Row(k, v) => {
@@ -73,58 +120,64 @@ impl MvccStore {
         Ok(Dump { trees })
     }
 
-    /// [`MvccStore::dump`] as bincode encodes a [`Dump`], written straight from the trees,
-    /// with the metadata values under `keys` as of the dump. A Raft snapshot needs only the
-    /// bytes: built from a [`Dump`], a large store was in memory as rows and again as their
-    /// encoding.
+    /// [`MvccStore::dump`] as bincode encodes a [`Dump`], with the metadata values under
+    /// `keys` as of the dump (see [`MvccStore::write_dump`]).
     pub fn dump_encoded(
         &self,
         keys: &[&[u8]],
     ) -> Result<(Vec<u8>, Vec<Option<Vec<u8>>>), StorageError> {
-        fn put_len(out: &mut Vec<u8>, len: usize) {
-            out.extend_from_slice(&(len as u64).to_le_bytes());
-        }
-        fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-            put_len(out, bytes.len());
-            out.extend_from_slice(bytes);
-        }
-        let mut out = Vec::new();
-        let mut values = vec![None; keys.len()];
-        put_len(&mut out, self.trees.all().len());
-        // Where the row count of the tree being written goes, its name, and its rows so far:
-        // the count goes before the rows and is known once they are written.
-        let mut open: Option<(usize, &str, u64)> = None;
-        let close = |out: &mut Vec<u8>, open: Option<(usize, &str, u64)>| {
-            if let Some((at, _, count)) = open {
-                out[at..at + 8].copy_from_slice(&count.to_le_bytes());
-            }
-        };
-        self.dump_rows(|row| {
+        let mut out = std::io::Cursor::new(Vec::new());
+        let values = self.write_dump(&mut out, keys, |_, _| Ok(()))?;
+        Ok((out.into_inner(), values))
+    }
+
+    /// Writes [`MvccStore::dump`] as bincode encodes a [`Dump`] to `out`, straight from the
+    /// trees, after what `header` writes given the metadata values under `keys` as of the dump
+    /// (a Raft snapshot file's metadata, which the dump decides, goes before it). Returns those
+    /// values. A Raft snapshot of a large store was in memory
+    /// whole, as large as the data (340 MiB more RSS on each member while `etcdctl check perf`
+    /// ran); written to its file as it is read, it takes a buffer.
+    pub fn write_dump<W: Write + Seek>(
+        &self,
+        out: &mut W,
+        keys: &[&[u8]],
+        header: impl FnOnce(&mut W, &[Option<Vec<u8>>]) -> Result<(), StorageError>,
+    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+        let view = self.dump_view()?;
+        let values: Vec<Option<Vec<u8>>> = keys
+            .iter()
+            .map(|k| view.meta(k).map(<[u8]>::to_vec))
+            .collect();
+        header(out, &values)?;
+        put_len(out, self.trees.all().len())?;
+        // Where the row count of the tree being written goes, and its rows so far: the count
+        // goes before the rows and is known once they are written.
+        let mut open: Option<(u64, u64)> = None;
+        view.rows(|row| {
             match row {
                 DumpRow::Tree(name) => {
-                    close(&mut out, open.take());
-                    put_bytes(&mut out, name.as_bytes());
-                    open = Some((out.len(), name, 0));
-                    put_len(&mut out, 0);
+                    if let Some((at, count)) = open.take() {
+                        patch_len(out, at, count)?;
+                    }
+                    put_bytes(out, name.as_bytes())?;
+                    open = Some((out.stream_position()?, 0));
+                    put_len(out, 0)?;
                 }
                 DumpRow::Row(k, v) => {
-                    let Some((_, name, count)) = open.as_mut() else {
+                    let Some((_, count)) = open.as_mut() else {
                         return Err(StorageError::Corrupt("a dump row before its tree".into()));
                     };
-                    if *name == "meta" {
-                        if let Some(i) = keys.iter().position(|key| *key == k) {
-                            values[i] = Some(v.to_vec());
-                        }
-                    }
-                    put_bytes(&mut out, k);
-                    put_bytes(&mut out, v);
+                    put_bytes(out, k)?;
+                    put_bytes(out, v)?;
                     *count += 1;
                 }
             }
             Ok(())
         })?;
-        close(&mut out, open);
-        Ok((out, values))
+        if let Some((at, count)) = open {
+            patch_len(out, at, count)?;
+        }
+        Ok(values)
     }
 
     /// Makes everything written so far durable. sled's own flush writes its buffers but ends
@@ -315,7 +368,9 @@ mod tests {
                 let mut paused = false;
                 let mut trees: Vec<(String, Rows)> = Vec::new();
                 store
-                    .dump_rows(|row| {
+                    .dump_view()
+                    .expect("view")
+                    .rows(|row| {
                         match row {
                             DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
                             DumpRow::Row(k, v) => {
