@@ -11,7 +11,9 @@
 #   cargo build --release -p rkube && cluster-tests/bench/vs-etcd.sh [WORKDIR]
 #
 # WORKDIR (default: a new temporary directory) must be new or empty; it keeps every round's
-# data dirs, logs and workload outputs. A full default run takes about half an hour on two
+# data dirs, logs and workload outputs: about 5.5 GB per round with checkperf (its 200,000 keys
+# in six members' stores, logs and snapshots), so a default run leaves about 28 GB there.
+# Delete it when the report is read; a full disk stops everything on the machine. A full default run takes about half an hour on two
 # cores (5 rounds of about 3 minutes per system, checkperf a third of it); try it first with
 # small sizes, e.g. ROUNDS=2 PUT1_TOTAL=100 PUT_TOTAL=500 RANGE1_TOTAL=200 RANGE_TOTAL=1000
 # RANGE_KEYS=200 WATCH_SECONDS=2 FAILOVER_ROUNDS=1 WORKLOADS=put-1,watch,failover.
