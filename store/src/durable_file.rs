@@ -12,23 +12,10 @@ pub fn replace(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// [`replace`] with the file's bytes in parts, written one after the other (so that a large
 /// file need not be copied into one buffer first).
 pub fn replace_parts(path: &Path, tmp: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
-    replace_with(path, tmp, |f| {
-        for part in parts {
-            f.write_all(part)?;
-        }
-        Ok(())
-    })
-}
-
-/// [`replace`] with the file's contents written by `write` (which may seek in it), for a file
-/// made as it is read from elsewhere. Nothing is renamed when `write` fails.
-pub fn replace_with<T, E: From<std::io::Error>>(
-    path: &Path,
-    tmp: &Path,
-    write: impl FnOnce(&mut std::fs::File) -> Result<T, E>,
-) -> Result<T, E> {
     let mut f = std::fs::File::create(tmp)?;
-    let made = write(&mut f)?;
+    for part in parts {
+        f.write_all(part)?;
+    }
     f.sync_all()?;
     drop(f);
     std::fs::rename(tmp, path)?;
@@ -36,6 +23,5 @@ pub fn replace_with<T, E: From<std::io::Error>>(
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(made)
+    std::fs::File::open(dir)?.sync_all()
 }

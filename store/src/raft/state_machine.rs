@@ -282,46 +282,46 @@ impl StateMachine {
     /// its metadata: the applied id and membership as of the dump, not as of now.
     fn write_snapshot_from_store(&self) -> Result<SnapshotMeta<NodeId, Member>, StorageError> {
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        let path = self.dir.join(SNAPSHOT_FILE);
-        let meta = crate::durable_file::replace_with(&path, &tmp, |file| {
-            let mut out = std::io::BufWriter::new(file);
-            let mut made = None;
-            self.mvcc
-                .write_dump(&mut out, &[META_APPLIED, META_MEMBERSHIP], |out, values| {
-                    let applied: Option<LogId> = match &values[0] {
-                        Some(v) => bincode::deserialize(v)?,
-                        None => None,
-                    };
-                    let membership: StoredMembership = match &values[1] {
-                        Some(v) => bincode::deserialize(v)?,
-                        None => StoredMembership::default(),
-                    };
-                    let n = self.counter.fetch_add(1, Ordering::Relaxed);
-                    let snapshot_id = match applied {
-                        Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
-                        None => format!("0-0-{n}"),
-                    };
-                    let meta = SnapshotMeta {
-                        last_log_id: applied,
-                        last_membership: membership,
-                        snapshot_id,
-                    };
-                    out.write_all(&bincode::serialize(&meta)?)?;
-                    // The data's length, known once it is written.
-                    let len_at = out.stream_position()?;
-                    out.write_all(&0u64.to_le_bytes())?;
-                    made = Some((meta, len_at));
-                    Ok(())
-                })?;
-            let (meta, len_at) =
-                made.ok_or_else(|| StorageError::Corrupt("the dump wrote no header".into()))?;
-            let end = out.stream_position()?;
-            out.seek(SeekFrom::Start(len_at))?;
-            out.write_all(&(end - len_at - 8).to_le_bytes())?;
-            out.flush()?;
-            crash_point(SNAPSHOT_BUILD_BEFORE_SAVE);
-            Ok::<_, StorageError>(meta)
-        })?;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut made = None;
+        self.mvcc
+            .write_dump(&mut out, &[META_APPLIED, META_MEMBERSHIP], |out, values| {
+                let applied: Option<LogId> = match &values[0] {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => None,
+                };
+                let membership: StoredMembership = match &values[1] {
+                    Some(v) => bincode::deserialize(v)?,
+                    None => StoredMembership::default(),
+                };
+                let n = self.counter.fetch_add(1, Ordering::Relaxed);
+                let snapshot_id = match applied {
+                    Some(id) => format!("{}-{}-{n}", id.leader_id.term, id.index),
+                    None => format!("0-0-{n}"),
+                };
+                let meta = SnapshotMeta {
+                    last_log_id: applied,
+                    last_membership: membership,
+                    snapshot_id,
+                };
+                out.write_all(&bincode::serialize(&meta)?)?;
+                // The data's length, known once it is written.
+                let len_at = out.stream_position()?;
+                out.write_all(&0u64.to_le_bytes())?;
+                made = Some((meta, len_at));
+                Ok(())
+            })?;
+        let (meta, len_at) =
+            made.ok_or_else(|| StorageError::Corrupt("the dump wrote no header".into()))?;
+        let end = out.stream_position()?;
+        out.seek(SeekFrom::Start(len_at))?;
+        out.write_all(&(end - len_at - 8).to_le_bytes())?;
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        crash_point(SNAPSHOT_BUILD_BEFORE_SAVE);
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE))?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
         crash_point(SNAPSHOT_BUILD_AFTER_SAVE);
         self.snapshot_durable(&meta);
         Ok(meta)

@@ -120,6 +120,17 @@ impl MvccStore {
         Ok(Dump { trees })
     }
 
+    /// [`MvccStore::dump`] as bincode encodes a [`Dump`], with the metadata values under
+    /// `keys` as of the dump (see [`MvccStore::write_dump`]).
+    pub fn dump_encoded(
+        &self,
+        keys: &[&[u8]],
+    ) -> Result<(Vec<u8>, Vec<Option<Vec<u8>>>), StorageError> {
+        let mut out = std::io::Cursor::new(Vec::new());
+        let values = self.write_dump(&mut out, keys, |_, _| Ok(()))?;
+        Ok((out.into_inner(), values))
+    }
+
     /// Writes [`MvccStore::dump`] as bincode encodes a [`Dump`] to `out`, straight from the
     /// trees, after what `header` writes given the metadata values under `keys` as of the dump
     /// (a Raft snapshot file's metadata, which the dump decides, goes before it). Returns those
@@ -285,17 +296,9 @@ mod tests {
 
     #[test]
     fn an_encoded_dump_is_the_dump_encoded() {
-        fn dump_encoded(
-            store: &MvccStore,
-            keys: &[&[u8]],
-        ) -> Result<(Vec<u8>, Vec<Option<Vec<u8>>>), StorageError> {
-            let mut out = std::io::Cursor::new(Vec::new());
-            let values = store.write_dump(&mut out, keys, |_, _| Ok(()))?;
-            Ok((out.into_inner(), values))
-        }
         let db = sled::Config::new().temporary(true).open().expect("db");
         let store = MvccStore::open(&db).expect("store");
-        let empty = dump_encoded(&store, &[META_REVISION]).expect("encoded dump");
+        let empty = store.dump_encoded(&[META_REVISION]).expect("encoded dump");
         assert_eq!(empty.0, encode(&store.dump().expect("dump")));
         assert_eq!(empty.1, vec![None]);
         let put = |key: &str, value: &[u8], lease| {
@@ -321,7 +324,8 @@ mod tests {
             )
             .expect("put");
         }
-        let (bytes, values) = dump_encoded(&store, &[b"raft_applied", META_REVISION, b"absent"])
+        let (bytes, values) = store
+            .dump_encoded(&[b"raft_applied", META_REVISION, b"absent"])
             .expect("encoded dump");
         let dump = store.dump().expect("dump");
         assert_eq!(bytes, encode(&dump));
