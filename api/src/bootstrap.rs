@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::handler::{Api, Target};
 use crate::query::Query;
 use crate::resources::{self, RESOURCES};
-use crate::storage::Freshness;
+use crate::storage::{Fence, Freshness};
 
 pub const SYSTEM_NAMESPACES: &[&str] =
     &["default", "kube-system", "kube-public", "kube-node-lease"];
@@ -68,7 +68,10 @@ impl Api {
         target: Target,
         object: Value,
     ) -> Result<(), crate::error::ApiError> {
-        match self.create_object(&target, &Query::default(), object).await {
+        match self
+            .create_object(&target, &Query::default(), object, Fence::Any)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if e.code == 409 => Ok(()),
             Err(e) => Err(e),
@@ -155,7 +158,10 @@ impl Api {
                     .unwrap_or("")
                     .to_string();
                 let t = Target::new(res, Some(name.to_string()), Some(oname));
-                match self.delete_object(&t, &Query::default(), None).await {
+                match self
+                    .delete_object(&t, &Query::default(), None, Fence::Any)
+                    .await
+                {
                     Ok(_) => {}
                     Err(e) if e.code == 404 => {}
                     Err(e) => return Err(e),
@@ -166,7 +172,7 @@ impl Api {
             let key = resources::find("", "v1", "namespaces")
                 .expect("served")
                 .key(None, name);
-            self.store.delete_if(&key, ns.revision).await?;
+            self.store.delete_if(&key, ns.revision, Fence::Any).await?;
         }
         Ok(())
     }
@@ -281,7 +287,9 @@ impl Api {
                 Value::Array(rules.iter().map(crate::rbac::Rule::to_json).collect()),
             );
             if updated != current.object {
-                self.store.put_if(&key, &updated, current.revision).await?;
+                self.store
+                    .put_if(&key, &updated, current.revision, Fence::Any)
+                    .await?;
             }
         }
         Ok(())
@@ -319,7 +327,9 @@ impl Api {
             if at.object.get("status") != Some(&status) {
                 let mut updated = at.object.clone();
                 crate::value::set(&mut updated, &["status"], status);
-                self.store.put_if(&key, &updated, at.revision).await?;
+                self.store
+                    .put_if(&key, &updated, at.revision, Fence::Any)
+                    .await?;
             }
         }
         Ok(())

@@ -70,6 +70,21 @@ fn json_patch_to_core(ops: &mut Value) {
     }
 }
 
+/// A decoded patch of an events.k8s.io Event in the core form: a JSON patch by its paths,
+/// the others by their field names.
+pub(crate) fn patch_to_core(kind: crate::patch::PatchType, patch: &mut Value) {
+    match kind {
+        crate::patch::PatchType::Json => json_patch_to_core(patch),
+        _ => to_core(patch),
+    }
+}
+
+/// A decoded answer of the core resource (an Event or an EventList) in the events.k8s.io/v1
+/// form; anything else (a Status) stays as it is.
+pub(crate) fn answer_from_core(v: &mut Value) {
+    convert_answer(v);
+}
+
 /// A request body for events.k8s.io turned into the core form: objects and merge-style patches
 /// by their field names, JSON patches by their paths. Returns the body as JSON (the content
 /// type of an object body becomes application/json).

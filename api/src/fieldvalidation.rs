@@ -297,13 +297,35 @@ pub fn check(
     })
 }
 
-/// Checks a patch: duplicate fields in the patch itself, and fields of the patched object that
-/// the kind does not have and the object did not have before the patch. Strategic merge patch
-/// directives (`$patch`, `$setElementOrder/...`) are not fields.
+/// Checks a decoded create or update body for `res` (or its subresource `sub`), as [`check`]
+/// does its bytes: a decoded object has no duplicate fields, only unknown ones.
+pub fn check_object(
+    res: &Resource,
+    sub: Option<&str>,
+    object: &Value,
+    q: &Query,
+) -> Result<Vec<String>, ApiError> {
+    let directive = Directive::from_query(q)?;
+    if directive == Directive::Ignore {
+        return Ok(Vec::new());
+    }
+    let (group, version, kind) = body_kind(res, sub);
+    let found = match schemas().kind_def(group, version, kind) {
+        Some(def) => unknown_in(def, object),
+        None => Vec::new(),
+    };
+    decide(directive, found, |m| {
+        format!("{kind} in version {version:?} cannot be handled as a {kind}: {m}")
+    })
+}
+
+/// Checks a patch: duplicate fields in the patch itself (given its bytes), and fields of the
+/// patched object that the kind does not have and the object did not have before the patch.
+/// Strategic merge patch directives (`$patch`, `$setElementOrder/...`) are not fields.
 pub fn check_patch(
     res: &Resource,
     sub: Option<&str>,
-    patch: &[u8],
+    patch: Option<&[u8]>,
     before: &Value,
     after: &Value,
     q: &Query,
@@ -312,7 +334,9 @@ pub fn check_patch(
     if directive == Directive::Ignore {
         return Ok(Vec::new());
     }
-    let mut found = problems(None, patch, false);
+    let mut found = patch
+        .map(|raw| problems(None, raw, false))
+        .unwrap_or_default();
     let (group, version, kind) = body_kind(res, sub);
     if let Some(def) = schemas().kind_def(group, version, kind) {
         let old = unknown_in(def, before);
@@ -462,7 +486,7 @@ mod tests {
         let before = serde_json::json!({"metadata": {"name": "web"}, "spec": {"old": 1}});
         let after = serde_json::json!({"metadata": {"name": "web"}, "spec": {"old": 1, "new": 2, "$setElementOrder/containers": []}});
         let patch = br#"{"spec":{"new":2,"new":2}}"#;
-        let e = check_patch(d, None, patch, &before, &after, &q("Strict")).unwrap_err();
+        let e = check_patch(d, None, Some(patch), &before, &after, &q("Strict")).unwrap_err();
         assert_eq!(
             e.message,
             "strict decoding error: json: duplicate field \"spec.new\", unknown field \"spec.new\""

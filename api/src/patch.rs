@@ -4,6 +4,32 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 
+/// The kinds of patch Kubernetes takes, named by a PATCH request's content type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchType {
+    /// `application/json-patch+json` (RFC 6902).
+    Json,
+    /// `application/merge-patch+json` (RFC 7386).
+    Merge,
+    /// `application/strategic-merge-patch+json`.
+    StrategicMerge,
+    /// `application/apply-patch+yaml`: server-side apply.
+    Apply,
+}
+
+impl PatchType {
+    /// The patch type a content type names; UnsupportedMediaType for any other.
+    pub fn from_content_type(content_type: &str) -> Result<PatchType, ApiError> {
+        match content_type.split(';').next().unwrap_or("").trim() {
+            "application/json-patch+json" => Ok(PatchType::Json),
+            "application/merge-patch+json" => Ok(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Ok(PatchType::StrategicMerge),
+            "application/apply-patch+yaml" => Ok(PatchType::Apply),
+            other => Err(ApiError::unsupported_media_type(other)),
+        }
+    }
+}
+
 /// RFC 7386: objects merge recursively, `null` removes, anything else replaces.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
     match patch {

@@ -48,11 +48,21 @@ pub enum Write {
     Lost(Option<Stored>),
 }
 
-tokio::task_local! {
-    /// Set around the requests of the controllers and the scheduler a leader runs: the Raft
-    /// term they were started in. Their writes are then proposed only while this member leads
-    /// that term ([`rkube_store::server::node::Node::propose_fenced`]), never forwarded.
-    pub static LEADER_TERM: u64;
+/// Who may commit a write: whichever member leads (the write is forwarded to it), or only this
+/// member while it leads one Raft term.
+///
+/// # Correctness
+/// The controllers and the scheduler a leader runs write with [`Fence::Term`] of the term they
+/// were started in, on every write they make (creates, updates, patches, status, bindings,
+/// deletes): work begun in a term this member no longer leads then commits nothing
+/// ([`rkube_store::server::node::Node::propose_fenced`]), where a forwarded write would.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// Proposed through the leader, wherever it is: a request from the network.
+    #[default]
+    Any,
+    /// Proposed only while this member leads this term, never forwarded.
+    Term(u64),
 }
 
 #[derive(Clone)]
@@ -187,10 +197,14 @@ impl ObjectStore {
         Ok((result.kvs, read_at, result.more))
     }
 
-    async fn txn(&self, txn: TxnRequest) -> Result<(bool, Vec<OpResult>, i64), ApiError> {
-        let applied = match LEADER_TERM.try_with(|t| *t) {
-            Ok(term) => self.node.propose_fenced(Command::Txn(txn), term).await?,
-            Err(_) => self.node.propose(Command::Txn(txn)).await?,
+    async fn txn(
+        &self,
+        txn: TxnRequest,
+        fence: Fence,
+    ) -> Result<(bool, Vec<OpResult>, i64), ApiError> {
+        let applied = match fence {
+            Fence::Term(term) => self.node.propose_fenced(Command::Txn(txn), term).await?,
+            Fence::Any => self.node.propose(Command::Txn(txn)).await?,
         };
         match applied
             .output
@@ -212,7 +226,7 @@ impl ObjectStore {
 
     /// Applies several changes at once if every key's mod_revision is what its change expects
     /// (0: absent). Returns the revision written, or None when a compare failed.
-    pub async fn apply(&self, changes: &[Change]) -> Result<Option<i64>, ApiError> {
+    pub async fn apply(&self, changes: &[Change], fence: Fence) -> Result<Option<i64>, ApiError> {
         let compare = changes
             .iter()
             .filter_map(|c| {
@@ -238,11 +252,14 @@ impl ObjectStore {
             })
             .collect::<Result<Vec<_>, ApiError>>()?;
         let (ok, _, revision) = self
-            .txn(TxnRequest {
-                compare,
-                success,
-                failure: vec![],
-            })
+            .txn(
+                TxnRequest {
+                    compare,
+                    success,
+                    failure: vec![],
+                },
+                fence,
+            )
             .await?;
         Ok(ok.then_some(revision))
     }
@@ -253,26 +270,30 @@ impl ObjectStore {
         key: &str,
         object: &Value,
         expected: i64,
+        fence: Fence,
     ) -> Result<Write, ApiError> {
         let value = encode(object)?;
         let key = key.as_bytes().to_vec();
         let (ok, results, revision) = self
-            .txn(TxnRequest {
-                compare: vec![Compare {
-                    range: KeyRange::single(key.clone()),
-                    result: CompareResult::Equal,
-                    target: CompareTarget::ModRevision(expected),
-                }],
-                success: vec![Op::Put(PutRequest {
-                    key: key.clone(),
-                    value,
-                    ..Default::default()
-                })],
-                failure: vec![Op::Range(RangeRequest {
-                    range: KeyRange::single(key),
-                    ..Default::default()
-                })],
-            })
+            .txn(
+                TxnRequest {
+                    compare: vec![Compare {
+                        range: KeyRange::single(key.clone()),
+                        result: CompareResult::Equal,
+                        target: CompareTarget::ModRevision(expected),
+                    }],
+                    success: vec![Op::Put(PutRequest {
+                        key: key.clone(),
+                        value,
+                        ..Default::default()
+                    })],
+                    failure: vec![Op::Range(RangeRequest {
+                        range: KeyRange::single(key),
+                        ..Default::default()
+                    })],
+                },
+                fence,
+            )
             .await?;
         if ok {
             let mut object = object.clone();
@@ -284,24 +305,32 @@ impl ObjectStore {
     }
 
     /// Deletes `key` if its mod_revision is `expected`; returns the deleted object.
-    pub async fn delete_if(&self, key: &str, expected: i64) -> Result<Write, ApiError> {
+    pub async fn delete_if(
+        &self,
+        key: &str,
+        expected: i64,
+        fence: Fence,
+    ) -> Result<Write, ApiError> {
         let key = key.as_bytes().to_vec();
         let (ok, results, revision) = self
-            .txn(TxnRequest {
-                compare: vec![Compare {
-                    range: KeyRange::single(key.clone()),
-                    result: CompareResult::Equal,
-                    target: CompareTarget::ModRevision(expected),
-                }],
-                success: vec![Op::Delete(DeleteRequest {
-                    range: KeyRange::single(key.clone()),
-                    prev_kv: true,
-                })],
-                failure: vec![Op::Range(RangeRequest {
-                    range: KeyRange::single(key),
-                    ..Default::default()
-                })],
-            })
+            .txn(
+                TxnRequest {
+                    compare: vec![Compare {
+                        range: KeyRange::single(key.clone()),
+                        result: CompareResult::Equal,
+                        target: CompareTarget::ModRevision(expected),
+                    }],
+                    success: vec![Op::Delete(DeleteRequest {
+                        range: KeyRange::single(key.clone()),
+                        prev_kv: true,
+                    })],
+                    failure: vec![Op::Range(RangeRequest {
+                        range: KeyRange::single(key),
+                        ..Default::default()
+                    })],
+                },
+                fence,
+            )
             .await?;
         if !ok {
             return Ok(Write::Lost(Self::current(results)?));

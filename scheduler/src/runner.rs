@@ -7,9 +7,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hyper::Method;
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
+use rkube_api::patch::PatchType;
 use rkube_core::json::str_at as s;
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
 use rkube_runtime::informer::{key_of, Informer};
@@ -294,12 +294,7 @@ impl Scheduler {
                     let path = format!("/api/v1/namespaces/{ns}/pods/{name}/status");
                     match self
                         .client
-                        .request(
-                            Method::PATCH,
-                            &path,
-                            Some(&patch),
-                            "application/strategic-merge-patch+json",
-                        )
+                        .patch(&path, PatchType::StrategicMerge, &patch)
                         .await
                     {
                         Ok(_) => {}

@@ -4,17 +4,19 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::query::Query;
+use crate::storage::Fence;
 
-use super::{json_response, now, success_status, Api, Resp, Target, UPDATE_RETRIES};
+use super::{now, success_status, Api, Target, UPDATE_RETRIES};
 
 impl Api {
-    /// pods/binding: assigns a pod to a node, once.
+    /// pods/binding: assigns a pod to a node, once. Returns the Status a request answers.
     pub(super) async fn bind(
         &self,
         t: &Target,
         q: &Query,
         binding: Value,
-    ) -> Result<Resp, ApiError> {
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
         let dry_run = q.dry_run()?;
         let node = binding
             .pointer("/target/name")
@@ -75,8 +77,12 @@ impl Api {
                 .collect();
             conds.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now()}));
             crate::value::set(&mut new, &["status", "conditions"], json!(conds));
-            if self.commit(t, &current, new, dry_run).await?.is_some() {
-                return Ok(json_response(201, &success_status()));
+            if self
+                .commit(t, &current, new, dry_run, fence)
+                .await?
+                .is_some()
+            {
+                return Ok(success_status());
             }
         }
         Err(ApiError::conflict(

@@ -8,11 +8,11 @@ use crate::error::ApiError;
 use crate::query::Query;
 use crate::resources;
 use crate::services;
-use crate::storage::{decode, set_resource_version, Freshness};
+use crate::storage::{decode, set_resource_version, Fence, Freshness};
 
 use super::{
-    is_quota, is_service, json_response, meta_mut, meta_str, new_uid, now, random_suffix, Api,
-    Resp, Target, UPDATE_RETRIES,
+    is_quota, is_service, meta_mut, meta_str, new_uid, now, random_suffix, Api, Target,
+    UPDATE_RETRIES,
 };
 
 impl Api {
@@ -123,16 +123,21 @@ impl Api {
         t: &Target,
         q: &Query,
         object: Value,
-    ) -> Result<Resp, ApiError> {
-        self.create(t, q, object).await
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
+        self.create(t, q, object, fence).await
     }
 
+    /// Creates an object: the server's fields, admission, validation, then a write that
+    /// claims its key (and a Service's addresses, the namespace's quota). Returns the object
+    /// as stored.
     pub(super) async fn create(
         &self,
         t: &Target,
         q: &Query,
         mut object: Value,
-    ) -> Result<Resp, ApiError> {
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
         let dry_run = q.dry_run()?;
         if t.res.is_virtual() {
             return Err(ApiError::method_not_allowed(format!(
@@ -177,11 +182,11 @@ impl Api {
             }
             let changes = self.changes_for(t, &key, 0, None, Some(&obj)).await?;
             if dry_run {
-                return Ok(json_response(201, &obj));
+                return Ok(obj);
             }
-            if let Some(rev) = self.store.apply(&changes).await? {
+            if let Some(rev) = self.store.apply(&changes, fence).await? {
                 set_resource_version(&mut obj, rev);
-                return Ok(json_response(201, &obj));
+                return Ok(obj);
             }
             if self.store.get(&key, Freshness::Latest).await?.is_some() {
                 if generated {

@@ -5,9 +5,9 @@ use serde_json::{json, Value};
 use crate::admission;
 use crate::error::ApiError;
 use crate::query::{FieldSelector, LabelSelector, Query};
-use crate::storage::{Freshness, Write};
+use crate::storage::{Fence, Freshness, Write};
 
-use super::{json_response, meta_mut, meta_str, now, Api, Resp, Target, UPDATE_RETRIES};
+use super::{meta_mut, meta_str, now, Api, Target, UPDATE_RETRIES};
 
 /// How long a pod being deleted may take to stop, in seconds: 0 (deleted at once) for a pod
 /// no node runs (unscheduled, or finished), else the request's grace period or the pod's
@@ -79,8 +79,9 @@ impl Api {
         t: &Target,
         q: &Query,
         body: Option<&Value>,
+        fence: Fence,
     ) -> Result<Value, ApiError> {
-        self.delete(t, q, body).await
+        self.delete(t, q, body, fence).await
     }
 
     /// Deletes one object, or marks it for deletion when finalizers hold it. Returns what the
@@ -90,6 +91,7 @@ impl Api {
         t: &Target,
         q: &Query,
         body: Option<&Value>,
+        fence: Fence,
     ) -> Result<Value, ApiError> {
         let dry_run = q.dry_run()?;
         let opts = DeleteOptions::from(q, body)?;
@@ -168,7 +170,11 @@ impl Api {
                 if dry_run {
                     return Ok(new);
                 }
-                match self.store.put_if(&t.key(), &new, current.revision).await? {
+                match self
+                    .store
+                    .put_if(&t.key(), &new, current.revision, fence)
+                    .await?
+                {
                     Write::Done(s) => return Ok(s.object),
                     Write::Lost(_) => continue,
                 }
@@ -201,7 +207,11 @@ impl Api {
                 if dry_run {
                     return Ok(new);
                 }
-                match self.store.put_if(&t.key(), &new, current.revision).await? {
+                match self
+                    .store
+                    .put_if(&t.key(), &new, current.revision, fence)
+                    .await?
+                {
                     Write::Done(s) => return Ok(s.object),
                     Write::Lost(_) => continue,
                 }
@@ -212,7 +222,7 @@ impl Api {
             let changes = self
                 .changes_for(t, &t.key(), current.revision, Some(&current.object), None)
                 .await?;
-            if self.store.apply(&changes).await?.is_some() {
+            if self.store.apply(&changes, fence).await?.is_some() {
                 return Ok(current.object);
             }
         }
@@ -224,7 +234,14 @@ impl Api {
         ))
     }
 
-    pub(super) async fn delete_collection(&self, t: &Target, q: &Query) -> Result<Resp, ApiError> {
+    /// Deletes every object of a collection the query's selectors match; returns the list of
+    /// what was deleted.
+    pub(super) async fn delete_collection(
+        &self,
+        t: &Target,
+        q: &Query,
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
         let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
             .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
@@ -244,20 +261,17 @@ impl Api {
             if t.res.kind == "Namespace" && admission::protected_namespace(one.name()) {
                 continue;
             }
-            match self.delete(&one, q, None).await {
+            match self.delete(&one, q, None, fence).await {
                 Ok(o) => deleted.push(o),
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(json_response(
-            200,
-            &json!({
-                "kind": format!("{}List", t.res.kind),
-                "apiVersion": t.res.api_version(),
-                "metadata": {"resourceVersion": rev.to_string()},
-                "items": deleted,
-            }),
-        ))
+        Ok(json!({
+            "kind": format!("{}List", t.res.kind),
+            "apiVersion": t.res.api_version(),
+            "metadata": {"resourceVersion": rev.to_string()},
+            "items": deleted,
+        }))
     }
 }

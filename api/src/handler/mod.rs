@@ -24,13 +24,15 @@ use crate::discovery;
 use crate::error::ApiError;
 use crate::fieldvalidation;
 use crate::openapi;
+use crate::patch::PatchType;
 use crate::query::Query;
 use crate::rbac::Attributes;
 use crate::resources::{self, Resource};
 use crate::services::ServiceNet;
-use crate::storage::ObjectStore;
+use crate::storage::{Fence, ObjectStore};
 
 use body::{decode_body, read_body};
+use reads::{list_object, render_list, Listed};
 use update::scale_of;
 
 /// Largest request body accepted (Kubernetes' limit).
@@ -169,17 +171,11 @@ impl Target {
     /// What the request asks to do, for authorization (Kubernetes' RequestInfo): the verb
     /// follows the method, and a list or watch of one name by field selector names it.
     fn attributes(&self, method: &Method, q: &Query) -> Attributes {
-        let verb = match *method {
-            Method::GET | Method::HEAD if self.name.is_some() => "get",
-            Method::GET | Method::HEAD if q.flag("watch") => "watch",
-            Method::GET | Method::HEAD => "list",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if self.name.is_some() => "delete",
-            Method::DELETE => "deletecollection",
-            _ => "unknown",
-        };
+        self.attributes_for(request_verb(method, self.name.is_some(), q), q)
+    }
+
+    /// The attributes of `verb` on this target.
+    fn attributes_for(&self, verb: &str, q: &Query) -> Attributes {
         let name = match &self.name {
             Some(n) => n.clone(),
             None => q
@@ -204,6 +200,22 @@ impl Target {
             },
             &name,
         )
+    }
+}
+
+/// The verb an HTTP method asks for on a target with or without a name (Kubernetes'
+/// RequestInfo).
+fn request_verb(method: &Method, named: bool, q: &Query) -> &'static str {
+    match *method {
+        Method::GET | Method::HEAD if named => "get",
+        Method::GET | Method::HEAD if q.flag("watch") => "watch",
+        Method::GET | Method::HEAD => "list",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if named => "delete",
+        Method::DELETE => "deletecollection",
+        _ => "unknown",
     }
 }
 
@@ -273,23 +285,13 @@ impl Api {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let watch = Query::parse(req.uri().query()).flag("watch");
-        let limit = match method {
-            _ if watch => None,
-            Method::GET | Method::HEAD => Some(&self.reads),
-            _ => Some(&self.writes),
-        };
-        let _permit = match limit.map(|l| l.try_acquire()) {
-            Some(Err(_)) => {
-                let mut e = ApiError::new(
-                    429,
-                    "TooManyRequests",
-                    "Too many requests, please try again later.",
-                );
-                e.retry_after = Some(1);
-                return error_response(&e);
+        let _permit = if watch {
+            None
+        } else {
+            match self.inflight(!matches!(method, Method::GET | Method::HEAD)) {
+                Ok(p) => Some(p),
+                Err(e) => return error_response(&e),
             }
-            Some(Ok(p)) => Some(p),
-            None => None,
         };
         let result = self.route(user, req).await;
         let resp = match result {
@@ -467,7 +469,7 @@ impl Api {
                 .await?;
         }
         // events.k8s.io/v1 Events are core Events in the store, converted at this boundary.
-        let events_view = t.res.group == "events.k8s.io" && t.res.kind == "Event";
+        let events_view = is_events_view(&t);
         let (t, body, content_type, q) = if events_view {
             let core = resources::find("", "v1", "events")
                 .ok_or_else(|| ApiError::internal("core events are served"))?;
@@ -479,19 +481,8 @@ impl Api {
             (t, body, content_type, q)
         };
         let watching = q.flag("watch");
-        let verb_allowed = |verb: &str| {
-            if t.res.serves(verb) {
-                Ok(())
-            } else {
-                Err(ApiError::method_not_allowed(format!(
-                    "the server does not allow this method on the requested resource ({} {})",
-                    verb,
-                    t.res.qualified()
-                )))
-            }
-        };
         // Unknown and duplicate fields of a create or update body (patches check their result).
-        let warnings = match method {
+        let mut warnings = match method {
             Method::POST | Method::PUT if matches!(decoded, Some(Ok(_))) => {
                 fieldvalidation::check(t.res, t.sub.as_deref(), &body, &content_type, &q)?
             }
@@ -502,80 +493,43 @@ impl Api {
                 .take()
                 .unwrap_or_else(|| decode_body(&body, &content_type))
         };
-        let resp = match (method, t.name.is_some(), t.sub.as_deref()) {
-            (Method::GET, false, None) => {
-                if q.flag("watch") {
-                    verb_allowed("watch")?;
-                    self.watch(&t, &q, accept).await
+        let verb = match (&method, t.name.is_some()) {
+            (&Method::GET, false) if watching => {
+                verb_allowed(&t, "watch")?;
+                let resp = self.watch(&t, &q, accept).await?;
+                return Ok(if events_view {
+                    crate::events::response_from_core(resp, true).await
                 } else {
-                    verb_allowed("list")?;
-                    self.list(&t, &q, accept).await
-                }
+                    resp
+                });
             }
-            (Method::GET, true, sub) => {
-                verb_allowed("get")?;
-                let stored = self.get(&t, &q).await?;
-                match sub {
-                    Some("scale") => Ok(json_response(200, &scale_of(t.res, &stored.object))),
-                    _ => Ok(self.render_one(&t, stored.object, accept, &q)),
-                }
+            (&Method::GET, true) => Verb::Get,
+            (&Method::GET, false) => Verb::List,
+            (&Method::POST, _) => Verb::Create(object()?),
+            (&Method::PUT, _) => Verb::Update(object()?),
+            (&Method::PATCH, _) => Verb::Patch(Patch::decode(
+                PatchType::from_content_type(&content_type)?,
+                &body,
+            )?),
+            (&Method::DELETE, true) => Verb::Delete(if body.is_empty() {
+                None
+            } else {
+                Some(object()?)
+            }),
+            (&Method::DELETE, false) => Verb::DeleteCollection,
+            _ => {
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ))
             }
-            (Method::POST, false, None) if t.res.is_virtual() => {
-                let object = object()?;
-                let answer = self.review(user, &t, object).await?;
-                Ok(json_response(201, &answer))
-            }
-            (Method::POST, true, Some("token")) => {
-                let object = object()?;
-                let answer = self.token_request(&t, object).await?;
-                Ok(json_response(201, &answer))
-            }
-            (Method::POST, false, None) => {
-                verb_allowed("create")?;
-                let mut object = object()?;
-                if t.res.group == "certificates.k8s.io" {
-                    crate::certificates::stamp(user, &mut object);
-                    crate::certificates::validate(&object)?;
-                }
-                self.create(&t, &q, object).await
-            }
-            (Method::POST, true, Some("binding")) => {
-                let object = object()?;
-                self.bind(&t, &q, object).await
-            }
-            (Method::POST, true, Some("eviction")) => {
-                let object = object()?;
-                let opts = object.get("deleteOptions").cloned();
-                self.delete(&t, &q, opts.as_ref()).await?;
-                Ok(json_response(201, &success_status()))
-            }
-            (Method::PUT, true, sub) => {
-                verb_allowed("update")?;
-                let object = object()?;
-                self.update(&t, &q, object, sub).await
-            }
-            (Method::PATCH, true, sub) => {
-                verb_allowed("patch")?;
-                self.patch(&t, &q, &body, &content_type, sub).await
-            }
-            (Method::DELETE, true, None) => {
-                verb_allowed("delete")?;
-                let opts = if body.is_empty() {
-                    None
-                } else {
-                    Some(object()?)
-                };
-                let deleted = self.delete(&t, &q, opts.as_ref()).await?;
-                Ok(json_response(200, &deleted))
-            }
-            (Method::DELETE, false, None) => {
-                verb_allowed("deletecollection")?;
-                self.delete_collection(&t, &q).await
-            }
-            _ => Err(ApiError::method_not_allowed(
-                "the server does not allow this method on the requested resource",
-            )),
-        }?;
+        };
+        let (answer, patch_warnings) = self.serve(user, &t, &q, verb, Fence::Any).await?;
+        let resp = match answer {
+            Answer::Object(o) => self.render_one(&t, o, accept, &q),
+            Answer::List(l) => render_list(&t, l, accept, &q),
+            Answer::Json(code, v) => json_response(code, &v),
+        };
+        warnings.splice(0..0, patch_warnings);
         let resp = fieldvalidation::with_warnings(resp, &warnings);
         Ok(if events_view {
             crate::events::response_from_core(resp, watching).await
@@ -583,6 +537,297 @@ impl Api {
             resp
         })
     }
+
+    /// The verbs on one resource, whoever asks: an HTTP request (rendered by
+    /// [`Api::resource`]) or the in-process client ([`Api::call`]). The caller has
+    /// authenticated and authorized `user`; `fence` says who may commit the writes. Returns the
+    /// answer and the warnings of a patch's field validation.
+    pub(crate) async fn serve(
+        &self,
+        user: &User,
+        t: &Target,
+        q: &Query,
+        verb: Verb<'_>,
+        fence: Fence,
+    ) -> Result<(Answer, Vec<String>), ApiError> {
+        let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
+            (Verb::List, false, None) => {
+                verb_allowed(t, "list")?;
+                Answer::List(self.list(t, q).await?)
+            }
+            (Verb::Get, true, sub) => {
+                verb_allowed(t, "get")?;
+                let stored = self.get(t, q).await?;
+                match sub {
+                    Some("scale") => Answer::Json(200, scale_of(t.res, &stored.object)),
+                    _ => Answer::Object(stored.object),
+                }
+            }
+            (Verb::Create(object), false, None) if t.res.is_virtual() => {
+                Answer::Json(201, self.review(user, t, object).await?)
+            }
+            (Verb::Create(object), true, Some("token")) => {
+                Answer::Json(201, self.token_request(t, object).await?)
+            }
+            (Verb::Create(mut object), false, None) => {
+                verb_allowed(t, "create")?;
+                if t.res.group == "certificates.k8s.io" {
+                    crate::certificates::stamp(user, &mut object);
+                    crate::certificates::validate(&object)?;
+                }
+                Answer::Json(201, self.create(t, q, object, fence).await?)
+            }
+            (Verb::Create(binding), true, Some("binding")) => {
+                Answer::Json(201, self.bind(t, q, binding, fence).await?)
+            }
+            (Verb::Create(eviction), true, Some("eviction")) => {
+                let opts = eviction.get("deleteOptions").cloned();
+                self.delete(t, q, opts.as_ref(), fence).await?;
+                Answer::Json(201, success_status())
+            }
+            (Verb::Update(object), true, sub) => {
+                verb_allowed(t, "update")?;
+                Answer::Json(200, self.update(t, q, object, sub, fence).await?)
+            }
+            (Verb::Patch(patch), true, sub) => {
+                verb_allowed(t, "patch")?;
+                let patched = self.patch(t, q, patch, sub, fence).await?;
+                let code = if patched.created { 201 } else { 200 };
+                return Ok((Answer::Json(code, patched.object), patched.warnings));
+            }
+            (Verb::Delete(opts), true, None) => {
+                verb_allowed(t, "delete")?;
+                Answer::Json(200, self.delete(t, q, opts.as_ref(), fence).await?)
+            }
+            (Verb::DeleteCollection, false, None) => {
+                verb_allowed(t, "deletecollection")?;
+                Answer::Json(200, self.delete_collection(t, q, fence).await?)
+            }
+            _ => {
+                return Err(ApiError::method_not_allowed(
+                    "the server does not allow this method on the requested resource",
+                ))
+            }
+        };
+        Ok((answer, Vec::new()))
+    }
+
+    /// A request of the in-process client ([`crate::client::LocalClient`]): `verb` on the
+    /// resource `path` names (with its query), as `user`, through the same checks as one from
+    /// the network — the in-flight limits, authorization, a node's restriction, field
+    /// validation — and [`Api::serve`], with no HTTP in between. Answers the object (or list, or
+    /// Status) a request would have had as its JSON body.
+    pub(crate) async fn call(
+        &self,
+        user: &User,
+        path: &str,
+        verb: Verb<'_>,
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
+        let started = std::time::Instant::now();
+        let name = verb.name();
+        let result = self.call_inner(user, path, verb, fence).await;
+        tracing::debug!(verb = name, %path, code = result.as_ref().map_or_else(|e| e.code, |_| 200),
+                        user = %user.name, elapsed_ms = started.elapsed().as_millis() as u64,
+                        "in-process api call");
+        result
+    }
+
+    async fn call_inner(
+        &self,
+        user: &User,
+        path: &str,
+        verb: Verb<'_>,
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
+        let _permit = self.inflight(!matches!(verb, Verb::Get | Verb::List))?;
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
+        };
+        let q = Query::parse(query);
+        if q.flag("watch") {
+            return Err(ApiError::bad_request(
+                "the in-process client does not watch; use an informer",
+            ));
+        }
+        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        let t = match segs.as_slice() {
+            ["api", "v1", rest @ ..] if !rest.is_empty() => parse_target("", "v1", rest)?,
+            ["apis", g, v, rest @ ..] if !rest.is_empty() => parse_target(g, v, rest)?,
+            _ => return Err(not_found_path()),
+        };
+        if let Some(sub @ ("log" | "exec" | "attach" | "portforward")) = t.sub.as_deref() {
+            return Err(ApiError::method_not_allowed(format!(
+                "pods/{sub} streams from a node and is not served to the in-process client"
+            )));
+        }
+        // A GET or a DELETE names one object or the whole collection by its path.
+        let verb = match (verb, t.name.is_some()) {
+            (Verb::Get, false) => Verb::List,
+            (Verb::List, true) => Verb::Get,
+            (Verb::Delete(_), false) => Verb::DeleteCollection,
+            (Verb::DeleteCollection, true) => Verb::Delete(None),
+            (verb, _) => verb,
+        };
+        let attributes = t.attributes_for(verb.name(), &q);
+        self.authorize_resource(user, &attributes).await?;
+        if let Some(node) = crate::node_authz::node_of(user) {
+            let body_name = match &verb {
+                Verb::Create(o) => meta_str(o, "name"),
+                _ => None,
+            };
+            self.node_restriction(node, &attributes, body_name).await?;
+        }
+        let events_view = is_events_view(&t);
+        let (t, q, verb) = if events_view {
+            let core = resources::find("", "v1", "events")
+                .ok_or_else(|| ApiError::internal("core events are served"))?;
+            let q = crate::events::query_to_core(&q);
+            (Target { res: core, ..t }, q, verb.events_to_core())
+        } else {
+            (t, q, verb)
+        };
+        // Unknown fields of a create or update body: a Strict request is refused; warnings have
+        // nowhere to go.
+        if let Verb::Create(o) | Verb::Update(o) = &verb {
+            fieldvalidation::check_object(t.res, t.sub.as_deref(), o, &q)?;
+        }
+        let (answer, _warnings) = self.serve(user, &t, &q, verb, fence).await?;
+        let mut value = match answer {
+            Answer::Object(o) | Answer::Json(_, o) => o,
+            Answer::List(l) => list_object(&t, l),
+        };
+        if events_view {
+            crate::events::answer_from_core(&mut value);
+        }
+        Ok(value)
+    }
+
+    /// A place among the requests in flight (kube-apiserver's --max-requests-inflight and
+    /// --max-mutating-requests-inflight), or 429 when they are all taken.
+    fn inflight(&self, write: bool) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+        let limit = if write { &self.writes } else { &self.reads };
+        limit.try_acquire().map_err(|_| {
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            );
+            e.retry_after = Some(1);
+            e
+        })
+    }
+}
+
+fn is_events_view(t: &Target) -> bool {
+    t.res.group == "events.k8s.io" && t.res.kind == "Event"
+}
+
+fn verb_allowed(t: &Target, verb: &str) -> Result<(), ApiError> {
+    if t.res.serves(verb) {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({} {})",
+            verb,
+            t.res.qualified()
+        )))
+    }
+}
+
+/// What a resource request asks, its body decoded: the same whether it came over HTTP or from
+/// the in-process client.
+pub(crate) enum Verb<'a> {
+    /// One object (a name on the path).
+    Get,
+    /// A collection.
+    List,
+    /// A POST: a new object, or the body of a subresource (binding, eviction, token).
+    Create(Value),
+    Update(Value),
+    Patch(Patch<'a>),
+    /// One object, with the DeleteOptions the request carried.
+    Delete(Option<Value>),
+    DeleteCollection,
+}
+
+impl Verb<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Create(_) => "create",
+            Verb::Update(_) => "update",
+            Verb::Patch(_) => "patch",
+            Verb::Delete(_) => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+
+    /// The body of a request to events.k8s.io in the core Event form.
+    fn events_to_core(self) -> Self {
+        match self {
+            Verb::Create(mut o) => {
+                crate::events::to_core(&mut o);
+                Verb::Create(o)
+            }
+            Verb::Update(mut o) => {
+                crate::events::to_core(&mut o);
+                Verb::Update(o)
+            }
+            Verb::Patch(mut p) => {
+                crate::events::patch_to_core(p.kind, &mut p.body);
+                Verb::Patch(p)
+            }
+            other => other,
+        }
+    }
+}
+
+/// A PATCH's body, decoded.
+pub(crate) struct Patch<'a> {
+    pub(crate) kind: PatchType,
+    pub(crate) body: Value,
+    /// The bytes it was decoded from, when it came over HTTP: field validation finds duplicate
+    /// fields in them (a decoded value has none).
+    pub(crate) raw: Option<&'a [u8]>,
+}
+
+impl<'a> Patch<'a> {
+    /// A patch of `kind` as the client built it.
+    pub(crate) fn value(kind: PatchType, body: Value) -> Patch<'static> {
+        Patch {
+            kind,
+            body,
+            raw: None,
+        }
+    }
+
+    /// A patch from a request body: YAML for an apply, JSON for the others.
+    fn decode(kind: PatchType, raw: &'a [u8]) -> Result<Patch<'a>, ApiError> {
+        let body = match kind {
+            PatchType::Apply => serde_yaml::from_slice(raw)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
+            _ => serde_json::from_slice(raw)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+        };
+        Ok(Patch {
+            kind,
+            body,
+            raw: Some(raw),
+        })
+    }
+}
+
+/// What a verb answers, before it is rendered.
+pub(crate) enum Answer {
+    /// One stored object: a request's Accept header picks the object, its metadata or a table.
+    Object(Value),
+    /// One page of a collection, rendered per Accept as well.
+    List(Listed),
+    /// A body answered as it is with this status code: a written object, a Scale, a Status.
+    Json(u16, Value),
 }
 
 fn aggregated_response(doc: Value, version: &str) -> Resp {

@@ -55,6 +55,47 @@ pub(super) fn decode_continue(token: &str) -> Result<(i64, String), ApiError> {
     Ok((rv, start.to_string()))
 }
 
+/// One page of a collection: its objects and the list's metadata (resourceVersion, continue).
+pub(crate) struct Listed {
+    pub(crate) items: Vec<Value>,
+    pub(crate) meta: Value,
+}
+
+/// A page as a request's Accept header asks: a table, metadata only, or the list itself.
+pub(super) fn render_list(t: &Target, listed: Listed, accept: &str, q: &Query) -> Resp {
+    match table::form(accept) {
+        Form::Table => json_response(
+            200,
+            &table::table(
+                t.res,
+                &listed.items,
+                listed.meta,
+                q.get("includeObject").unwrap_or("Metadata"),
+            ),
+        ),
+        Form::Metadata => json_response(
+            200,
+            &json!({
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": listed.meta,
+                "items": listed.items.iter().map(table::metadata_only).collect::<Vec<_>>(),
+            }),
+        ),
+        Form::Object => json_response(200, &list_object(t, listed)),
+    }
+}
+
+/// A page as the list object of its kind (`PodList`).
+pub(super) fn list_object(t: &Target, listed: Listed) -> Value {
+    json!({
+        "kind": format!("{}List", t.res.kind),
+        "apiVersion": t.res.api_version(),
+        "metadata": listed.meta,
+        "items": listed.items,
+    })
+}
+
 impl Api {
     pub(super) fn render_one(&self, t: &Target, object: Value, accept: &str, q: &Query) -> Resp {
         match table::form(accept) {
@@ -133,7 +174,9 @@ impl Api {
         }
     }
 
-    pub(super) async fn list(&self, t: &Target, q: &Query, accept: &str) -> Result<Resp, ApiError> {
+    /// One page of a collection: the objects matching the query's selectors, from its
+    /// continue token, at most its limit.
+    pub(super) async fn list(&self, t: &Target, q: &Query) -> Result<Listed, ApiError> {
         let labels = LabelSelector::parse(q.get("labelSelector").unwrap_or(""))
             .map_err(ApiError::bad_request)?;
         let fields = FieldSelector::parse(q.get("fieldSelector").unwrap_or(""), t.res.kind)?;
@@ -151,38 +194,10 @@ impl Api {
         let (items, rev, next) = self
             .select(t, &labels, &fields, limit, start, fresh)
             .await?;
-        let mut list_meta = json!({"resourceVersion": rev.to_string()});
+        let mut meta = json!({"resourceVersion": rev.to_string()});
         if let Some(after) = next {
-            list_meta["continue"] = json!(encode_continue(rev, after.trim_end_matches('\u{0}')));
+            meta["continue"] = json!(encode_continue(rev, after.trim_end_matches('\u{0}')));
         }
-        Ok(match table::form(accept) {
-            Form::Table => json_response(
-                200,
-                &table::table(
-                    t.res,
-                    &items,
-                    list_meta,
-                    q.get("includeObject").unwrap_or("Metadata"),
-                ),
-            ),
-            Form::Metadata => json_response(
-                200,
-                &json!({
-                    "kind": "PartialObjectMetadataList",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": list_meta,
-                    "items": items.iter().map(table::metadata_only).collect::<Vec<_>>(),
-                }),
-            ),
-            Form::Object => json_response(
-                200,
-                &json!({
-                    "kind": format!("{}List", t.res.kind),
-                    "apiVersion": t.res.api_version(),
-                    "metadata": list_meta,
-                    "items": items,
-                }),
-            ),
-        })
+        Ok(Listed { items, meta })
     }
 }

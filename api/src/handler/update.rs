@@ -1,23 +1,29 @@
 //! Update, patch and server-side apply, and the store changes every write makes (the object,
 //! Service address claims and quota usage).
 
-use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::admission;
 use crate::error::ApiError;
 use crate::fieldvalidation;
-use crate::patch;
+use crate::patch::{self, PatchType};
 use crate::query::Query;
 use crate::quota;
 use crate::resources::{self, Resource};
 use crate::services;
-use crate::storage::{decode, set_resource_version, Change, Freshness, Stored};
+use crate::storage::{decode, set_resource_version, Change, Fence, Freshness, Stored};
 
 use super::{
-    is_quota, is_service, json_response, meta, meta_mut, meta_str, now, Api, Resp, Target,
-    UPDATE_RETRIES,
+    is_quota, is_service, meta, meta_mut, meta_str, now, Api, Patch, Target, UPDATE_RETRIES,
 };
+
+/// What a patch answers: the object as stored (a Scale for /scale), whether an apply created
+/// it, and the warnings of field validation.
+pub(crate) struct Patched {
+    pub(crate) object: Value,
+    pub(crate) created: bool,
+    pub(crate) warnings: Vec<String>,
+}
 
 impl Api {
     /// Every store change that goes with writing `new` (None: deleting) over `old` at `key`:
@@ -257,6 +263,7 @@ impl Api {
         current: &Stored,
         new: Value,
         dry_run: bool,
+        fence: Fence,
     ) -> Result<Option<Stored>, ApiError> {
         admission::validate(t.res, &new)?;
         check_immutable(t.res, &current.object, &new)?;
@@ -285,7 +292,7 @@ impl Api {
                 revision: current.revision,
             }));
         }
-        match self.store.apply(&changes).await? {
+        match self.store.apply(&changes, fence).await? {
             Some(revision) => {
                 let mut object = write.unwrap_or_else(|| current.object.clone());
                 set_resource_version(&mut object, revision);
@@ -300,13 +307,17 @@ impl Api {
         }
     }
 
+    /// Replaces an object (or sets its subresource) from a full body, retrying when it moved
+    /// meanwhile unless the body pins a resourceVersion. Returns what a request answers: the
+    /// object as stored, or its Scale.
     pub(super) async fn update(
         &self,
         t: &Target,
         q: &Query,
         body: Value,
         sub: Option<&str>,
-    ) -> Result<Resp, ApiError> {
+        fence: Fence,
+    ) -> Result<Value, ApiError> {
         let dry_run = q.dry_run()?;
         let pinned = body
             .pointer("/metadata/resourceVersion")
@@ -326,13 +337,12 @@ impl Api {
                 }
             }
             let new = self.merge_update(t, &current.object, body.clone(), sub)?;
-            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
-                let out = if sub == Some("scale") {
+            if let Some(s) = self.commit(t, &current, new, dry_run, fence).await? {
+                return Ok(if sub == Some("scale") {
                     scale_of(t.res, &s.object)
                 } else {
                     s.object
-                };
-                return Ok(json_response(200, &out));
+                });
             }
             if pinned.is_some() {
                 return Err(ApiError::stale(t.res.group, t.res.plural, t.name()));
@@ -346,26 +356,21 @@ impl Api {
         ))
     }
 
+    /// Patches an object (JSON patch, merge patch, strategic merge patch, or server-side
+    /// apply), retrying on the newest state when it moved meanwhile.
     pub(super) async fn patch(
         &self,
         t: &Target,
         q: &Query,
-        body: &Bytes,
-        content_type: &str,
+        patch: Patch<'_>,
         sub: Option<&str>,
-    ) -> Result<Resp, ApiError> {
+        fence: Fence,
+    ) -> Result<Patched, ApiError> {
         let dry_run = q.dry_run()?;
-        let ct = content_type.split(';').next().unwrap_or("").trim();
-        if ct == "application/apply-patch+yaml" {
-            return self.server_side_apply(t, q, body, sub).await;
+        if patch.kind == PatchType::Apply {
+            return self.server_side_apply(t, q, &patch.body, sub, fence).await;
         }
-        let patch: Value = match ct {
-            "application/json-patch+json"
-            | "application/merge-patch+json"
-            | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
-            other => return Err(ApiError::unsupported_media_type(other)),
-        };
+        let (kind, raw, patch) = (patch.kind, patch.raw, patch.body);
         for _ in 0..UPDATE_RETRIES {
             let current = self.get(t, &Query::default()).await?;
             // A patch applies to what the client sees: the Scale for /scale.
@@ -375,9 +380,9 @@ impl Api {
                 current.object.clone()
             };
             let before = view.clone();
-            match ct {
-                "application/json-patch+json" => patch::json_patch(&mut view, &patch)?,
-                "application/strategic-merge-patch+json" => {
+            match kind {
+                PatchType::Json => patch::json_patch(&mut view, &patch)?,
+                PatchType::StrategicMerge => {
                     let (group, version, kind) = if sub == Some("scale") {
                         ("autoscaling", "v1", "Scale")
                     } else {
@@ -388,7 +393,7 @@ impl Api {
                 }
                 _ => patch::merge_patch(&mut view, &patch),
             }
-            let warnings = fieldvalidation::check_patch(t.res, sub, body, &before, &view, q)?;
+            let warnings = fieldvalidation::check_patch(t.res, sub, raw, &before, &view, q)?;
             let pinned = view
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)
@@ -413,16 +418,17 @@ impl Api {
                 }
                 Some(s) => self.merge_update(t, &current.object, view, Some(s))?,
             };
-            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
-                let out = if sub == Some("scale") {
+            if let Some(s) = self.commit(t, &current, new, dry_run, fence).await? {
+                let object = if sub == Some("scale") {
                     scale_of(t.res, &s.object)
                 } else {
                     s.object
                 };
-                return Ok(fieldvalidation::with_warnings(
-                    json_response(200, &out),
-                    &warnings,
-                ));
+                return Ok(Patched {
+                    object,
+                    created: false,
+                    warnings,
+                });
             }
         }
         Err(ApiError::conflict(
@@ -439,9 +445,10 @@ impl Api {
         &self,
         t: &Target,
         q: &Query,
-        body: &Bytes,
+        config: &Value,
         sub: Option<&str>,
-    ) -> Result<Resp, ApiError> {
+        fence: Fence,
+    ) -> Result<Patched, ApiError> {
         let dry_run = q.dry_run()?;
         let manager = q
             .get("fieldManager")
@@ -462,8 +469,6 @@ impl Api {
             return Err(ApiError::method_not_allowed("server-side apply of a subresource is not supported by this server; apply the object itself"));
         }
         let force = q.flag("force");
-        let config: Value = serde_yaml::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
         if !config.is_object() {
             return Err(ApiError::bad_request(
                 "the applied configuration is not an object",
@@ -484,22 +489,30 @@ impl Api {
             let current = self.store.get(&t.key(), Freshness::Latest).await?;
             let Some(current) = current else {
                 let mut object =
-                    crate::apply::apply(def, None, &config, manager, force, &api_version, &now())?;
+                    crate::apply::apply(def, None, config, manager, force, &api_version, &now())?;
                 crate::value::set(&mut object, &["metadata", "name"], json!(t.name()));
-                return self.create(t, q, object).await;
+                return Ok(Patched {
+                    object: self.create(t, q, object, fence).await?,
+                    created: true,
+                    warnings: Vec::new(),
+                });
             };
             let applied = crate::apply::apply(
                 def,
                 Some(&current.object),
-                &config,
+                config,
                 manager,
                 force,
                 &api_version,
                 &now(),
             )?;
             let new = self.merge_update(t, &current.object, applied, None)?;
-            if let Some(s) = self.commit(t, &current, new, dry_run).await? {
-                return Ok(json_response(200, &s.object));
+            if let Some(s) = self.commit(t, &current, new, dry_run, fence).await? {
+                return Ok(Patched {
+                    object: s.object,
+                    created: false,
+                    warnings: Vec::new(),
+                });
             }
         }
         Err(ApiError::conflict(
