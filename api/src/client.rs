@@ -40,11 +40,6 @@ impl LocalClient {
         }
     }
 
-    /// The fence this client's writes carry.
-    pub fn fence(&self) -> Fence {
-        self.fence
-    }
-
     async fn call(&self, path: &str, verb: Verb<'_>) -> Result<Value, ApiError> {
         self.api.call(&self.user, path, verb, self.fence).await
     }

@@ -627,7 +627,7 @@ impl Api {
         let started = std::time::Instant::now();
         let name = verb.name();
         let result = self.call_inner(user, path, verb, fence).await;
-        tracing::debug!(verb = name, %path, code = result.as_ref().map_or_else(|e| e.code, |_| 200),
+        tracing::debug!(verb = name, %path, error = result.as_ref().err().map(|e| e.code),
                         user = %user.name, elapsed_ms = started.elapsed().as_millis() as u64,
                         "in-process api call");
         result
