@@ -1,5 +1,7 @@
 //! Admission: the defaults Kubernetes fills in (mutating), then the checks it makes before an
-//! object is stored (validating). Objects are JSON values; each kind's rules are a function.
+//! object is stored (validating). What every object gets (no nulls, a valid name, valid labels)
+//! is here with the helpers kinds share (pod spec defaults and checks); what one kind adds is
+//! its [`crate::strategy`].
 
 use serde_json::{json, Map, Value};
 
@@ -13,7 +15,7 @@ fn obj(v: &mut Value) -> Option<&mut Map<String, Value>> {
 }
 
 /// Sets `key` to `value` unless it is already set (and not null).
-fn default(map: &mut Map<String, Value>, key: &str, value: Value) {
+pub(crate) fn default(map: &mut Map<String, Value>, key: &str, value: Value) {
     match map.get(key) {
         Some(v) if !v.is_null() => {}
         _ => {
@@ -23,7 +25,7 @@ fn default(map: &mut Map<String, Value>, key: &str, value: Value) {
 }
 
 /// A child object, created empty when missing.
-fn child<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+pub(crate) fn child<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
     if !map.get(key).is_some_and(Value::is_object) {
         map.insert(key.to_string(), json!({}));
     }
@@ -32,7 +34,7 @@ fn child<'a>(map: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, 
         .expect("just inserted an object")
 }
 
-fn each_in<'a>(
+pub(crate) fn each_in<'a>(
     map: &'a mut Map<String, Value>,
     key: &str,
 ) -> impl Iterator<Item = &'a mut Map<String, Value>> {
@@ -108,20 +110,9 @@ fn default_template(spec: &mut Map<String, Value>) {
 /// Applies the kind's defaults to a new or updated object.
 pub fn defaults(res: &Resource, object: &mut Value) {
     strip_nulls(object);
-    let qos = qos_class(object);
+    res.strategy.defaults(object);
     let Some(o) = obj(object) else { return };
     match (res.group, res.kind) {
-        ("", "Pod") => {
-            let spec = child(o, "spec");
-            default_pod_spec(spec);
-            default(spec, "serviceAccountName", json!("default"));
-            if let Some(sa) = spec.get("serviceAccountName").cloned() {
-                default(spec, "serviceAccount", sa);
-            }
-            let status = child(o, "status");
-            default(status, "phase", json!("Pending"));
-            default(status, "qosClass", json!(qos));
-        }
         ("apps", "Deployment") => {
             let spec = child(o, "spec");
             default(spec, "replicas", json!(1));
@@ -155,48 +146,6 @@ pub fn defaults(res: &Resource, object: &mut Value) {
             let meta = child(o, "metadata");
             default(meta, "labels", labels);
         }
-        ("", "Service") => {
-            let spec = child(o, "spec");
-            default(spec, "type", json!("ClusterIP"));
-            default(spec, "sessionAffinity", json!("None"));
-            let ty = spec
-                .get("type")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            if ty != "ExternalName" {
-                default(spec, "internalTrafficPolicy", json!("Cluster"));
-                default(spec, "ipFamilies", json!(["IPv4"]));
-                default(spec, "ipFamilyPolicy", json!("SingleStack"));
-            }
-            if ty == "NodePort" || ty == "LoadBalancer" {
-                default(spec, "externalTrafficPolicy", json!("Cluster"));
-            }
-            if ty == "LoadBalancer" {
-                default(spec, "allocateLoadBalancerNodePorts", json!(true));
-            }
-            for p in each_in(spec, "ports") {
-                default(p, "protocol", json!("TCP"));
-                if let Some(port) = p.get("port").cloned() {
-                    default(p, "targetPort", port);
-                }
-            }
-            let status = child(o, "status");
-            default(status, "loadBalancer", json!({}));
-        }
-        ("", "Namespace") => {
-            let name = o
-                .get("metadata")
-                .and_then(|m| m.get("name"))
-                .cloned()
-                .unwrap_or(Value::Null);
-            let labels = child(child(o, "metadata"), "labels");
-            labels.insert("kubernetes.io/metadata.name".into(), name);
-            let spec = child(o, "spec");
-            default(spec, "finalizers", json!(["kubernetes"]));
-            let status = child(o, "status");
-            default(status, "phase", json!("Active"));
-        }
         ("", "Secret") => default(o, "type", json!("Opaque")),
         ("", "Node") => {
             let status = child(o, "status");
@@ -206,67 +155,6 @@ pub fn defaults(res: &Resource, object: &mut Value) {
             default(o, "preemptionPolicy", json!("PreemptLowerPriority"));
         }
         _ => {}
-    }
-}
-
-/// DefaultTolerationSeconds: a new pod tolerates its node being not-ready or unreachable for
-/// 300 s before the node lifecycle evicts it, unless it says otherwise.
-pub fn default_tolerations(pod: &mut Value) {
-    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
-        return;
-    };
-    if !spec.get("tolerations").is_some_and(Value::is_array) {
-        spec.insert("tolerations".into(), json!([]));
-    }
-    let Some(list) = spec.get_mut("tolerations").and_then(Value::as_array_mut) else {
-        return;
-    };
-    for key in [
-        "node.kubernetes.io/not-ready",
-        "node.kubernetes.io/unreachable",
-    ] {
-        let covered = list.iter().any(|t| {
-            let k = t.get("key").and_then(Value::as_str);
-            let effect = t.get("effect").and_then(Value::as_str);
-            (k == Some(key)
-                || (k.is_none() && t.get("operator").and_then(Value::as_str) == Some("Exists")))
-                && matches!(effect, None | Some("") | Some("NoExecute"))
-        });
-        if !covered {
-            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
-        }
-    }
-}
-
-/// A pod's quality-of-service class from its containers' requests and limits.
-pub fn qos_class(pod: &Value) -> &'static str {
-    let containers = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in &containers {
-        let req = c.pointer("/resources/requests").and_then(Value::as_object);
-        let lim = c.pointer("/resources/limits").and_then(Value::as_object);
-        if req.is_some_and(|r| !r.is_empty()) || lim.is_some_and(|l| !l.is_empty()) {
-            any = true;
-        }
-        for r in ["cpu", "memory"] {
-            let l = lim.and_then(|l| l.get(r));
-            let q = req.and_then(|q| q.get(r)).or(l);
-            if l.is_none() || q != l {
-                guaranteed = false;
-            }
-        }
-    }
-    if !any {
-        "BestEffort"
-    } else if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
     }
 }
 
@@ -299,30 +187,31 @@ fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
-/// Kinds whose names must be DNS labels (they become host names or DNS labels).
-fn name_is_label(res: &Resource) -> bool {
-    matches!((res.group, res.kind), ("", "Namespace" | "Service"))
-}
-
-/// The check a name must pass, with Kubernetes' message when it fails.
+/// Kubernetes' message when `name` is not a valid name for the kind, or None.
 pub fn check_name(res: &Resource, name: &str) -> Option<String> {
     if matches!(res.group, "rbac.authorization.k8s.io") {
         // RBAC names are path segments: anything but '/', '%', '.' and '..'.
         return (name.is_empty() || name.contains('/') || name.contains('%') || name == "." || name == "..")
             .then(|| format!("Invalid value: {name:?}: may not contain '/' or '%' and may not be '.' or '..'"));
     }
-    if name_is_label(res) {
-        (!is_dns1123_label(name)).then(|| format!(
-            "Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-        ))
-    } else {
-        (!is_dns1123_subdomain(name)).then(|| format!(
-            "Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-        ))
-    }
+    res.strategy.check_name(name)
 }
 
-fn required(field: &str) -> Cause {
+/// The message when `name` is not a DNS label (names that become host names or DNS labels).
+pub(crate) fn check_label(name: &str) -> Option<String> {
+    (!is_dns1123_label(name)).then(|| format!(
+        "Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+    ))
+}
+
+/// The message when `name` is not a DNS subdomain (what most kinds' names are).
+pub(crate) fn check_subdomain(name: &str) -> Option<String> {
+    (!is_dns1123_subdomain(name)).then(|| format!(
+        "Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+    ))
+}
+
+pub(crate) fn required(field: &str) -> Cause {
     Cause {
         reason: "FieldValueRequired",
         field: field.into(),
@@ -330,7 +219,7 @@ fn required(field: &str) -> Cause {
     }
 }
 
-fn invalid(field: &str, message: String) -> Cause {
+pub(crate) fn invalid(field: &str, message: String) -> Cause {
     Cause {
         reason: "FieldValueInvalid",
         field: field.into(),
@@ -385,7 +274,7 @@ fn validate_labels(object: &Value, causes: &mut Vec<Cause>) {
     }
 }
 
-fn validate_pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
+pub(crate) fn validate_pod_spec(spec: Option<&Value>, at: &str, causes: &mut Vec<Cause>) {
     let containers = spec
         .and_then(|s| s.get("containers"))
         .and_then(Value::as_array);
@@ -514,46 +403,6 @@ fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
     );
 }
 
-fn validate_service(object: &Value, causes: &mut Vec<Cause>) {
-    let spec = object.get("spec");
-    let ty = spec
-        .and_then(|s| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("ClusterIP");
-    if !["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"].contains(&ty) {
-        causes.push(Cause {
-            reason: "FieldValueNotSupported",
-            field: "spec.type".into(),
-            message: format!("Unsupported value: {ty:?}: supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\""),
-        });
-    }
-    let ports = spec.and_then(|s| s.get("ports")).and_then(Value::as_array);
-    let headless = spec
-        .and_then(|s| s.get("clusterIP"))
-        .and_then(Value::as_str)
-        == Some("None");
-    if ty != "ExternalName" && !headless && ports.is_none_or(|p| p.is_empty()) {
-        causes.push(required("spec.ports"));
-    }
-    for (i, p) in ports.into_iter().flatten().enumerate() {
-        match p.get("port").and_then(Value::as_i64) {
-            Some(n) if (1..=65535).contains(&n) => {}
-            Some(n) => causes.push(invalid(
-                &format!("spec.ports[{i}].port"),
-                format!("Invalid value: {n}: must be between 1 and 65535, inclusive"),
-            )),
-            None => causes.push(required(&format!("spec.ports[{i}].port"))),
-        }
-        if ports.is_some_and(|all| all.len() > 1)
-            && p.get("name")
-                .and_then(Value::as_str)
-                .is_none_or(str::is_empty)
-        {
-            causes.push(required(&format!("spec.ports[{i}].name")));
-        }
-    }
-}
-
 /// Validates an object about to be stored; a non-empty list of causes is a 422.
 pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
     let mut causes = Vec::new();
@@ -571,12 +420,11 @@ pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
         causes.push(invalid("metadata.name", message));
     }
     validate_labels(object, &mut causes);
+    res.strategy.validate(object, &mut causes);
     match (res.group, res.kind) {
-        ("", "Pod") => validate_pod_spec(object.get("spec"), "spec", &mut causes),
         ("apps", "Deployment" | "ReplicaSet") | ("", "ReplicationController") => {
             validate_workload(object, res.kind, &mut causes)
         }
-        ("", "Service") => validate_service(object, &mut causes),
         ("", "ConfigMap" | "Secret") => {
             for field in ["data", "binaryData", "stringData"] {
                 for k in object
@@ -603,14 +451,6 @@ pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
     } else {
         Err(ApiError::invalid(res.group, res.kind, name, causes))
     }
-}
-
-/// Whether the namespace may not be deleted (it exists from bootstrap).
-pub fn protected_namespace(name: &str) -> bool {
-    matches!(
-        name,
-        "default" | "kube-system" | "kube-public" | "kube-node-lease"
-    )
 }
 
 #[cfg(test)]
@@ -684,13 +524,5 @@ mod tests {
         let ns = find("", "v1", "namespaces").unwrap();
         assert!(check_name(ns, "a.b").is_some());
         assert!(check_name(res, "a.b").is_none());
-    }
-
-    #[test]
-    fn qos() {
-        let g = json!({"spec": {"containers": [{"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}});
-        assert_eq!(qos_class(&g), "Guaranteed");
-        let b = json!({"spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}});
-        assert_eq!(qos_class(&b), "Burstable");
     }
 }

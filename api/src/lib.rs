@@ -41,6 +41,7 @@ pub mod services;
 pub mod status_page;
 pub mod storage;
 pub mod strategic;
+pub mod strategy;
 pub mod table;
 pub mod token;
 pub mod value;

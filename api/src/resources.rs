@@ -1,5 +1,8 @@
 //! The table of served resources: what discovery lists, how a URL maps to a resource, and where
-//! its objects live in the store (Kubernetes' own registry layout).
+//! its objects live in the store (Kubernetes' own registry layout), and each kind's
+//! [`Strategy`].
+
+use crate::strategy::{self, Strategy};
 
 /// One served resource (a REST collection).
 #[derive(Debug)]
@@ -22,6 +25,8 @@ pub struct Resource {
     pub verbs: &'static [&'static str],
     /// Whether `metadata.generation` counts spec changes (kinds with a spec).
     pub has_spec: bool,
+    /// What is special about the kind on create, update and delete.
+    pub strategy: &'static dyn Strategy,
 }
 
 pub const ALL_VERBS: &[&str] = &[
@@ -85,6 +90,14 @@ macro_rules! res {
     ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr,
      short: [$($short:expr),*], cat: [$($cat:expr),*], sub: [$($sub:expr),*],
      storage: $storage:expr, verbs: $verbs:expr, spec: $spec:expr) => {
+        res!($group, $version, $kind, $plural, $singular, $ns, short: [$($short),*],
+             cat: [$($cat),*], sub: [$($sub),*], storage: $storage, verbs: $verbs, spec: $spec,
+             strategy: &strategy::Generic)
+    };
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr,
+     short: [$($short:expr),*], cat: [$($cat:expr),*], sub: [$($sub:expr),*],
+     storage: $storage:expr, verbs: $verbs:expr, spec: $spec:expr,
+     strategy: $strategy:expr) => {
         Resource {
             group: $group,
             version: $version,
@@ -98,6 +111,7 @@ macro_rules! res {
             storage: $storage,
             verbs: $verbs,
             has_spec: $spec,
+            strategy: $strategy,
         }
     };
 }
@@ -106,14 +120,16 @@ macro_rules! res {
 pub static RESOURCES: &[Resource] = &[
     // core/v1
     res!("", "v1", "Namespace", "namespaces", "namespace", false, short: ["ns"], cat: [],
-         sub: ["status", "finalize"], storage: "namespaces", verbs: ALL_VERBS, spec: false),
+         sub: ["status", "finalize"], storage: "namespaces", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::namespace::Namespace),
     res!("", "v1", "Pod", "pods", "pod", true, short: ["po"], cat: ["all"],
          sub: ["status", "binding", "eviction", "log", "exec", "attach", "portforward"],
-         storage: "pods", verbs: ALL_VERBS, spec: false),
+         storage: "pods", verbs: ALL_VERBS, spec: false, strategy: &strategy::pod::Pod),
     res!("", "v1", "Node", "nodes", "node", false, short: ["no"], cat: [],
          sub: ["status"], storage: "minions", verbs: ALL_VERBS, spec: false),
     res!("", "v1", "Service", "services", "service", true, short: ["svc"], cat: ["all"],
-         sub: ["status"], storage: "services/specs", verbs: ALL_VERBS, spec: false),
+         sub: ["status"], storage: "services/specs", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::service::Service),
     res!("", "v1", "Endpoints", "endpoints", "endpoints", true, short: ["ep"], cat: [],
          sub: [], storage: "services/endpoints", verbs: ALL_VERBS, spec: false),
     res!("", "v1", "ConfigMap", "configmaps", "configmap", true, short: ["cm"], cat: [],
@@ -128,7 +144,8 @@ pub static RESOURCES: &[Resource] = &[
          true, short: ["rc"], cat: ["all"], sub: ["scale", "status"], storage: "controllers",
          verbs: ALL_VERBS, spec: true),
     res!("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true, short: ["quota"],
-         cat: [], sub: ["status"], storage: "resourcequotas", verbs: ALL_VERBS, spec: false),
+         cat: [], sub: ["status"], storage: "resourcequotas", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::resourcequota::ResourceQuota),
     res!("", "v1", "LimitRange", "limitranges", "limitrange", true, short: ["limits"], cat: [],
          sub: [], storage: "limitranges", verbs: ALL_VERBS, spec: false),
     // apps/v1

@@ -1,5 +1,5 @@
-//! Create: the server-owned fields of a new object, namespace lifecycle, priority admission and
-//! the address claims of Services.
+//! Create: the server-owned fields of a new object, namespace lifecycle, then the kind's
+//! strategy (its admission, and what it holds besides its key).
 
 use serde_json::{json, Value};
 
@@ -7,13 +7,9 @@ use crate::admission;
 use crate::error::ApiError;
 use crate::query::Query;
 use crate::resources;
-use crate::services;
 use crate::storage::{decode, set_resource_version, Fence, Freshness};
 
-use super::{
-    is_quota, is_service, meta_mut, meta_str, new_uid, now, random_suffix, Api, Target,
-    UPDATE_RETRIES,
-};
+use super::{meta_mut, meta_str, new_uid, now, random_suffix, Api, Target, UPDATE_RETRIES};
 
 impl Api {
     /// Fills in what the server owns on a new object and checks what the client sent.
@@ -129,7 +125,7 @@ impl Api {
     }
 
     /// Creates an object: the server's fields, admission, validation, then a write that
-    /// claims its key (and a Service's addresses, the namespace's quota). Returns the object
+    /// claims its key (and what the kind holds besides, the namespace's quota). Returns the object
     /// as stored.
     pub(super) async fn create(
         &self,
@@ -148,38 +144,16 @@ impl Api {
         self.prepare_create(t, &mut object)?;
         admission::defaults(t.res, &mut object);
         self.check_namespace(t).await?;
-        if t.res.group.is_empty() && t.res.kind == "Pod" {
-            let ranges = self
-                .namespace_objects("limitranges", t.ns.as_deref().unwrap_or(""))
-                .await?;
-            crate::limitrange::admit(&mut object, &ranges)?;
-            self.admit_priority(&mut object).await?;
-            admission::default_tolerations(&mut object);
-            // The QoS class follows the resources LimitRange filled in.
-            let qos = admission::qos_class(&object);
-            crate::value::set(&mut object, &["status", "qosClass"], json!(qos));
-        }
+        let strategy = t.res.strategy;
+        strategy.admit_create(self, t, &mut object).await?;
         let generated = meta_str(&object, "generateName").is_some() && t.name.is_none();
         for _ in 0..UPDATE_RETRIES {
             admission::validate(t.res, &object)?;
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             let key = t.res.key(t.ns.as_deref(), &name);
             let mut obj = object.clone();
-            if is_service(t.res) {
-                services::allocate(&self.net, &mut obj)?;
-            }
-            if is_quota(t.res) {
-                let hard = obj
-                    .pointer("/spec/hard")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
-                let status = self
-                    .quota_status(t.ns.as_deref().unwrap_or(""), &hard, Freshness::Latest)
-                    .await?
-                    .0;
-                crate::value::set(&mut obj, &["status"], status);
-            }
+            strategy.allocate(&self.net, &mut obj)?;
+            strategy.prepare_for_store(self, t, &mut obj).await?;
             let changes = self.changes_for(t, &key, 0, None, Some(&obj)).await?;
             if dry_run {
                 return Ok(obj);
@@ -198,9 +172,7 @@ impl Api {
                 }
                 return Err(ApiError::already_exists(t.res.group, t.res.plural, &name));
             }
-            if is_service(t.res) {
-                self.check_claims(&object, None).await?;
-            }
+            strategy.check_claims(self, &object, None).await?;
             // A quota moved or a picked address was taken meanwhile: go again.
         }
         Err(ApiError::new(
@@ -208,65 +180,6 @@ impl Api {
             "ServerTimeout",
             "the object could not be stored after several attempts (concurrent changes); try again",
         ))
-    }
-
-    /// Priority admission: a pod's priority is its PriorityClass's value (the built-in
-    /// system-cluster-critical and system-node-critical too), or the global default class's
-    /// when it names none.
-    async fn admit_priority(&self, pod: &mut Value) -> Result<(), ApiError> {
-        const BUILT_IN: &[(&str, i64)] = &[
-            ("system-cluster-critical", 2_000_000_000),
-            ("system-node-critical", 2_000_001_000),
-        ];
-        let res = resources::find("scheduling.k8s.io", "v1", "priorityclasses")
-            .ok_or_else(|| ApiError::internal("priorityclasses are served"))?;
-        let prefix = res.prefix(None);
-        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
-        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
-        let classes: Vec<Value> = kvs
-            .iter()
-            .map(|kv| decode(kv).map(|s| s.object))
-            .collect::<Result<_, _>>()?;
-        let named = pod
-            .pointer("/spec/priorityClassName")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .map(str::to_string);
-        let (name, value, policy) = match named {
-            Some(name) => match classes.iter().find(|c| meta_str(c, "name") == Some(&name)) {
-                Some(c) => (
-                    name,
-                    c.get("value").and_then(Value::as_i64).unwrap_or(0),
-                    c.get("preemptionPolicy").cloned(),
-                ),
-                None => match BUILT_IN.iter().find(|(n, _)| *n == name) {
-                    Some((_, v)) => (name, *v, None),
-                    None => {
-                        return Err(ApiError::forbidden(format!(
-                            "pods \"{}\" is forbidden: no PriorityClass with name {name} was found",
-                            meta_str(pod, "name").unwrap_or("")
-                        )))
-                    }
-                },
-            },
-            None => match classes
-                .iter()
-                .find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true))
-            {
-                Some(c) => (
-                    meta_str(c, "name").unwrap_or("").to_string(),
-                    c.get("value").and_then(Value::as_i64).unwrap_or(0),
-                    c.get("preemptionPolicy").cloned(),
-                ),
-                None => return Ok(()),
-            },
-        };
-        crate::value::set(pod, &["spec", "priorityClassName"], json!(name));
-        crate::value::set(pod, &["spec", "priority"], json!(value));
-        if let Some(p) = policy {
-            crate::value::set(pod, &["spec", "preemptionPolicy"], p);
-        }
-        Ok(())
     }
 
     /// Every object of a resource in one namespace, as this member has them.
@@ -280,23 +193,5 @@ impl Api {
         let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
         let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
         kvs.iter().map(|kv| decode(kv).map(|s| s.object)).collect()
-    }
-
-    /// A 422 when one of the addresses `svc` asks for (and `old` did not hold) is taken.
-    pub(super) async fn check_claims(
-        &self,
-        svc: &Value,
-        old: Option<&Value>,
-    ) -> Result<(), ApiError> {
-        let held = old.map(services::claims).unwrap_or_default();
-        for claim in services::claims(svc) {
-            if held.contains(&claim) {
-                continue;
-            }
-            if self.store.get(&claim, Freshness::Latest).await?.is_some() {
-                return Err(services::taken(svc, &claim));
-            }
-        }
-        Ok(())
     }
 }

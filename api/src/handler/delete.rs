@@ -1,35 +1,13 @@
-//! Delete and deletecollection: delete options, finalizers and a pod's graceful termination.
+//! Delete and deletecollection: delete options, finalizers, and the kind's strategy for how a
+//! deletion ends (a grace period, a controller that finishes it).
 
 use serde_json::{json, Value};
 
-use crate::admission;
 use crate::error::ApiError;
 use crate::query::{FieldSelector, LabelSelector, Query};
 use crate::storage::{Fence, Freshness, Write};
 
 use super::{meta_mut, meta_str, now, Api, Target, UPDATE_RETRIES};
-
-/// How long a pod being deleted may take to stop, in seconds: 0 (deleted at once) for a pod
-/// no node runs (unscheduled, or finished), else the request's grace period or the pod's
-/// `terminationGracePeriodSeconds` (30 by default).
-fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
-    let bound = pod
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .is_some_and(|n| !n.is_empty());
-    let phase = pod.pointer("/status/phase").and_then(Value::as_str);
-    if !bound || matches!(phase, Some("Succeeded" | "Failed")) {
-        return 0;
-    }
-    match requested {
-        Some(g) if g >= 0 => g,
-        _ => pod
-            .pointer("/spec/terminationGracePeriodSeconds")
-            .and_then(Value::as_i64)
-            .filter(|g| *g >= 0)
-            .unwrap_or(30),
-    }
-}
 
 /// Delete options from the body (DeleteOptions) or the query.
 struct DeleteOptions {
@@ -95,12 +73,8 @@ impl Api {
     ) -> Result<Value, ApiError> {
         let dry_run = q.dry_run()?;
         let opts = DeleteOptions::from(q, body)?;
-        if t.res.kind == "Namespace" && admission::protected_namespace(t.name()) {
-            return Err(ApiError::forbidden(format!(
-                "namespaces \"{}\" is forbidden: this namespace may not be deleted",
-                t.name()
-            )));
-        }
+        let strategy = t.res.strategy;
+        strategy.check_delete(t.name())?;
         for _ in 0..UPDATE_RETRIES {
             let current = self.get(t, &Query::default()).await?;
             if let Some(uid) = &opts.uid {
@@ -133,18 +107,13 @@ impl Api {
                 _ => None,
             };
             if let Some(f) = propagation_finalizer {
-                if t.res.kind != "Namespace" && !finalizers.iter().any(|x| x == f) {
+                if strategy.propagation_finalizers() && !finalizers.iter().any(|x| x == f) {
                     finalizers.push(json!(f));
                 }
             }
-            let is_namespace = t.res.kind == "Namespace";
-            // A pod on a node ends gracefully: marked with a deadline, its agent stops the
-            // containers and then deletes it for good (with a zero grace period).
-            let grace = if t.res.group.is_empty() && t.res.kind == "Pod" {
-                pod_grace_period(&current.object, opts.grace)
-            } else {
-                0
-            };
+            // A kind that ends gracefully (a pod on a node) is marked with a deadline; whoever
+            // stops it then deletes it for good (with a zero grace period).
+            let grace = strategy.grace_period(&current.object, opts.grace);
             if grace > 0 {
                 let mut new = current.object.clone();
                 let deadline = chrono::Utc::now() + chrono::Duration::seconds(grace);
@@ -179,18 +148,9 @@ impl Api {
                     Write::Lost(_) => continue,
                 }
             }
-            if !finalizers.is_empty() || is_namespace {
+            if !finalizers.is_empty() || strategy.finished_by_controller() {
                 // Marked, not removed: whoever owns the finalizers finishes the deletion.
-                if current
-                    .object
-                    .pointer("/metadata/deletionTimestamp")
-                    .is_some()
-                    && (t.res.kind != "Pod"
-                        || current
-                            .object
-                            .pointer("/metadata/deletionGracePeriodSeconds")
-                            == Some(&json!(0)))
-                {
+                if strategy.deletion_marked(&current.object) {
                     return Ok(current.object);
                 }
                 let mut new = current.object.clone();
@@ -199,11 +159,9 @@ impl Api {
                     m.insert("finalizers".into(), json!(finalizers));
                 }
                 m.insert("deletionTimestamp".into(), json!(now()));
-                // Only pods end gracefully; for them this is the zero grace period's mark.
+                // For kinds that end gracefully this is the zero grace period's mark.
                 m.insert("deletionGracePeriodSeconds".into(), json!(0));
-                if is_namespace {
-                    crate::value::set(&mut new, &["status", "phase"], json!("Terminating"));
-                }
+                strategy.mark_for_deletion(&mut new);
                 if dry_run {
                     return Ok(new);
                 }
@@ -258,7 +216,7 @@ impl Api {
                 name: Some(name),
                 sub: None,
             };
-            if t.res.kind == "Namespace" && admission::protected_namespace(one.name()) {
+            if t.res.strategy.check_delete(one.name()).is_err() {
                 continue;
             }
             match self.delete(&one, q, None, fence).await {

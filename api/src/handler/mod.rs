@@ -62,14 +62,6 @@ pub struct Api {
 pub const MAX_READS_INFLIGHT: usize = 400;
 pub const MAX_WRITES_INFLIGHT: usize = 200;
 
-fn is_service(res: &Resource) -> bool {
-    res.group.is_empty() && res.kind == "Service"
-}
-
-fn is_quota(res: &Resource) -> bool {
-    res.group.is_empty() && res.kind == "ResourceQuota"
-}
-
 fn json_response(code: u16, body: &Value) -> Resp {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     Response::builder()
@@ -132,7 +124,7 @@ fn meta_mut(o: &mut Value) -> Result<&mut serde_json::Map<String, Value>, ApiErr
         .expect("just made metadata an object"))
 }
 
-fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
+pub(crate) fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
     meta(o).and_then(|m| m.get(field)).and_then(Value::as_str)
 }
 

@@ -1,5 +1,5 @@
 //! Update, patch and server-side apply, and the store changes every write makes (the object,
-//! Service address claims and quota usage).
+//! the claims its strategy names and quota usage).
 
 use serde_json::{json, Value};
 
@@ -10,12 +10,9 @@ use crate::patch::{self, PatchType};
 use crate::query::Query;
 use crate::quota;
 use crate::resources::{self, Resource};
-use crate::services;
 use crate::storage::{decode, set_resource_version, Change, Fence, Freshness, Stored};
 
-use super::{
-    is_quota, is_service, meta, meta_mut, meta_str, now, Api, Patch, Target, UPDATE_RETRIES,
-};
+use super::{meta, meta_mut, meta_str, now, Api, Patch, Target, UPDATE_RETRIES};
 
 /// What a patch answers: the object as stored (a Scale for /scale), whether an apply created
 /// it, and the warnings of field validation.
@@ -27,7 +24,8 @@ pub(crate) struct Patched {
 
 impl Api {
     /// Every store change that goes with writing `new` (None: deleting) over `old` at `key`:
-    /// the object, the address claims of a Service and the usage of the namespace's quotas.
+    /// the object, the keys its kind claims besides (a Service's addresses) and the usage of the
+    /// namespace's quotas.
     pub(super) async fn changes_for(
         &self,
         t: &Target,
@@ -46,9 +44,9 @@ impl Api {
             .and_then(|o| meta_str(o, "name"))
             .unwrap_or("")
             .to_string();
-        if is_service(t.res) {
-            let before = old.map(services::claims).unwrap_or_default();
-            let after = new.map(services::claims).unwrap_or_default();
+        let before = old.map(|o| t.res.strategy.claims(o)).unwrap_or_default();
+        let after = new.map(|o| t.res.strategy.claims(o)).unwrap_or_default();
+        if !before.is_empty() || !after.is_empty() {
             let owner = json!({"service": format!("{}/{name}", t.ns.as_deref().unwrap_or(""))});
             for c in after.iter().filter(|c| !before.contains(c)) {
                 changes.push(Change {
@@ -65,7 +63,7 @@ impl Api {
                 });
             }
         }
-        if t.res.namespaced && !is_quota(t.res) {
+        if t.res.namespaced && t.res.strategy.charged_by_quota() {
             let delta = quota::delta(t.res, old, new);
             if !delta.is_empty() {
                 let qres = resources::find("", "v1", "resourcequotas").expect("served");
@@ -248,9 +246,7 @@ impl Api {
                 }
             }
         }
-        if is_service(res) {
-            services::keep_allocated(current, &mut new);
-        }
+        res.strategy.prepare_for_update(current, &mut new);
         admission::defaults(res, &mut new);
         Ok(bump_generation(res, current, new))
     }
@@ -273,8 +269,8 @@ impl Api {
                 .and_then(Value::as_array)
                 .is_none_or(|f| f.is_empty());
         let mut new = new;
-        if is_service(t.res) && !finalizers_done {
-            services::allocate(&self.net, &mut new)?;
+        if !finalizers_done {
+            t.res.strategy.allocate(&self.net, &mut new)?;
         }
         let write = (!finalizers_done).then(|| new.clone());
         let changes = self
@@ -299,9 +295,10 @@ impl Api {
                 Ok(Some(Stored { object, revision }))
             }
             None => {
-                if is_service(t.res) {
-                    self.check_claims(&new, Some(&current.object)).await?;
-                }
+                t.res
+                    .strategy
+                    .check_claims(self, &new, Some(&current.object))
+                    .await?;
                 Ok(None)
             }
         }
@@ -537,7 +534,7 @@ pub(super) fn bump_generation(res: &Resource, current: &Value, mut new: Value) -
     new
 }
 
-/// Fields that may not change after creation.
+/// Fields that may not change after creation: the kind's rules, and a selector of a workload.
 pub(super) fn check_immutable(
     res: &Resource,
     current: &Value,
@@ -546,57 +543,13 @@ pub(super) fn check_immutable(
     let mut causes = Vec::new();
     let name = meta_str(new, "name").unwrap_or("");
     let immutable: &[&str] = match (res.group, res.kind) {
-        ("", "Service") => &["/spec/clusterIP"],
         ("apps", "Deployment" | "ReplicaSet") => &["/spec/selector"],
-        ("", "Pod") => &[],
         _ => &[],
     };
     for ptr in immutable {
-        let old = current.pointer(ptr);
-        if old.is_some() && old != new.pointer(ptr) {
-            causes.push(crate::error::Cause {
-                reason: "FieldValueInvalid",
-                field: ptr.trim_start_matches('/').replace('/', "."),
-                message: format!(
-                    "Invalid value: {}: field is immutable",
-                    new.pointer(ptr).cloned().unwrap_or(Value::Null)
-                ),
-            });
-        }
+        crate::strategy::immutable(ptr, current, new, &mut causes);
     }
-    if res.kind == "Pod" {
-        // A pod's spec is fixed once created, except container images and a few others.
-        let strip = |v: Option<&Value>| {
-            let mut v = v.cloned().unwrap_or(json!({}));
-            for list in ["containers", "initContainers"] {
-                if let Some(cs) = v.get_mut(list).and_then(Value::as_array_mut) {
-                    for c in cs {
-                        if let Some(c) = c.as_object_mut() {
-                            c.remove("image");
-                        }
-                    }
-                }
-            }
-            if let Some(o) = v.as_object_mut() {
-                for f in [
-                    "activeDeadlineSeconds",
-                    "tolerations",
-                    "terminationGracePeriodSeconds",
-                    "nodeName",
-                ] {
-                    o.remove(f);
-                }
-            }
-            v
-        };
-        if strip(current.get("spec")) != strip(new.get("spec")) {
-            causes.push(crate::error::Cause {
-                reason: "FieldValueForbidden",
-                field: "spec".into(),
-                message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".into(),
-            });
-        }
-    }
+    res.strategy.validate_update(current, new, &mut causes);
     if causes.is_empty() {
         Ok(())
     } else {
