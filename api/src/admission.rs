@@ -10,10 +10,6 @@ use rkube_core::selector::LabelSelector;
 use crate::error::{ApiError, Cause};
 use crate::resources::Resource;
 
-fn obj(v: &mut Value) -> Option<&mut Map<String, Value>> {
-    v.as_object_mut()
-}
-
 /// Sets `key` to `value` unless it is already set (and not null).
 pub(crate) fn default(map: &mut Map<String, Value>, key: &str, value: Value) {
     match map.get(key) {
@@ -101,7 +97,8 @@ pub fn default_pod_spec(spec: &mut Map<String, Value>) {
     }
 }
 
-fn default_template(spec: &mut Map<String, Value>) {
+/// Defaults of a workload's pod template.
+pub(crate) fn default_template(spec: &mut Map<String, Value>) {
     let template = child(spec, "template");
     child(template, "metadata");
     default_pod_spec(child(template, "spec"));
@@ -111,67 +108,6 @@ fn default_template(spec: &mut Map<String, Value>) {
 pub fn defaults(res: &Resource, object: &mut Value) {
     strip_nulls(object);
     res.strategy.defaults(object);
-    let Some(o) = obj(object) else { return };
-    match (res.group, res.kind) {
-        ("apps", "Deployment") => {
-            let spec = child(o, "spec");
-            default(spec, "replicas", json!(1));
-            default(spec, "revisionHistoryLimit", json!(10));
-            default(spec, "progressDeadlineSeconds", json!(600));
-            let strategy = child(spec, "strategy");
-            default(strategy, "type", json!("RollingUpdate"));
-            if strategy.get("type").and_then(Value::as_str) == Some("RollingUpdate") {
-                let ru = child(strategy, "rollingUpdate");
-                default(ru, "maxUnavailable", json!("25%"));
-                default(ru, "maxSurge", json!("25%"));
-            }
-            default_template(spec);
-        }
-        ("apps", "ReplicaSet") => {
-            let spec = child(o, "spec");
-            default(spec, "replicas", json!(1));
-            default_template(spec);
-        }
-        ("", "ReplicationController") => {
-            let spec = child(o, "spec");
-            default(spec, "replicas", json!(1));
-            default_template(spec);
-            // An RC without a selector selects its template's labels, and an RC without labels
-            // takes them from its template as well.
-            let labels = spec
-                .pointer_mut_compat("template/metadata/labels")
-                .cloned()
-                .unwrap_or(json!({}));
-            default(spec, "selector", labels.clone());
-            let meta = child(o, "metadata");
-            default(meta, "labels", labels);
-        }
-        ("", "Secret") => default(o, "type", json!("Opaque")),
-        ("", "Node") => {
-            let status = child(o, "status");
-            default(status, "phase", json!("Pending"));
-        }
-        ("scheduling.k8s.io", "PriorityClass") => {
-            default(o, "preemptionPolicy", json!("PreemptLowerPriority"));
-        }
-        _ => {}
-    }
-}
-
-trait PointerCompat {
-    fn pointer_mut_compat(&mut self, path: &str) -> Option<&mut Value>;
-}
-
-impl PointerCompat for Map<String, Value> {
-    fn pointer_mut_compat(&mut self, path: &str) -> Option<&mut Value> {
-        let mut parts = path.split('/');
-        let first = parts.next()?;
-        let mut v = self.get_mut(first)?;
-        for p in parts {
-            v = v.get_mut(p)?;
-        }
-        Some(v)
-    }
 }
 
 fn is_dns1123_label(s: &str) -> bool {
@@ -189,11 +125,6 @@ fn is_dns1123_subdomain(s: &str) -> bool {
 
 /// Kubernetes' message when `name` is not a valid name for the kind, or None.
 pub fn check_name(res: &Resource, name: &str) -> Option<String> {
-    if matches!(res.group, "rbac.authorization.k8s.io") {
-        // RBAC names are path segments: anything but '/', '%', '.' and '..'.
-        return (name.is_empty() || name.contains('/') || name.contains('%') || name == "." || name == "..")
-            .then(|| format!("Invalid value: {name:?}: may not contain '/' or '%' and may not be '.' or '..'"));
-    }
     res.strategy.check_name(name)
 }
 
@@ -336,9 +267,9 @@ fn strip_nulls(v: &mut Value) {
     }
 }
 
-fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
-    let spec = object.get("spec");
-    if let Some(r) = spec.and_then(|s| s.get("replicas")) {
+/// A workload's replica count is not negative.
+pub(crate) fn validate_replicas(object: &Value, causes: &mut Vec<Cause>) {
+    if let Some(r) = object.get("spec").and_then(|s| s.get("replicas")) {
         if r.as_i64().is_none_or(|r| r < 0) {
             causes.push(invalid(
                 "spec.replicas",
@@ -346,61 +277,72 @@ fn validate_workload(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
             ));
         }
     }
+}
+
+/// A workload's label selector is set, not empty, and selects its template (`kind` names it
+/// in the message).
+pub(crate) fn validate_label_selector(object: &Value, kind: &str, causes: &mut Vec<Cause>) {
     let template_labels = object.pointer("/spec/template/metadata/labels");
-    let selector = spec.and_then(|s| s.get("selector"));
-    if kind == "ReplicationController" {
-        // RC selectors are plain maps (defaulted from the template).
-        if let (Some(sel), labels) = (selector.and_then(Value::as_object), template_labels) {
-            let matches = sel
-                .iter()
-                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
-            if !matches {
+    match object.get("spec").and_then(|s| s.get("selector")) {
+        None => causes.push(required("spec.selector")),
+        Some(sel) => {
+            let empty = sel
+                .get("matchLabels")
+                .and_then(Value::as_object)
+                .is_none_or(|m| m.is_empty())
+                && sel
+                    .get("matchExpressions")
+                    .and_then(Value::as_array)
+                    .is_none_or(|m| m.is_empty());
+            if empty {
+                causes.push(invalid(
+                    "spec.selector",
+                    "Invalid value: {}: empty selector is invalid for deployment"
+                        .replace("deployment", &kind.to_lowercase()),
+                ));
+            } else if !LabelSelector::from_json(sel)
+                .matches(template_labels.and_then(Value::as_object))
+            {
                 causes.push(invalid(
                     "spec.template.metadata.labels",
                     format!(
                         "Invalid value: {}: `selector` does not match template `labels`",
-                        labels.cloned().unwrap_or(json!({}))
+                        template_labels.cloned().unwrap_or(json!({}))
                     ),
                 ));
             }
         }
-    } else {
-        match selector {
-            None => causes.push(required("spec.selector")),
-            Some(sel) => {
-                let empty = sel
-                    .get("matchLabels")
-                    .and_then(Value::as_object)
-                    .is_none_or(|m| m.is_empty())
-                    && sel
-                        .get("matchExpressions")
-                        .and_then(Value::as_array)
-                        .is_none_or(|m| m.is_empty());
-                if empty {
-                    causes.push(invalid(
-                        "spec.selector",
-                        "Invalid value: {}: empty selector is invalid for deployment"
-                            .replace("deployment", &kind.to_lowercase()),
-                    ));
-                } else if !LabelSelector::from_json(sel)
-                    .matches(template_labels.and_then(Value::as_object))
-                {
-                    causes.push(invalid(
-                        "spec.template.metadata.labels",
-                        format!(
-                            "Invalid value: {}: `selector` does not match template `labels`",
-                            template_labels.cloned().unwrap_or(json!({}))
-                        ),
-                    ));
-                }
-            }
-        }
     }
+}
+
+/// A workload's pod template is a valid pod spec.
+pub(crate) fn validate_template(object: &Value, causes: &mut Vec<Cause>) {
     validate_pod_spec(
         object.pointer("/spec/template/spec"),
         "spec.template.spec",
         causes,
     );
+}
+
+/// The keys of `data`, `binaryData` and `stringData` are config keys (ConfigMaps, Secrets).
+pub(crate) fn validate_data_keys(object: &Value, causes: &mut Vec<Cause>) {
+    for field in ["data", "binaryData", "stringData"] {
+        for k in object
+            .get(field)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+        {
+            let ok = !k.is_empty()
+                && k.len() <= 253
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if !ok {
+                causes.push(invalid(&format!("{field}[{k}]"), format!("Invalid value: {k:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'")));
+            }
+        }
+    }
 }
 
 /// Validates an object about to be stored; a non-empty list of causes is a 422.
@@ -421,31 +363,6 @@ pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
     }
     validate_labels(object, &mut causes);
     res.strategy.validate(object, &mut causes);
-    match (res.group, res.kind) {
-        ("apps", "Deployment" | "ReplicaSet") | ("", "ReplicationController") => {
-            validate_workload(object, res.kind, &mut causes)
-        }
-        ("", "ConfigMap" | "Secret") => {
-            for field in ["data", "binaryData", "stringData"] {
-                for k in object
-                    .get(field)
-                    .and_then(Value::as_object)
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, _)| k)
-                {
-                    let ok = !k.is_empty()
-                        && k.len() <= 253
-                        && k.chars()
-                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-                    if !ok {
-                        causes.push(invalid(&format!("{field}[{k}]"), format!("Invalid value: {k:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'")));
-                    }
-                }
-            }
-        }
-        _ => {}
-    }
     if causes.is_empty() {
         Ok(())
     } else {

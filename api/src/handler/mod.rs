@@ -563,10 +563,7 @@ impl Api {
             }
             (Verb::Create(mut object), false, None) => {
                 verb_allowed(t, "create")?;
-                if t.res.group == "certificates.k8s.io" {
-                    crate::certificates::stamp(user, &mut object);
-                    crate::certificates::validate(&object)?;
-                }
+                t.res.strategy.prepare_for_user(user, &mut object)?;
                 Answer::Json(201, self.create(t, q, object, fence).await?)
             }
             (Verb::Create(binding), true, Some("binding")) => {

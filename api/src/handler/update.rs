@@ -534,7 +534,7 @@ pub(super) fn bump_generation(res: &Resource, current: &Value, mut new: Value) -
     new
 }
 
-/// Fields that may not change after creation: the kind's rules, and a selector of a workload.
+/// Fields that may not change after creation (the kind's rules).
 pub(super) fn check_immutable(
     res: &Resource,
     current: &Value,
@@ -542,13 +542,6 @@ pub(super) fn check_immutable(
 ) -> Result<(), ApiError> {
     let mut causes = Vec::new();
     let name = meta_str(new, "name").unwrap_or("");
-    let immutable: &[&str] = match (res.group, res.kind) {
-        ("apps", "Deployment" | "ReplicaSet") => &["/spec/selector"],
-        _ => &[],
-    };
-    for ptr in immutable {
-        crate::strategy::immutable(ptr, current, new, &mut causes);
-    }
     res.strategy.validate_update(current, new, &mut causes);
     if causes.is_empty() {
         Ok(())

@@ -7,9 +7,18 @@
 //! holds only what differs: its defaults and validation, the server-set fields it keeps on
 //! update, the addresses it claims, and how its deletion ends.
 
+pub mod certificatesigningrequest;
+pub mod configmap;
+pub mod deployment;
 pub mod namespace;
+pub mod node;
 pub mod pod;
+pub mod priorityclass;
+pub mod rbac;
+pub mod replicaset;
+pub mod replicationcontroller;
 pub mod resourcequota;
+pub mod secret;
 pub mod service;
 
 use std::future::Future;
@@ -17,6 +26,7 @@ use std::pin::Pin;
 
 use serde_json::Value;
 
+use crate::auth::User;
 use crate::error::{ApiError, Cause};
 use crate::handler::{Api, Target};
 use crate::services::ServiceNet;
@@ -45,6 +55,13 @@ pub trait Strategy: Sync {
     fn validate(&self, _object: &Value, _causes: &mut Vec<Cause>) {}
 
     // Create.
+
+    /// What the requesting user decides on a new object a client sends (who asked for a
+    /// certificate), and the checks that go with it; before the generic create, and only for
+    /// clients' requests (not the server's own objects, nor server-side apply).
+    fn prepare_for_user(&self, _user: &User, _object: &mut Value) -> Result<(), ApiError> {
+        Ok(())
+    }
 
     /// Admission of a new object that reads other objects (a pod's LimitRange and priority),
     /// once, before validation.
