@@ -3,6 +3,10 @@
 //! `metav1.LabelSelector` object (`matchLabels`, `matchExpressions`) that workloads, services'
 //! consumers, affinity terms and RBAC aggregation use.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+use serde::Deserialize;
 use serde_json::Value;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,48 +137,41 @@ impl LabelSelector {
         Ok(LabelSelector { reqs })
     }
 
-    /// A `metav1.LabelSelector` object: `matchLabels` and `matchExpressions` (In, NotIn,
-    /// Exists, DoesNotExist), all of which must hold. An unknown operator matches nothing.
-    pub fn from_json(selector: &Value) -> LabelSelector {
+    /// A `metav1.LabelSelector`: `matchLabels` and `matchExpressions` (In, NotIn, Exists,
+    /// DoesNotExist), all of which must hold. An unknown operator matches nothing.
+    pub fn from_selector(selector: &metav1::LabelSelector) -> LabelSelector {
         let mut reqs = Vec::new();
-        if let Some(ml) = selector.get("matchLabels").and_then(Value::as_object) {
-            for (k, v) in ml {
-                match v.as_str() {
-                    Some(v) => reqs.push(Requirement::Equals(k.clone(), v.to_string())),
-                    None => reqs.push(Requirement::Never),
-                }
-            }
+        for (k, v) in selector.match_labels.iter().flatten() {
+            reqs.push(Requirement::Equals(k.clone(), v.clone()));
         }
-        for e in selector
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let key = e
-                .get("key")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            let values: Vec<String> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|vs| {
-                    vs.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default();
-            reqs.push(match e.get("operator").and_then(Value::as_str) {
-                Some("In") => Requirement::In(key, values),
-                Some("NotIn") => Requirement::NotIn(key, values),
-                Some("Exists") => Requirement::Exists(key),
-                Some("DoesNotExist") => Requirement::NotExists(key),
+        for e in selector.match_expressions.iter().flatten() {
+            let key = e.key.clone();
+            let values = e.values.clone().unwrap_or_default();
+            reqs.push(match e.operator.as_str() {
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::NotExists(key),
                 _ => Requirement::Never,
             });
         }
         LabelSelector { reqs }
+    }
+
+    /// A `metav1.LabelSelector` still held as JSON, read as [`LabelSelector::from_selector`]
+    /// reads the typed one. Anything but an object (absent, null) is the empty selector; an
+    /// object that is not a LabelSelector (a label value that is not a string, say) matches
+    /// nothing.
+    pub fn from_json(selector: &Value) -> LabelSelector {
+        if !selector.is_object() {
+            return LabelSelector::default();
+        }
+        match metav1::LabelSelector::deserialize(selector) {
+            Ok(typed) => LabelSelector::from_selector(&typed),
+            Err(_) => LabelSelector {
+                reqs: vec![Requirement::Never],
+            },
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,6 +180,11 @@ impl LabelSelector {
 
     pub fn matches(&self, labels: Option<&serde_json::Map<String, Value>>) -> bool {
         self.matches_with(|k| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
+    }
+
+    /// Matches labels as typed objects hold them (`metadata.labels`).
+    pub fn matches_labels(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        self.matches_with(|k| labels.and_then(|l| l.get(k)).map(String::as_str))
     }
 
     /// Matches labels looked up by `get` (labels kept in another shape than JSON).
@@ -283,5 +285,44 @@ mod tests {
             );
         }
         assert!(!LabelSelector::from_json(&json!({"matchLabels": {"app": "web"}})).matches(None));
+        assert!(LabelSelector::from_json(&Value::Null).matches(None));
+        assert!(!LabelSelector::from_json(&json!({"matchLabels": {"app": 1}})).matches(labels));
+    }
+
+    #[test]
+    fn typed_selectors_match_typed_labels() {
+        let labels: BTreeMap<String, String> = [("app", "web"), ("tier", "front")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let selector = |v: Value| {
+            LabelSelector::from_selector(
+                &serde_json::from_value::<metav1::LabelSelector>(v).unwrap(),
+            )
+        };
+        for (sel, want) in [
+            (json!({}), true),
+            (json!({"matchLabels": {"app": "web"}}), true),
+            (
+                json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["front"]}]}),
+                false,
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}),
+                false,
+            ),
+        ] {
+            assert_eq!(
+                selector(sel.clone()).matches_labels(Some(&labels)),
+                want,
+                "{sel}"
+            );
+            assert_eq!(
+                LabelSelector::from_json(&sel),
+                selector(sel.clone()),
+                "{sel}"
+            );
+        }
+        assert!(!selector(json!({"matchLabels": {"app": "web"}})).matches_labels(None));
     }
 }

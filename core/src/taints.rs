@@ -1,21 +1,46 @@
 //! Taints and tolerations: Kubernetes' matching, for the scheduler's filters and the node
 //! lifecycle controller's evictions.
 
+use k8s_openapi::api::core::v1::{Taint, Toleration};
 use serde_json::Value;
 
-use crate::json::str_at as s;
+use crate::json::str_field as s;
 
 /// Whether a toleration tolerates a taint (Kubernetes' matching: key, or empty key with
 /// Exists; operator Equal compares values; an empty effect matches every effect).
-pub fn tolerates(t: &Value, taint: &Value) -> bool {
-    let effect_ok = s(t, "/effect").is_empty() || s(t, "/effect") == s(taint, "/effect");
-    let key_ok = s(t, "/key").is_empty() || s(t, "/key") == s(taint, "/key");
-    let value_ok = match s(t, "/operator") {
+pub fn tolerates_taint(t: &Toleration, taint: &Taint) -> bool {
+    fn or_empty(o: &Option<String>) -> &str {
+        o.as_deref().unwrap_or("")
+    }
+    let (key, operator, effect) = (or_empty(&t.key), or_empty(&t.operator), or_empty(&t.effect));
+    let effect_ok = effect.is_empty() || effect == taint.effect;
+    let key_ok = key.is_empty() || key == taint.key;
+    let value_ok = match operator {
         "Exists" => true,
-        _ => s(t, "/value") == s(taint, "/value"),
+        _ => or_empty(&t.value) == or_empty(&taint.value),
     };
-    let empty_key_needs_exists = !s(t, "/key").is_empty() || s(t, "/operator") == "Exists";
+    let empty_key_needs_exists = !key.is_empty() || operator == "Exists";
     effect_ok && key_ok && value_ok && empty_key_needs_exists
+}
+
+/// [`tolerates_taint`] for a toleration and a taint still held as JSON (a field that is absent
+/// or not a string reads as empty).
+pub fn tolerates(t: &Value, taint: &Value) -> bool {
+    let field = |v: &Value, f: &str| Some(s(v, f).to_string());
+    let toleration = Toleration {
+        key: field(t, "key"),
+        operator: field(t, "operator"),
+        value: field(t, "value"),
+        effect: field(t, "effect"),
+        toleration_seconds: None,
+    };
+    let taint = Taint {
+        key: s(taint, "key").to_string(),
+        value: field(taint, "value"),
+        effect: s(taint, "effect").to_string(),
+        time_added: None,
+    };
+    tolerates_taint(&toleration, &taint)
 }
 
 #[cfg(test)]
@@ -48,6 +73,9 @@ mod tests {
             (json!({"value": ""}), false),
         ] {
             assert_eq!(tolerates(&t, &taint), want, "{t}");
+            let typed: Toleration = serde_json::from_value(t.clone()).unwrap();
+            let typed_taint: Taint = serde_json::from_value(taint.clone()).unwrap();
+            assert_eq!(tolerates_taint(&typed, &typed_taint), want, "{t}");
         }
     }
 }
