@@ -1,14 +1,23 @@
 //! The scheduler's view of the cluster, kept up to date by informer events instead of rebuilt
 //! for every pod: each node's info with the pods counted on it, including the pods this
 //! scheduler has bound but the informer has not shown bound yet (assumed), so two decisions in a
-//! row never both take the last room on a node.
+//! row never both take the last room on a node. The informers hold objects as JSON; they are
+//! decoded into k8s-openapi's types once, by [`decode`], before the cache takes them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use serde::Deserialize;
+use serde_json::Value;
 
-use crate::snapshot::NodeInfo;
+use crate::snapshot::{name, namespace, NodeInfo};
+
+/// A Pod or Node as the informer holds it, decoded into its type. An object the API accepted
+/// does not fail here; one that does is logged and skipped by the caller.
+pub fn decode<T: for<'de> Deserialize<'de>>(object: &Value) -> Result<T, serde_json::Error> {
+    T::deserialize(object)
+}
 
 #[derive(Default)]
 pub struct Cache {
@@ -17,7 +26,7 @@ pub struct Cache {
     /// pod key (`namespace/name`) -> the node it is counted on.
     placed: HashMap<String, String>,
     /// Bound pods whose node the cache does not know yet, by node.
-    waiting: HashMap<String, Vec<(String, Arc<Value>)>>,
+    waiting: HashMap<String, Vec<(String, Arc<Pod>)>>,
     /// Where the next search starts.
     pub next_start: usize,
 }
@@ -32,26 +41,23 @@ impl Cache {
     }
 
     /// A Node object added or changed.
-    pub fn set_node(&mut self, node: Arc<Value>) {
-        let name = crate::snapshot::at(&node, &["metadata", "name"])
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        match self.index.get(&name) {
+    pub fn set_node(&mut self, node: Arc<Node>) {
+        let node_name = name(&node.metadata).to_string();
+        match self.index.get(&node_name) {
             Some(&i) => self.nodes[i] = self.nodes[i].with_node(node),
             None => {
                 let mut info = NodeInfo::new(node);
-                for (_, pod) in self.waiting.remove(&name).unwrap_or_default() {
+                for (_, pod) in self.waiting.remove(&node_name).unwrap_or_default() {
                     info.add_pod(pod);
                 }
-                self.index.insert(name, self.nodes.len());
+                self.index.insert(node_name, self.nodes.len());
                 self.nodes.push(info);
             }
         }
     }
 
-    pub fn remove_node(&mut self, name: &str) {
-        let Some(i) = self.index.remove(name) else {
+    pub fn remove_node(&mut self, node_name: &str) {
+        let Some(i) = self.index.remove(node_name) else {
             return;
         };
         let gone = self.nodes.swap_remove(i);
@@ -60,35 +66,26 @@ impl Cache {
         }
         // Its pods stay counted against the name, should the node come back.
         for p in gone.pods {
-            let key = format!(
-                "{}/{}",
-                crate::snapshot::at(&p, &["metadata", "namespace"])
-                    .and_then(Value::as_str)
-                    .unwrap_or(""),
-                crate::snapshot::at(&p, &["metadata", "name"])
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-            );
+            let key = format!("{}/{}", namespace(&p), name(&p.metadata));
             self.waiting
-                .entry(name.to_string())
+                .entry(node_name.to_string())
                 .or_default()
                 .push((key, p));
         }
     }
 
     /// Counts pod `key` on `node` (moving it if it was counted elsewhere).
-    pub fn place(&mut self, key: &str, node: &str, pod: Arc<Value>) {
+    pub fn place(&mut self, key: &str, node: &str, pod: Arc<Pod>) {
         if self.placed.get(key).map(String::as_str) == Some(node) {
             return;
         }
         self.unplace(key);
-        let pod = if crate::snapshot::at(&pod, &["spec", "nodeName"]).and_then(Value::as_str)
-            == Some(node)
-        {
+        let bound_here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+        let pod = if bound_here {
             pod
         } else {
             let mut bound = pod.as_ref().clone();
-            bound["spec"]["nodeName"] = json!(node);
+            bound.spec.get_or_insert_with(PodSpec::default).node_name = Some(node.to_string());
             Arc::new(bound)
         };
         match self.index.get(node) {
@@ -107,10 +104,10 @@ impl Cache {
         let Some(node) = self.placed.remove(key) else {
             return;
         };
-        let (ns, name) = ns_name(key);
+        let (ns, pod_name) = ns_name(key);
         match self.index.get(&node) {
             Some(&i) => {
-                self.nodes[i].remove_pod(ns, name);
+                self.nodes[i].remove_pod(ns, pod_name);
             }
             None => {
                 if let Some(w) = self.waiting.get_mut(&node) {
@@ -124,15 +121,15 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugins::testing::{NodeBuilder, PodBuilder};
+    use serde_json::json;
 
-    fn node(name: &str) -> Arc<Value> {
-        Arc::new(json!({"metadata": {"name": name},
-                        "status": {"allocatable": {"cpu": "2", "memory": "1Gi", "pods": "10"}}}))
+    fn node(name: &str) -> Arc<Node> {
+        Arc::new(NodeBuilder::new(name).cpu("2").node())
     }
 
-    fn pod(name: &str) -> Arc<Value> {
-        Arc::new(json!({"metadata": {"name": name, "namespace": "default"},
-                        "spec": {"containers": [{"resources": {"requests": {"cpu": "1"}}}]}}))
+    fn pod(name: &str) -> Arc<Pod> {
+        Arc::new(PodBuilder::new(name).cpu("1").build())
     }
 
     #[test]
@@ -156,5 +153,20 @@ mod tests {
         assert!(c.nodes.is_empty());
         c.set_node(node("n1"));
         assert_eq!(c.nodes[0].requested.milli_cpu, 1000);
+    }
+
+    #[test]
+    fn objects_are_decoded_once_and_what_is_not_an_object_is_an_error() {
+        let pod: Pod = decode(&json!({"metadata": {"name": "a", "namespace": "default"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c",
+                "resources": {"requests": {"cpu": 1}}}]}}))
+        .expect("a pod");
+        assert_eq!(crate::snapshot::pod_requests(&pod).milli_cpu, 1000);
+        let mut c = Cache::default();
+        c.set_node(node("n1"));
+        c.place("default/a", "n1", Arc::new(pod));
+        assert_eq!(c.nodes[0].requested.milli_cpu, 1000);
+        assert!(decode::<Pod>(&json!({"metadata": {"labels": {"app": 1}}})).is_err());
+        assert!(decode::<Node>(&json!("node")).is_err());
     }
 }

@@ -7,8 +7,8 @@
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
 
+use k8s_openapi::api::core::v1::Pod;
 use rand::Rng;
-use serde_json::Value;
 
 use crate::snapshot::NodeInfo;
 
@@ -76,18 +76,18 @@ impl CycleState {
 /// Runs once per pod before the filters, over every node.
 pub trait PreFilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
-    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState);
+    fn pre_filter(&self, pod: &Pod, nodes: &[NodeInfo], state: &mut CycleState);
 }
 
 pub trait FilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
-    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status;
+    fn filter(&self, pod: &Pod, node: &NodeInfo, state: &CycleState) -> Status;
 }
 
 pub trait ScorePlugin: Send + Sync {
     fn name(&self) -> &'static str;
     /// A raw score for one feasible node; `nodes` are all the feasible ones.
-    fn score(&self, pod: &Value, node: &NodeInfo, nodes: &[&NodeInfo], state: &CycleState) -> i64;
+    fn score(&self, pod: &Pod, node: &NodeInfo, nodes: &[&NodeInfo], state: &CycleState) -> i64;
     /// Scales raw scores to 0..=MAX_SCORE; by default they already are.
     fn normalize(&self, _scores: &mut [i64]) {}
 }
@@ -148,7 +148,7 @@ impl std::fmt::Display for FitError {
 }
 
 /// The PreFilter state of a pod over a set of nodes.
-pub fn pre_filter(profile: &Profile, pod: &Value, nodes: &[NodeInfo]) -> CycleState {
+pub fn pre_filter(profile: &Profile, pod: &Pod, nodes: &[NodeInfo]) -> CycleState {
     let mut state = CycleState::default();
     for plugin in &profile.pre_filters {
         plugin.pre_filter(pod, nodes, &mut state);
@@ -157,7 +157,7 @@ pub fn pre_filter(profile: &Profile, pod: &Value, nodes: &[NodeInfo]) -> CycleSt
 }
 
 /// The first failing filter's status on one node, or success.
-pub fn run_filters(profile: &Profile, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+pub fn run_filters(profile: &Profile, pod: &Pod, node: &NodeInfo, state: &CycleState) -> Status {
     for plugin in &profile.filters {
         let status = plugin.filter(pod, node, state);
         if !status.is_success() {
@@ -183,7 +183,7 @@ pub fn feasible_nodes_to_find(nodes: usize) -> usize {
 /// where this one stopped, so all nodes get their turn) until enough feasible ones are found.
 pub fn schedule(
     profile: &Profile,
-    pod: &Value,
+    pod: &Pod,
     nodes: &[NodeInfo],
     rng: &mut impl Rng,
 ) -> Result<String, FitError> {
@@ -192,7 +192,7 @@ pub fn schedule(
 
 pub fn schedule_from(
     profile: &Profile,
-    pod: &Value,
+    pod: &Pod,
     nodes: &[NodeInfo],
     rng: &mut impl Rng,
     start: &mut usize,

@@ -5,30 +5,31 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::framework::{pre_filter, run_filters, FitError, Profile};
 use crate::snapshot::NodeInfo;
 
-pub fn priority(pod: &Value) -> i64 {
-    crate::snapshot::at(pod, &["spec", "priority"])
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
+pub fn priority(pod: &Pod) -> i64 {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.priority)
+        .map_or(0, i64::from)
 }
 
 /// A node and the pods to evict there.
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub node: String,
-    pub victims: Vec<Arc<Value>>,
+    pub victims: Vec<Arc<Pod>>,
 }
 
-fn fits(profile: &Profile, pod: &Value, nodes: &[NodeInfo], at: usize) -> bool {
+fn fits(profile: &Profile, pod: &Pod, nodes: &[NodeInfo], at: usize) -> bool {
     let state = pre_filter(profile, pod, nodes);
     run_filters(profile, pod, &nodes[at], &state).is_success()
 }
 
-fn rebuilt(node: &NodeInfo, keep: &[Arc<Value>]) -> NodeInfo {
+fn rebuilt(node: &NodeInfo, keep: &[Arc<Pod>]) -> NodeInfo {
     let mut n = NodeInfo::new(node.node.clone());
     for p in keep {
         n.add_pod(p.clone());
@@ -37,13 +38,11 @@ fn rebuilt(node: &NodeInfo, keep: &[Arc<Value>]) -> NodeInfo {
 }
 
 /// Where to preempt for `pod`, if anywhere helps.
-pub fn find(
-    profile: &Profile,
-    pod: &Value,
-    nodes: &[NodeInfo],
-    fit: &FitError,
-) -> Option<Candidate> {
-    if crate::snapshot::at(pod, &["spec", "preemptionPolicy"]).and_then(Value::as_str)
+pub fn find(profile: &Profile, pod: &Pod, nodes: &[NodeInfo], fit: &FitError) -> Option<Candidate> {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.preemption_policy.as_deref())
         == Some("Never")
     {
         return None;
@@ -54,7 +53,7 @@ pub fn find(
         if fit.unresolvable.contains(&node.name) {
             continue;
         }
-        let (mut lower, higher): (Vec<Arc<Value>>, Vec<Arc<Value>>) =
+        let (mut lower, higher): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) =
             node.pods.iter().cloned().partition(|p| priority(p) < mine);
         if lower.is_empty() {
             continue;
@@ -104,24 +103,21 @@ mod tests {
     use crate::framework::schedule;
     use crate::plugins::default_profile;
     use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use serde_json::json;
 
-    fn with_priority(name: &str, cpu: &str, prio: i64) -> Value {
-        let mut p = PodBuilder::new(name).cpu(cpu).build();
-        p["spec"]["priority"] = json!(prio);
-        p
+    fn with_priority(name: &str, cpu: &str, prio: i32) -> PodBuilder {
+        PodBuilder::new(name).cpu(cpu).priority(prio)
     }
 
     #[test]
     fn the_least_important_pods_make_room() {
         let mut a = NodeBuilder::new("a").cpu("2").build();
-        a.add_pod(Arc::new(with_priority("a-low", "1", 10)));
-        a.add_pod(Arc::new(with_priority("a-mid", "1", 50)));
+        a.add_pod(Arc::new(with_priority("a-low", "1", 10).build()));
+        a.add_pod(Arc::new(with_priority("a-mid", "1", 50).build()));
         let mut b = NodeBuilder::new("b").cpu("2").build();
-        b.add_pod(Arc::new(with_priority("b-high", "2", 1000)));
+        b.add_pod(Arc::new(with_priority("b-high", "2", 1000).build()));
         let nodes = vec![a, b];
         let profile = default_profile();
-        let pod = with_priority("urgent", "1", 100);
+        let pod = with_priority("urgent", "1", 100).build();
         let mut rng = rand::thread_rng();
         let fit = schedule(&profile, &pod, &nodes, &mut rng).unwrap_err();
         let c = find(&profile, &pod, &nodes, &fit).expect("a candidate");
@@ -129,13 +125,14 @@ mod tests {
         let names: Vec<&str> = c
             .victims
             .iter()
-            .map(|v| v["metadata"]["name"].as_str().unwrap())
+            .map(|v| crate::snapshot::name(&v.metadata))
             .collect();
         assert_eq!(names, ["a-low"]);
-        let mut never = pod.clone();
-        never["spec"]["preemptionPolicy"] = json!("Never");
+        let never = with_priority("urgent", "1", 100)
+            .preemption_policy("Never")
+            .build();
         assert!(find(&profile, &never, &nodes, &fit).is_none());
-        let lowly = with_priority("lowly", "1", 5);
+        let lowly = with_priority("lowly", "1", 5).build();
         assert!(find(&profile, &lowly, &nodes, &fit).is_none());
     }
 }

@@ -7,28 +7,54 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Node, Pod};
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
 use rkube_api::patch::PatchType;
-use rkube_core::json::str_at as s;
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
 use rkube_runtime::informer::{key_of, Informer};
 use rkube_runtime::manager::Term;
 use rkube_runtime::queue::{Outcome, WorkQueue};
 use serde_json::{json, Value};
 
-use crate::cache::Cache;
+use crate::cache::{decode, Cache};
 use crate::framework::{schedule_from, Profile};
+use crate::snapshot::{name, namespace};
 
 pub const SCHEDULER_NAME: &str = "default-scheduler";
 /// How soon an unschedulable pod is tried again without any change in the cluster.
 const RETRY: Duration = Duration::from_secs(10);
 
-fn wants_scheduling(pod: &Value) -> bool {
-    s(pod, "/spec/nodeName").is_empty()
-        && pod.pointer("/metadata/deletionTimestamp").is_none()
-        && matches!(s(pod, "/spec/schedulerName"), "" | SCHEDULER_NAME)
-        && !matches!(s(pod, "/status/phase"), "Succeeded" | "Failed")
+fn node_name(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or("")
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn wants_scheduling(pod: &Pod) -> bool {
+    let scheduler = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref());
+    node_name(pod).is_empty()
+        && pod.metadata.deletion_timestamp.is_none()
+        && matches!(scheduler, None | Some("" | SCHEDULER_NAME))
+        && !finished(pod)
+}
+
+/// The informer's pod, decoded; one that does not decode is logged and left alone (the API
+/// validated it, so this is not expected).
+fn decode_pod(object: &Value) -> Option<Pod> {
+    decode(object)
+        .inspect_err(|e| {
+            tracing::warn!(pod = %key_of(object), error = %e, "the scheduler cannot read this pod; skipping it");
+        })
+        .ok()
 }
 
 pub struct Scheduler {
@@ -62,24 +88,18 @@ pub fn start(term: &mut Term) {
     let weak = Arc::downgrade(&s);
     s.pods.on_change(Box::new(move |old, new| {
         let Some(s) = weak.upgrade() else { return };
-        match new {
-            Some(p) if wants_scheduling(p) => s.queue.add(&key_of(p)),
-            Some(p) => {
-                let key = key_of(p);
-                let node = p
-                    .pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let finished = matches!(
-                    p.pointer("/status/phase").and_then(Value::as_str),
-                    Some("Succeeded" | "Failed")
-                );
+        match new.map(|p| (key_of(p), decode_pod(p))) {
+            Some((_, None)) => {}
+            Some((key, Some(p))) if wants_scheduling(&p) => s.queue.add(&key),
+            Some((key, Some(p))) => {
+                let finished = finished(&p);
                 {
                     let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+                    let node = node_name(&p).to_string();
                     if finished || node.is_empty() {
                         cache.unplace(&key);
                     } else {
-                        cache.place(&key, node, Arc::new(p.clone()));
+                        cache.place(&key, &node, Arc::new(p));
                     }
                 }
                 s.unschedulable
@@ -113,12 +133,14 @@ pub fn start(term: &mut Term) {
         {
             let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
             match (old, new) {
-                (_, Some(n)) => cache.set_node(Arc::new(n.clone())),
-                (Some(o), None) => cache.remove_node(
-                    o.pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or(""),
-                ),
+                (_, Some(n)) => match decode::<Node>(n) {
+                    Ok(n) => cache.set_node(Arc::new(n)),
+                    Err(e) => {
+                        tracing::warn!(node = %key_of(n), error = %e, "the scheduler cannot read this node; skipping it");
+                    }
+                },
+                // A node's key is its name.
+                (Some(o), None) => cache.remove_node(&key_of(o)),
                 (None, None) => {}
             }
         }
@@ -142,23 +164,25 @@ pub fn start(term: &mut Term) {
 impl Scheduler {
     /// Evicts the victims on the chosen node and nominates it for the pod, which is placed
     /// once they are gone.
-    async fn preempt(&self, pod: &Value, c: crate::preemption::Candidate) -> Outcome {
-        let (ns, name) = (s(pod, "/metadata/namespace"), s(pod, "/metadata/name"));
+    async fn preempt(&self, key: &str, pod: &Pod, c: crate::preemption::Candidate) -> Outcome {
+        let (ns, pod_name) = (namespace(pod), name(&pod.metadata));
         for v in &c.victims {
             let path = format!(
                 "/api/v1/namespaces/{}/pods/{}",
-                s(v, "/metadata/namespace"),
-                s(v, "/metadata/name")
+                namespace(v),
+                name(&v.metadata)
             );
             match self.client.delete(&path, None).await {
                 Ok(_) => {
                     let msg = format!(
                         "Preempted by pod {} on node {}",
-                        s(pod, "/metadata/uid"),
+                        pod.metadata.uid.as_deref().unwrap_or(""),
                         c.node
                     );
+                    // The recorder takes the object as JSON (it reads its metadata).
+                    let victim = serde_json::to_value(&**v).unwrap_or(Value::Null);
                     self.recorder
-                        .event(v, "Pod", NORMAL, "Preempted", &msg)
+                        .event(&victim, "Pod", NORMAL, "Preempted", &msg)
                         .await;
                 }
                 Err(e) if e.code == 404 => {}
@@ -166,7 +190,7 @@ impl Scheduler {
             }
         }
         let patch = json!({"status": {"nominatedNodeName": c.node}});
-        let path = format!("/api/v1/namespaces/{ns}/pods/{name}/status");
+        let path = format!("/api/v1/namespaces/{ns}/pods/{pod_name}/status");
         match self.client.merge_patch(&path, &patch).await {
             Ok(_) => {}
             Err(e) if e.code == 404 || e.code == 409 => {}
@@ -175,7 +199,7 @@ impl Scheduler {
         self.unschedulable
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key_of(pod));
+            .insert(key.to_string());
         Ok(Some(Duration::from_millis(200)))
     }
 
@@ -193,12 +217,13 @@ impl Scheduler {
     }
 
     /// Writes the binding of an assumed placement; on failure the placement is forgotten and
-    /// the pod comes back to the queue.
-    async fn bind(self: Arc<Self>, key: &str, pod: &Value, node: &str) {
-        let (ns, name) = (s(pod, "/metadata/namespace"), s(pod, "/metadata/name"));
+    /// the pod comes back to the queue. `object` is the pod as the informer holds it, for the
+    /// event.
+    async fn bind(self: Arc<Self>, key: &str, pod: &Pod, object: &Value, node: &str) {
+        let (ns, name) = (namespace(pod), name(&pod.metadata));
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": name, "namespace": ns, "uid": s(pod, "/metadata/uid")},
+            "metadata": {"name": name, "namespace": ns, "uid": pod.metadata.uid.as_deref().unwrap_or("")},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         let path = format!("/api/v1/namespaces/{ns}/pods/{name}/binding");
@@ -210,7 +235,7 @@ impl Scheduler {
                     .remove(key);
                 let msg = format!("Successfully assigned {ns}/{name} to {node}");
                 self.recorder
-                    .event(pod, "Pod", NORMAL, "Scheduled", &msg)
+                    .event(object, "Pod", NORMAL, "Scheduled", &msg)
                     .await;
             }
             // Gone, or bound by someone else meanwhile: the informer tells where.
@@ -232,9 +257,13 @@ impl Scheduler {
     }
 
     async fn schedule_one(self: &Arc<Self>, key: &str) -> Outcome {
-        let Some(pod) = self.pods.get(key) else {
+        let Some(object) = self.pods.get(key) else {
             return Ok(None);
         };
+        let Some(pod) = decode_pod(&object) else {
+            return Ok(None);
+        };
+        let pod = Arc::new(pod);
         if !wants_scheduling(&pod) {
             return Ok(None);
         }
@@ -257,7 +286,7 @@ impl Scheduler {
             };
             (decision, candidate)
         };
-        let (ns, name) = (s(&pod, "/metadata/namespace"), s(&pod, "/metadata/name"));
+        let (ns, name) = (namespace(&pod), name(&pod.metadata));
         match decision {
             Ok(node) => {
                 // The binding cycle runs on its own, as in kube-scheduler: the next decision
@@ -265,12 +294,12 @@ impl Scheduler {
                 // bindings in flight share the store's group commits.
                 let this = self.clone();
                 let key = key.to_string();
-                tokio::spawn(async move { this.bind(&key, &pod, &node).await });
+                tokio::spawn(async move { this.bind(&key, &pod, &object, &node).await });
                 Ok(None)
             }
             Err(fit) => {
                 if let Some(c) = candidate {
-                    return self.preempt(&pod, c).await;
+                    return self.preempt(key, &pod, c).await;
                 }
                 let message = fit.to_string();
                 self.unschedulable
@@ -278,11 +307,14 @@ impl Scheduler {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key.to_string());
                 let already = pod
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
                     .is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| s(c, "/type") == "PodScheduled" && s(c, "/message") == message)
+                        cs.iter().any(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.message.as_deref().unwrap_or("") == message
+                        })
                     });
                 if !already {
                     let patch = json!({"status": {"conditions": [{
@@ -303,7 +335,7 @@ impl Scheduler {
                     }
                 }
                 self.recorder
-                    .event(&pod, "Pod", WARNING, "FailedScheduling", &message)
+                    .event(&object, "Pod", WARNING, "FailedScheduling", &message)
                     .await;
                 Ok(Some(RETRY))
             }

@@ -1,16 +1,23 @@
 //! What the scheduler sees of the cluster for one decision: every node with the pods bound to
 //! it, their summed requests, the host ports in use, against the node's allocatable resources.
+//! Nodes and pods are k8s-openapi's types, decoded once when the cache takes them in; what a
+//! [`NodeInfo`] keeps beside them is what would otherwise be summed or derived again for every
+//! pod (requests, host ports, normalized image names, the pods with affinity terms).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use rkube_core::selector::LabelSelector;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-/// The value at a path of object keys: `Value::pointer` without its token unescaping, which
-/// costs more than the lookup on the scheduler's hot paths.
-pub fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |cur, key| cur.get(*key))
+/// A pod's namespace ("" when absent).
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("")
+}
+
+/// A pod's or node's name ("" when absent).
+pub fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or("")
 }
 
 /// CPU in millicores, memory in bytes, and a pod count.
@@ -21,19 +28,16 @@ pub struct Resources {
     pub pods: i64,
 }
 
-fn quantity(v: Option<&Value>) -> i128 {
-    match v {
-        Some(Value::String(s)) => rkube_core::quantity::parse_quantity(s).unwrap_or(0),
-        Some(Value::Number(n)) => i128::from(n.as_i64().unwrap_or(0)) * 1_000_000_000,
-        _ => 0,
-    }
+fn quantity(q: Option<&Quantity>) -> i128 {
+    q.and_then(|q| rkube_core::quantity::parse_quantity(&q.0))
+        .unwrap_or(0)
 }
 
 /// Quantities are bounded (2^50: a petabyte, a trillion cores) so that sums of them never
 /// overflow, whatever a pod or node says.
 const QUANTITY_BOUND: i128 = 1 << 50;
 
-fn from_list(list: Option<&Value>) -> Resources {
+fn from_list(list: Option<&BTreeMap<String, Quantity>>) -> Resources {
     let get = |name: &str, scale: i128| {
         (quantity(list.and_then(|l| l.get(name))) / scale).clamp(0, QUANTITY_BOUND) as i64
     };
@@ -46,19 +50,16 @@ fn from_list(list: Option<&Value>) -> Resources {
 
 /// A pod's requests as Kubernetes counts them: the sum over its containers, or the largest
 /// init container's if that is more, plus one pod.
-pub fn pod_requests(pod: &Value) -> Resources {
-    let sum = |field: &str| {
-        at(pod, &["spec", field])
-            .and_then(Value::as_array)
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| from_list(crate::snapshot::at(c, &["resources", "requests"])))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default()
+pub fn pod_requests(pod: &Pod) -> Resources {
+    let requests = |cs: Option<&Vec<Container>>| -> Vec<Resources> {
+        cs.into_iter()
+            .flatten()
+            .map(|c| from_list(c.resources.as_ref().and_then(|r| r.requests.as_ref())))
+            .collect()
     };
-    let containers = sum("containers");
-    let inits = sum("initContainers");
+    let spec = pod.spec.as_ref();
+    let containers = requests(spec.map(|s| &s.containers));
+    let inits = requests(spec.and_then(|s| s.init_containers.as_ref()));
     let mut r = Resources {
         milli_cpu: containers.iter().map(|c| c.milli_cpu).sum(),
         memory: containers.iter().map(|c| c.memory).sum(),
@@ -93,143 +94,64 @@ pub fn non_zero(r: Resources) -> Resources {
 }
 
 /// The images a node reports holding, by each of their names, with their sizes.
-fn node_images(node: &Value) -> Vec<(String, i64)> {
-    at(node, &["status", "images"])
-        .and_then(Value::as_array)
+fn node_images(node: &Node) -> Vec<(String, i64)> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.images.as_ref())
         .into_iter()
         .flatten()
         .flat_map(|img| {
-            let size = img.get("sizeBytes").and_then(Value::as_i64).unwrap_or(0);
-            img.get("names")
-                .and_then(Value::as_array)
-                .into_iter()
+            let size = img.size_bytes.unwrap_or(0);
+            img.names
+                .iter()
                 .flatten()
-                .filter_map(Value::as_str)
                 .map(move |n| (crate::plugins::image_locality::normalize(n), size))
         })
         .collect()
-}
-
-/// A placed pod's namespace and labels, and whether it is being deleted: what selectors ask.
-#[derive(Debug, Clone, Default)]
-pub struct PodMeta {
-    pub namespace: String,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub deleting: bool,
-}
-
-impl PodMeta {
-    pub fn of(pod: &Value) -> PodMeta {
-        PodMeta {
-            namespace: at(pod, &["metadata", "namespace"])
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            labels: at(pod, &["metadata", "labels"])
-                .and_then(Value::as_object)
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            deleting: at(pod, &["metadata", "deletionTimestamp"]).is_some(),
-        }
-    }
-}
-
-/// A label selector ready to match many pods: plain `matchLabels` compared directly, anything
-/// else parsed once.
-pub enum Selector {
-    Nothing,
-    Labels(Vec<(String, String)>),
-    Parsed(LabelSelector),
-}
-
-impl Selector {
-    pub fn new(selector: Option<&Value>) -> Selector {
-        let Some(sel) = selector.filter(|s| !s.is_null()) else {
-            return Selector::Nothing;
-        };
-        let expressions = sel
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .is_some_and(|e| !e.is_empty());
-        match sel.get("matchLabels").and_then(Value::as_object) {
-            Some(m) if !expressions => Selector::Labels(
-                m.iter()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
-                    .collect(),
-            ),
-            None if !expressions => Selector::Labels(Vec::new()),
-            _ => Selector::Parsed(LabelSelector::from_json(sel)),
-        }
-    }
-
-    pub fn matches(&self, meta: &PodMeta) -> bool {
-        match self {
-            Selector::Nothing => false,
-            Selector::Labels(want) => want
-                .iter()
-                .all(|(k, v)| meta.labels.get(k).is_some_and(|got| got == v)),
-            Selector::Parsed(sel) => sel.matches_with(|k| meta.labels.get(k).map(String::as_str)),
-        }
-    }
 }
 
 /// One node and what is placed on it.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
     pub name: String,
-    pub node: Arc<Value>,
-    pub pods: Vec<Arc<Value>>,
-    /// The node's labels, copied out of the object once (plugins read them for every pod).
-    /// Never changed after construction: a changed Node is a new NodeInfo.
-    label_map: Option<serde_json::Map<String, Value>>,
+    pub node: Arc<Node>,
+    pub pods: Vec<Arc<Pod>>,
     /// Unique to this NodeInfo's labels (a process-wide counter), so that what is derived
-    /// from the labels of a set of nodes can be remembered until one of them changes.
+    /// from the labels of a set of nodes can be remembered until one of them changes. A
+    /// changed Node is a new NodeInfo.
     label_gen: u64,
     /// The images the node holds: (normalized name, size in bytes).
     pub images: Vec<(String, i64)>,
-    /// What label selectors read of each pod in `pods` (same order), decoded once.
-    pub pod_meta: Vec<PodMeta>,
     pub allocatable: Resources,
     pub requested: Resources,
     /// Requests with kube-scheduler's non-zero defaults for containers that ask for nothing
     /// (what scoring counts).
     pub non_zero_requested: Resources,
     /// (protocol, hostIP, hostPort) in use.
-    pub host_ports: HashSet<(String, String, i64)>,
+    pub host_ports: HashSet<(String, String, i32)>,
     /// The pods with pod affinity or anti-affinity terms (the only ones whose terms the
     /// InterPodAffinity plugin must read for other pods).
-    pub affinity_pods: Vec<Arc<Value>>,
+    pub affinity_pods: Vec<Arc<Pod>>,
 }
 
 /// Whether a pod has pod affinity or anti-affinity terms.
-pub fn has_pod_affinity(pod: &Value) -> bool {
-    crate::snapshot::at(pod, &["spec", "affinity", "podAffinity"]).is_some()
-        || crate::snapshot::at(pod, &["spec", "affinity", "podAntiAffinity"]).is_some()
+pub fn has_pod_affinity(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .is_some_and(|a| a.pod_affinity.is_some() || a.pod_anti_affinity.is_some())
 }
 
 /// The host ports a pod asks for: (protocol, hostIP, hostPort).
-pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
-    crate::snapshot::at(pod, &["spec", "containers"])
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .flat_map(|c| {
-            c.get("ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-        })
+pub fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
         .filter_map(|p| {
-            let port = p
-                .get("hostPort")
-                .and_then(Value::as_i64)
-                .filter(|p| *p > 0)?;
-            let proto = p.get("protocol").and_then(Value::as_str).unwrap_or("TCP");
-            let ip = p.get("hostIP").and_then(Value::as_str).unwrap_or("0.0.0.0");
+            let port = p.host_port.filter(|p| *p > 0)?;
+            let proto = p.protocol.as_deref().unwrap_or("TCP");
+            let ip = p.host_ip.as_deref().unwrap_or("0.0.0.0");
             Some((proto.to_string(), ip.to_string(), port))
         })
         .collect()
@@ -238,28 +160,21 @@ pub fn host_ports(pod: &Value) -> Vec<(String, String, i64)> {
 static LABEL_GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl NodeInfo {
-    pub fn new(node: Arc<Value>) -> NodeInfo {
-        let allocatable = crate::snapshot::at(&node, &["status", "allocatable"])
-            .or(crate::snapshot::at(&node, &["status", "capacity"]));
+    pub fn new(node: Arc<Node>) -> NodeInfo {
+        let status = node.status.as_ref();
+        let allocatable = status
+            .and_then(|s| s.allocatable.as_ref())
+            .or(status.and_then(|s| s.capacity.as_ref()));
         let mut alloc = from_list(allocatable);
-        if allocatable.and_then(|a| a.get("pods")).is_none() {
+        if allocatable.is_none_or(|a| !a.contains_key("pods")) {
             alloc.pods = 110;
         }
-        let label_map = at(&node, &["metadata", "labels"])
-            .and_then(Value::as_object)
-            .cloned();
-        let images = node_images(&node);
         NodeInfo {
-            name: crate::snapshot::at(&node, &["metadata", "name"])
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            node,
-            label_map,
+            name: name(&node.metadata).to_string(),
             label_gen: LABEL_GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            images,
+            images: node_images(&node),
+            node,
             pods: Vec::new(),
-            pod_meta: Vec::new(),
             allocatable: alloc,
             requested: Resources::default(),
             non_zero_requested: Resources::default(),
@@ -268,7 +183,7 @@ impl NodeInfo {
         }
     }
 
-    pub fn add_pod(&mut self, pod: Arc<Value>) {
+    pub fn add_pod(&mut self, pod: Arc<Pod>) {
         let r = pod_requests(&pod);
         self.requested.milli_cpu += r.milli_cpu;
         self.requested.memory += r.memory;
@@ -281,23 +196,16 @@ impl NodeInfo {
         if has_pod_affinity(&pod) {
             self.affinity_pods.push(pod.clone());
         }
-        self.pod_meta.push(PodMeta::of(&pod));
         self.pods.push(pod);
     }
 
     /// Takes a pod off the node (by namespace and name); false when it was not there.
-    pub fn remove_pod(&mut self, namespace: &str, name: &str) -> bool {
-        let same = |p: &Arc<Value>| {
-            crate::snapshot::at(p, &["metadata", "namespace"]).and_then(Value::as_str)
-                == Some(namespace)
-                && crate::snapshot::at(p, &["metadata", "name"]).and_then(Value::as_str)
-                    == Some(name)
-        };
+    pub fn remove_pod(&mut self, ns: &str, pod_name: &str) -> bool {
+        let same = |p: &Arc<Pod>| namespace(p) == ns && name(&p.metadata) == pod_name;
         let Some(i) = self.pods.iter().position(same) else {
             return false;
         };
         let pod = self.pods.swap_remove(i);
-        self.pod_meta.swap_remove(i);
         self.affinity_pods.retain(|p| !same(p));
         let r = pod_requests(&pod);
         self.requested.milli_cpu -= r.milli_cpu;
@@ -312,7 +220,7 @@ impl NodeInfo {
     }
 
     /// The same pods on a changed Node object.
-    pub fn with_node(&self, node: Arc<Value>) -> NodeInfo {
+    pub fn with_node(&self, node: Arc<Node>) -> NodeInfo {
         let mut n = NodeInfo::new(node);
         for p in &self.pods {
             n.add_pod(p.clone());
@@ -320,8 +228,13 @@ impl NodeInfo {
         n
     }
 
-    pub fn labels(&self) -> Option<&serde_json::Map<String, Value>> {
-        self.label_map.as_ref()
+    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.node.metadata.labels.as_ref()
+    }
+
+    /// The value of one of the node's labels.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels()?.get(key).map(String::as_str)
     }
 
     /// See `label_gen`: equal only for the same NodeInfo (or a clone of it).
@@ -330,56 +243,44 @@ impl NodeInfo {
     }
 }
 
-/// Nodes with the pods bound to them (finished pods hold nothing).
-pub fn build(nodes: &[Arc<Value>], pods: &[Arc<Value>]) -> Vec<NodeInfo> {
-    let mut infos: Vec<NodeInfo> = nodes.iter().cloned().map(NodeInfo::new).collect();
-    for pod in pods {
-        let node = crate::snapshot::at(pod, &["spec", "nodeName"])
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let done = matches!(
-            crate::snapshot::at(pod, &["status", "phase"]).and_then(Value::as_str),
-            Some("Succeeded" | "Failed")
-        );
-        if node.is_empty() || done {
-            continue;
-        }
-        if let Some(info) = infos.iter_mut().find(|i| i.name == node) {
-            info.add_pod(pod.clone());
-        }
-    }
-    infos
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::plugins::testing::{NodeBuilder, PodBuilder};
 
     #[test]
     fn absurd_quantities_are_bounded() {
-        let pod = json!({"spec": {"containers": [
-            {"resources": {"requests": {"cpu": "9999999999999", "memory": "-5Gi"}}}]}});
+        let pod = PodBuilder::new("p")
+            .requests(&[("cpu", "9999999999999"), ("memory", "-5Gi")])
+            .build();
         let r = pod_requests(&pod);
         assert_eq!(r.milli_cpu, 1 << 50);
         assert_eq!(r.memory, 0);
-        let mut node = NodeInfo::new(Arc::new(json!({"metadata": {"name": "n"}})));
+        let mut node = NodeBuilder::new("n").build();
+        let pod = Arc::new(pod);
         for _ in 0..1000 {
-            node.add_pod(Arc::new(pod.clone()));
+            node.add_pod(pod.clone());
         }
         assert!(node.requested.milli_cpu > 0);
     }
 
     #[test]
     fn requests_add_containers_and_take_the_largest_init_container() {
-        let pod = json!({"spec": {
-            "containers": [
-                {"resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},
-                {"resources": {"requests": {"cpu": "0.5", "memory": "1Gi"}}}],
-            "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]}});
+        let pod = PodBuilder::new("p")
+            .requests(&[("cpu", "250m"), ("memory", "64Mi")])
+            .container_requests(&[("cpu", "0.5"), ("memory", "1Gi")])
+            .init_requests(&[("cpu", "2")])
+            .build();
         let r = pod_requests(&pod);
         assert_eq!(r.milli_cpu, 2000);
         assert_eq!(r.memory, 64 * 1024 * 1024 + 1024 * 1024 * 1024);
         assert_eq!(r.pods, 1);
+    }
+
+    #[test]
+    fn a_node_without_a_pod_count_takes_110() {
+        let bare = NodeInfo::new(Arc::new(Node::default()));
+        assert_eq!(bare.allocatable.pods, 110);
+        assert_eq!(NodeBuilder::new("n").build().allocatable.pods, 110);
     }
 }

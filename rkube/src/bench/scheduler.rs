@@ -11,7 +11,7 @@ use anyhow::Result;
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
-use rkube_scheduler::cache::Cache;
+use rkube_scheduler::cache::{decode, Cache};
 use rkube_scheduler::framework::schedule_from;
 use serde_json::json;
 
@@ -28,12 +28,12 @@ pub struct SchedulerBenchArgs {
 pub fn run(args: SchedulerBenchArgs) -> Result<()> {
     let mut cache = Cache::default();
     for i in 0..args.nodes {
-        cache.set_node(Arc::new(json!({
+        cache.set_node(Arc::new(decode(&json!({
             "metadata": {"name": format!("node-{i}"), "labels": {
                 "kubernetes.io/hostname": format!("node-{i}"),
                 "topology.kubernetes.io/zone": format!("zone-{}", i % 10)}},
             "status": {"allocatable": {"cpu": "32", "memory": "64Gi", "pods": "110"}},
-        })));
+        }))?));
     }
     let profile = rkube_scheduler::plugins::default_profile();
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
@@ -42,14 +42,14 @@ pub fn run(args: SchedulerBenchArgs) -> Result<()> {
     let mut unschedulable = 0;
     for i in 0..args.pods {
         let app = format!("bench-{}", i % 100);
-        let pod = Arc::new(json!({
+        let pod = Arc::new(decode(&json!({
             "metadata": {"name": format!("{app}-{i}"), "namespace": "default",
                          "labels": {"app": app},
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                                               "name": app, "uid": app, "controller": true}]},
             "spec": {"containers": [{"name": "c", "image": "nginx",
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]},
-        }));
+        }))?);
         let t = Instant::now();
         let mut start = cache.next_start;
         let decision = schedule_from(&profile, &pod, &cache.nodes, &mut rng, &mut start);

@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::framework::{CycleState, PreFilterPlugin, ScorePlugin, MAX_SCORE};
-use crate::snapshot::{at, NodeInfo};
+use crate::snapshot::NodeInfo;
 
 const MB: i64 = 1024 * 1024;
 const MIN_THRESHOLD: i64 = 23 * MB;
@@ -28,12 +28,11 @@ fn node_images(node: &NodeInfo) -> impl Iterator<Item = (String, i64)> + '_ {
     node.images.iter().cloned()
 }
 
-fn pod_images(pod: &Value) -> Vec<String> {
-    at(pod, &["spec", "containers"])
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("image").and_then(Value::as_str))
+fn pod_images(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter_map(|c| c.image.as_deref())
         .map(normalize)
         .collect()
 }
@@ -51,10 +50,10 @@ impl PreFilterPlugin for ImageLocality {
         "ImageLocality"
     }
 
-    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
+    fn pre_filter(&self, pod: &Pod, nodes: &[NodeInfo], state: &mut CycleState) {
         let wanted = pod_images(pod);
         let mut nodes_with: HashMap<String, i64> = HashMap::new();
-        if at(pod, &["spec", "containers"]).is_some() {
+        if !wanted.is_empty() {
             for node in nodes {
                 let mut seen: Vec<String> = Vec::new();
                 for (name, _) in node_images(node) {
@@ -77,7 +76,7 @@ impl ScorePlugin for ImageLocality {
         "ImageLocality"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
         let Some(spread) = state.get::<Spread>() else {
             return 0;
         };
@@ -104,21 +103,14 @@ impl ScorePlugin for ImageLocality {
 mod tests {
     use super::*;
     use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use serde_json::json;
-    use std::sync::Arc;
 
     #[test]
     fn nodes_with_the_image_score_higher() {
-        let with = {
-            let n = NodeBuilder::new("a").build();
-            let mut v = n.node.as_ref().clone();
-            v["status"]["images"] =
-                json!([{"names": ["docker.io/library/big:1", "big:1"], "sizeBytes": 800 * MB}]);
-            NodeInfo::new(Arc::new(v))
-        };
+        let with = NodeBuilder::new("a")
+            .image(&["docker.io/library/big:1", "big:1"], 800 * MB)
+            .build();
         let without = NodeBuilder::new("b").build();
-        let mut pod = PodBuilder::new("p").build();
-        pod["spec"]["containers"][0]["image"] = json!("big:1");
+        let pod = PodBuilder::new("p").image("big:1").build();
         let nodes = vec![with, without];
         let mut st = CycleState::default();
         ImageLocality.pre_filter(&pod, &nodes, &mut st);

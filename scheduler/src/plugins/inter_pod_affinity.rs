@@ -5,67 +5,84 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rkube_core::json::str_field as s;
+use k8s_openapi::api::core::v1::{Affinity, Pod, PodAffinityTerm, WeightedPodAffinityTerm};
 use rkube_core::selector::LabelSelector;
-use serde_json::Value;
 
 use crate::framework::{CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status, MAX_SCORE};
-use crate::snapshot::NodeInfo;
+use crate::snapshot::{namespace, NodeInfo};
 
-fn terms<'a>(pod: &'a Value, kind: &str, when: &str) -> Vec<&'a Value> {
-    let field = if when == "required" {
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    } else {
-        "preferredDuringSchedulingIgnoredDuringExecution"
-    };
-    crate::snapshot::at(pod, &["spec", "affinity", kind, field])
-        .and_then(Value::as_array)
-        .map(|a| a.iter().collect())
-        .unwrap_or_default()
+fn affinity(pod: &Pod) -> Option<&Affinity> {
+    pod.spec.as_ref()?.affinity.as_ref()
+}
+
+/// The pod's required pod affinity terms.
+fn required_affinity(pod: &Pod) -> &[PodAffinityTerm] {
+    affinity(pod)
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or(&[])
+}
+
+/// The pod's required pod anti-affinity terms.
+fn required_anti_affinity(pod: &Pod) -> &[PodAffinityTerm] {
+    affinity(pod)
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or(&[])
+}
+
+/// The pod's preferred pod affinity terms.
+fn preferred_affinity(pod: &Pod) -> &[WeightedPodAffinityTerm] {
+    affinity(pod)
+        .and_then(|a| a.pod_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or(&[])
+}
+
+/// The pod's preferred pod anti-affinity terms.
+fn preferred_anti_affinity(pod: &Pod) -> &[WeightedPodAffinityTerm] {
+    affinity(pod)
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or(&[])
 }
 
 /// Whether `pod` matches a PodAffinityTerm written by a pod of namespace `owner_ns`.
-pub fn term_matches(term: &Value, owner_ns: &str, pod: &Value) -> bool {
-    let ns = crate::snapshot::at(pod, &["metadata", "namespace"])
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let listed: Vec<&str> = term
-        .get("namespaces")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+pub fn term_matches(term: &PodAffinityTerm, owner_ns: &str, pod: &Pod) -> bool {
+    let ns = namespace(pod);
+    let listed = term.namespaces.as_deref().unwrap_or(&[]);
     // An empty namespaceSelector ({}) selects every namespace.
     let all_namespaces = term
-        .get("namespaceSelector")
-        .and_then(Value::as_object)
-        .is_some_and(|m| m.is_empty());
+        .namespace_selector
+        .as_ref()
+        .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
     let ns_ok = all_namespaces
         || if listed.is_empty() {
             ns == owner_ns
         } else {
-            listed.contains(&ns)
+            listed.iter().any(|l| l == ns)
         };
     // A null selector matches nothing.
-    let selected = term.get("labelSelector").is_some_and(|sel| {
-        !sel.is_null()
-            && LabelSelector::from_json(sel).matches(
-                crate::snapshot::at(pod, &["metadata", "labels"]).and_then(Value::as_object),
-            )
-    });
-    ns_ok && selected
+    ns_ok
+        && term.label_selector.as_ref().is_some_and(|sel| {
+            LabelSelector::from_selector(sel).matches_labels(pod.metadata.labels.as_ref())
+        })
 }
 
 fn domain(node: &NodeInfo, key: &str) -> Option<String> {
-    node.labels()
-        .and_then(|l| l.get(key))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-}
-
-fn ns_of(pod: &Value) -> &str {
-    crate::snapshot::at(pod, &["metadata", "namespace"])
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    node.label(key).map(str::to_string)
 }
 
 /// What PreFilter learns from every placed pod, for the incoming one.
@@ -88,12 +105,12 @@ impl PreFilterPlugin for InterPodAffinity {
         "InterPodAffinity"
     }
 
-    fn pre_filter(&self, pod: &Value, nodes: &[NodeInfo], state: &mut CycleState) {
-        let ns = ns_of(pod);
-        let aff = terms(pod, "podAffinity", "required");
-        let anti = terms(pod, "podAntiAffinity", "required");
-        let pref_aff = terms(pod, "podAffinity", "preferred");
-        let pref_anti = terms(pod, "podAntiAffinity", "preferred");
+    fn pre_filter(&self, pod: &Pod, nodes: &[NodeInfo], state: &mut CycleState) {
+        let ns = namespace(pod);
+        let aff = required_affinity(pod);
+        let anti = required_anti_affinity(pod);
+        let pref_aff = preferred_affinity(pod);
+        let pref_anti = preferred_anti_affinity(pod);
         let mut st = State {
             affinity: vec![HashSet::new(); aff.len()],
             anti: vec![HashSet::new(); anti.len()],
@@ -111,50 +128,54 @@ impl PreFilterPlugin for InterPodAffinity {
             for existing in existing_pods {
                 for (i, t) in aff.iter().enumerate() {
                     if term_matches(t, ns, existing) {
-                        if let Some(v) = domain(node, s(t, "topologyKey")) {
+                        if let Some(v) = domain(node, &t.topology_key) {
                             st.affinity[i].insert(v);
                         }
                     }
                 }
                 for (i, t) in anti.iter().enumerate() {
                     if term_matches(t, ns, existing) {
-                        if let Some(v) = domain(node, s(t, "topologyKey")) {
+                        if let Some(v) = domain(node, &t.topology_key) {
                             st.anti[i].insert(v);
                         }
                     }
                 }
-                let ens = ns_of(existing);
-                for t in terms(existing, "podAntiAffinity", "required") {
-                    let key = s(t, "topologyKey");
+                let ens = namespace(existing);
+                for t in required_anti_affinity(existing) {
                     if term_matches(t, ens, pod) {
-                        if let Some(v) = domain(node, key) {
-                            st.closed.insert((key.to_string(), v));
+                        if let Some(v) = domain(node, &t.topology_key) {
+                            st.closed.insert((t.topology_key.clone(), v));
                         }
                     }
                 }
                 // Preferred terms, the incoming pod's about existing pods and theirs about it.
-                let mut add = |term: &Value, weight: i64, matched: bool| {
-                    let key = s(term, "topologyKey");
+                let mut add = |term: &PodAffinityTerm, weight: i64, matched: bool| {
                     if matched {
-                        if let Some(v) = domain(node, key) {
-                            *st.preferred.entry((key.to_string(), v)).or_default() += weight;
+                        if let Some(v) = domain(node, &term.topology_key) {
+                            *st.preferred
+                                .entry((term.topology_key.clone(), v))
+                                .or_default() += weight;
                         }
                     }
                 };
-                for (list, sign) in [(&pref_aff, 1), (&pref_anti, -1)] {
-                    for wt in list.iter() {
-                        let w = wt.get("weight").and_then(Value::as_i64).unwrap_or(0);
-                        if let Some(t) = wt.get("podAffinityTerm") {
-                            add(t, sign * w, term_matches(t, ns, existing));
-                        }
+                for (list, sign) in [(pref_aff, 1), (pref_anti, -1)] {
+                    for wt in list {
+                        let t = &wt.pod_affinity_term;
+                        add(
+                            t,
+                            sign * i64::from(wt.weight),
+                            term_matches(t, ns, existing),
+                        );
                     }
                 }
-                for (kind, sign) in [("podAffinity", 1), ("podAntiAffinity", -1)] {
-                    for wt in terms(existing, kind, "preferred") {
-                        let w = wt.get("weight").and_then(Value::as_i64).unwrap_or(0);
-                        if let Some(t) = wt.get("podAffinityTerm") {
-                            add(t, sign * w, term_matches(t, ens, pod));
-                        }
+                let theirs = [
+                    (preferred_affinity(existing), 1),
+                    (preferred_anti_affinity(existing), -1),
+                ];
+                for (list, sign) in theirs {
+                    for wt in list {
+                        let t = &wt.pod_affinity_term;
+                        add(t, sign * i64::from(wt.weight), term_matches(t, ens, pod));
                     }
                 }
             }
@@ -168,35 +189,37 @@ impl FilterPlugin for InterPodAffinity {
         "InterPodAffinity"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+    fn filter(&self, pod: &Pod, node: &NodeInfo, state: &CycleState) -> Status {
         let Some(st) = state.get::<State>() else {
             return Status::success();
         };
         // Kubernetes' order: the pod's affinity, its anti-affinity, then existing pods'.
-        let ns = ns_of(pod);
-        let aff = terms(pod, "podAffinity", "required");
+        let ns = namespace(pod);
+        let aff = required_affinity(pod);
         // The first pod of a group may go anywhere its own terms would match it.
         let none_anywhere = st.affinity.iter().all(|d| d.is_empty());
         let matches_itself = aff.iter().all(|t| term_matches(t, ns, pod));
         for (i, t) in aff.iter().enumerate() {
-            let ok = match domain(node, s(t, "topologyKey")) {
-                Some(v) => st.affinity[i].contains(&v) || (none_anywhere && matches_itself),
+            let ok = match node.label(&t.topology_key) {
+                Some(v) => st.affinity[i].contains(v) || (none_anywhere && matches_itself),
                 None => false,
             };
             if !ok {
                 return Status::unresolvable("node(s) didn't match pod affinity rules");
             }
         }
-        for (i, t) in terms(pod, "podAntiAffinity", "required").iter().enumerate() {
-            if domain(node, s(t, "topologyKey")).is_some_and(|v| st.anti[i].contains(&v)) {
+        for (i, t) in required_anti_affinity(pod).iter().enumerate() {
+            if node
+                .label(&t.topology_key)
+                .is_some_and(|v| st.anti[i].contains(v))
+            {
                 return Status::unschedulable("node(s) didn't match pod anti-affinity rules");
             }
         }
-        let labels = node.labels();
         if st
             .closed
             .iter()
-            .any(|(k, v)| labels.and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v.as_str()))
+            .any(|(k, v)| node.label(k) == Some(v.as_str()))
         {
             return Status::unschedulable(
                 "node(s) didn't satisfy existing pods anti-affinity rules",
@@ -211,16 +234,13 @@ impl ScorePlugin for InterPodAffinity {
         "InterPodAffinity"
     }
 
-    fn score(&self, _: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+    fn score(&self, _: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
         let Some(st) = state.get::<State>() else {
             return 0;
         };
-        let labels = node.labels();
         st.preferred
             .iter()
-            .filter(|((k, v), _)| {
-                labels.and_then(|l| l.get(k)).and_then(Value::as_str) == Some(v.as_str())
-            })
+            .filter(|((k, v), _)| node.label(k) == Some(v.as_str()))
             .map(|(_, w)| *w)
             .sum()
     }
@@ -245,17 +265,14 @@ impl ScorePlugin for InterPodAffinity {
 mod tests {
     use super::*;
     use crate::framework::CycleState;
-    use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use serde_json::json;
+    use crate::plugins::testing::{same_host_as, NodeBuilder, PodBuilder};
     use std::sync::Arc;
 
-    fn labelled(name: &str, app: &str) -> Value {
-        let mut p = PodBuilder::new(name).build();
-        p["metadata"]["labels"] = json!({"app": app});
-        p
+    fn labelled(name: &str, app: &str) -> PodBuilder {
+        PodBuilder::new(name).label("app", app)
     }
 
-    fn nodes_with(placed: &[(&str, Value)]) -> Vec<NodeInfo> {
+    fn nodes_with(placed: Vec<(&str, Pod)>) -> Vec<NodeInfo> {
         let mut nodes: Vec<NodeInfo> = ["a", "b", "c"]
             .iter()
             .map(|n| {
@@ -265,13 +282,13 @@ mod tests {
             })
             .collect();
         for (node, pod) in placed {
-            let i = nodes.iter().position(|n| n.name == *node).unwrap();
-            nodes[i].add_pod(Arc::new(pod.clone()));
+            let i = nodes.iter().position(|n| n.name == node).unwrap();
+            nodes[i].add_pod(Arc::new(pod));
         }
         nodes
     }
 
-    fn feasible(pod: &Value, nodes: &[NodeInfo]) -> Vec<String> {
+    fn feasible(pod: &Pod, nodes: &[NodeInfo]) -> Vec<String> {
         let mut st = CycleState::default();
         InterPodAffinity.pre_filter(pod, nodes, &mut st);
         nodes
@@ -281,37 +298,36 @@ mod tests {
             .collect()
     }
 
-    fn term(app: &str) -> Value {
-        json!({"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": "kubernetes.io/hostname"})
-    }
-
     #[test]
     fn anti_affinity_spreads_and_affinity_gathers() {
-        let nodes = nodes_with(&[
-            ("a", labelled("web-1", "web")),
-            ("b", labelled("db-1", "db")),
+        let nodes = nodes_with(vec![
+            ("a", labelled("web-1", "web").build()),
+            ("b", labelled("db-1", "db").build()),
         ]);
-        let mut spread = labelled("web-2", "web");
-        spread["spec"]["affinity"] = json!({"podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term("web")]}});
+        let spread = labelled("web-2", "web")
+            .requires_anti_affinity(same_host_as("web"))
+            .build();
         assert_eq!(feasible(&spread, &nodes), ["b", "c"]);
-        let mut near_db = labelled("cache", "cache");
-        near_db["spec"]["affinity"] = json!({"podAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term("db")]}});
+        let near_db = labelled("cache", "cache")
+            .requires_affinity(same_host_as("db"))
+            .build();
         assert_eq!(feasible(&near_db, &nodes), ["b"]);
         // The first of a group that names itself may go anywhere.
-        let mut first = labelled("q-1", "queue");
-        first["spec"]["affinity"] = json!({"podAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term("queue")]}});
+        let first = labelled("q-1", "queue")
+            .requires_affinity(same_host_as("queue"))
+            .build();
         assert_eq!(feasible(&first, &nodes), ["a", "b", "c"]);
     }
 
     #[test]
     fn existing_pods_keep_out_what_they_repel() {
-        let mut loner = labelled("loner", "loner");
-        loner["spec"]["affinity"] = json!({"podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [term("web")]}});
-        let nodes = nodes_with(&[("a", loner)]);
-        assert_eq!(feasible(&labelled("web-1", "web"), &nodes), ["b", "c"]);
+        let loner = labelled("loner", "loner")
+            .requires_anti_affinity(same_host_as("web"))
+            .build();
+        let nodes = nodes_with(vec![("a", loner)]);
+        assert_eq!(
+            feasible(&labelled("web-1", "web").build(), &nodes),
+            ["b", "c"]
+        );
     }
 }

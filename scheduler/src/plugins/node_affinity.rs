@@ -1,26 +1,21 @@
 //! NodeAffinity: `nodeSelector` and required node affinity filter nodes by their labels (and
 //! name); preferred node affinity terms add their weights to a node's score.
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod};
 
 use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::snapshot::NodeInfo;
 
-fn strs(v: Option<&Value>) -> Vec<&str> {
-    v.and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default()
-}
-
 /// One requirement of a node selector term against a value (None: the label is absent).
-fn requirement(req: &Value, got: Option<&str>) -> bool {
-    let values = strs(req.get("values"));
-    match req.get("operator").and_then(Value::as_str) {
-        Some("In") => got.is_some_and(|g| values.contains(&g)),
-        Some("NotIn") => !got.is_some_and(|g| values.contains(&g)),
-        Some("Exists") => got.is_some(),
-        Some("DoesNotExist") => got.is_none(),
-        Some(op @ ("Gt" | "Lt")) => {
+fn requirement(req: &NodeSelectorRequirement, got: Option<&str>) -> bool {
+    let values = req.values.as_deref().unwrap_or(&[]);
+    let listed = |g: &str| values.iter().any(|v| v == g);
+    match req.operator.as_str() {
+        "In" => got.is_some_and(listed),
+        "NotIn" => !got.is_some_and(listed),
+        "Exists" => got.is_some(),
+        "DoesNotExist" => got.is_none(),
+        op @ ("Gt" | "Lt") => {
             let (Some(g), Some(v)) = (
                 got.and_then(|g| g.parse::<i64>().ok()),
                 values.first().and_then(|v| v.parse::<i64>().ok()),
@@ -38,21 +33,17 @@ fn requirement(req: &Value, got: Option<&str>) -> bool {
 }
 
 /// A NodeSelectorTerm: all its matchExpressions (labels) and matchFields (metadata.name).
-pub fn term_matches(term: &Value, node: &NodeInfo) -> bool {
-    let labels = node.labels();
-    let exprs = term.get("matchExpressions").and_then(Value::as_array);
-    let fields = term.get("matchFields").and_then(Value::as_array);
-    if exprs.is_none_or(|e| e.is_empty()) && fields.is_none_or(|f| f.is_empty()) {
+pub fn term_matches(term: &NodeSelectorTerm, node: &NodeInfo) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+    let fields = term.match_fields.as_deref().unwrap_or(&[]);
+    if exprs.is_empty() && fields.is_empty() {
         // An empty term matches nothing (Kubernetes).
         return false;
     }
-    exprs.into_iter().flatten().all(|r| {
-        let key = r.get("key").and_then(Value::as_str).unwrap_or("");
-        requirement(r, labels.and_then(|l| l.get(key)).and_then(Value::as_str))
-    }) && fields.into_iter().flatten().all(|r| {
-        let key = r.get("key").and_then(Value::as_str).unwrap_or("");
-        key == "metadata.name" && requirement(r, Some(node.name.as_str()))
-    })
+    exprs.iter().all(|r| requirement(r, node.label(&r.key)))
+        && fields
+            .iter()
+            .all(|r| r.key == "metadata.name" && requirement(r, Some(node.name.as_str())))
 }
 
 pub struct NodeAffinity;
@@ -62,27 +53,24 @@ impl FilterPlugin for NodeAffinity {
         "NodeAffinity"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        let labels = node.labels();
-        let selector_ok = crate::snapshot::at(pod, &["spec", "nodeSelector"])
-            .and_then(Value::as_object)
-            .is_none_or(|sel| {
-                sel.iter()
-                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Status::success();
+        };
+        let selector_ok = spec
+            .node_selector
+            .as_ref()
+            .is_none_or(|sel| sel.iter().all(|(k, v)| node.label(k) == Some(v.as_str())));
+        let required = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .as_ref()
             });
-        let required = crate::snapshot::at(
-            pod,
-            &[
-                "spec",
-                "affinity",
-                "nodeAffinity",
-                "requiredDuringSchedulingIgnoredDuringExecution",
-                "nodeSelectorTerms",
-            ],
-        );
-        let affinity_ok = required
-            .and_then(Value::as_array)
-            .is_none_or(|terms| terms.iter().any(|t| term_matches(t, node)));
+        let affinity_ok =
+            required.is_none_or(|r| r.node_selector_terms.iter().any(|t| term_matches(t, node)));
         if selector_ok && affinity_ok {
             Status::success()
         } else {
@@ -96,22 +84,20 @@ impl ScorePlugin for NodeAffinity {
         "NodeAffinity"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
-        crate::snapshot::at(
-            pod,
-            &[
-                "spec",
-                "affinity",
-                "nodeAffinity",
-                "preferredDuringSchedulingIgnoredDuringExecution",
-            ],
-        )
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|p| p.get("preference").is_some_and(|t| term_matches(t, node)))
-        .filter_map(|p| p.get("weight").and_then(Value::as_i64))
-        .sum()
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .into_iter()
+            .flatten()
+            .filter(|p| term_matches(&p.preference, node))
+            .map(|p| i64::from(p.weight))
+            .sum()
     }
 
     fn normalize(&self, scores: &mut [i64]) {
@@ -123,7 +109,33 @@ impl ScorePlugin for NodeAffinity {
 mod tests {
     use super::*;
     use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use serde_json::json;
+    use k8s_openapi::api::core::v1::{NodeSelector, PreferredSchedulingTerm};
+
+    fn req(key: &str, operator: &str, values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    fn labels_term(exprs: Vec<NodeSelectorRequirement>) -> NodeSelectorTerm {
+        NodeSelectorTerm {
+            match_expressions: Some(exprs),
+            match_fields: None,
+        }
+    }
+
+    fn required(term: NodeSelectorTerm) -> Pod {
+        PodBuilder::new("p")
+            .node_affinity(k8s_openapi::api::core::v1::NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: vec![term],
+                }),
+                ..Default::default()
+            })
+            .build()
+    }
 
     #[test]
     fn selectors_and_required_terms_pick_nodes() {
@@ -141,61 +153,34 @@ mod tests {
             s.reasons,
             vec!["node(s) didn't match Pod's node affinity/selector".to_string()]
         );
-        let required = |expr: Value| {
-            PodBuilder::new("p")
-                .affinity(json!({"requiredDuringSchedulingIgnoredDuringExecution":
-                    {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}))
-                .build()
-        };
         for (expr, on_ssd, on_hdd) in [
-            (
-                json!({"key": "disk", "operator": "In", "values": ["ssd", "nvme"]}),
-                true,
-                false,
-            ),
-            (
-                json!({"key": "disk", "operator": "NotIn", "values": ["ssd"]}),
-                false,
-                true,
-            ),
-            (json!({"key": "gen", "operator": "Exists"}), true, false),
-            (
-                json!({"key": "gen", "operator": "DoesNotExist"}),
-                false,
-                true,
-            ),
-            (
-                json!({"key": "gen", "operator": "Gt", "values": ["4"]}),
-                true,
-                false,
-            ),
-            (
-                json!({"key": "gen", "operator": "Lt", "values": ["4"]}),
-                false,
-                false,
-            ),
+            (req("disk", "In", &["ssd", "nvme"]), true, false),
+            (req("disk", "NotIn", &["ssd"]), false, true),
+            (req("gen", "Exists", &[]), true, false),
+            (req("gen", "DoesNotExist", &[]), false, true),
+            (req("gen", "Gt", &["4"]), true, false),
+            (req("gen", "Lt", &["4"]), false, false),
         ] {
-            let pod = required(expr.clone());
+            let pod = required(labels_term(vec![expr.clone()]));
             assert_eq!(
                 NodeAffinity
                     .filter(&pod, &ssd, &CycleState::default())
                     .is_success(),
                 on_ssd,
-                "{expr}"
+                "{expr:?}"
             );
             assert_eq!(
                 NodeAffinity
                     .filter(&pod, &hdd, &CycleState::default())
                     .is_success(),
                 on_hdd,
-                "{expr}"
+                "{expr:?}"
             );
         }
-        let by_name = PodBuilder::new("p")
-            .affinity(json!({"requiredDuringSchedulingIgnoredDuringExecution":
-                {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}))
-            .build();
+        let by_name = required(NodeSelectorTerm {
+            match_expressions: None,
+            match_fields: Some(vec![req("metadata.name", "In", &["b"])]),
+        });
         assert!(!NodeAffinity
             .filter(&by_name, &ssd, &CycleState::default())
             .is_success());
@@ -208,10 +193,18 @@ mod tests {
     fn preferred_terms_add_their_weights() {
         let ssd = NodeBuilder::new("a").label("disk", "ssd").build();
         let hdd = NodeBuilder::new("b").label("disk", "hdd").build();
+        let prefer = |weight, expr| PreferredSchedulingTerm {
+            weight,
+            preference: labels_term(vec![expr]),
+        };
         let pod = PodBuilder::new("p")
-            .affinity(json!({"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 80, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}},
-                {"weight": 20, "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}}]}))
+            .node_affinity(k8s_openapi::api::core::v1::NodeAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    prefer(80, req("disk", "In", &["ssd"])),
+                    prefer(20, req("disk", "Exists", &[])),
+                ]),
+                ..Default::default()
+            })
             .build();
         assert_eq!(
             ScorePlugin::score(&NodeAffinity, &pod, &ssd, &[], &CycleState::default()),

@@ -1,6 +1,6 @@
 //! NodeUnschedulable (cordoned nodes) and NodeName (a pod that names its node).
 
-use serde_json::{json, Value};
+use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use crate::framework::{CycleState, FilterPlugin, Status};
 use crate::snapshot::NodeInfo;
@@ -12,18 +12,28 @@ impl FilterPlugin for NodeUnschedulable {
         "NodeUnschedulable"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        let cordoned = crate::snapshot::at(&node.node, &["spec", "unschedulable"])
-            .and_then(Value::as_bool)
-            == Some(true);
-        let taint = json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"});
-        let tolerated = crate::snapshot::at(pod, &["spec", "tolerations"])
-            .and_then(Value::as_array)
-            .is_some_and(|ts| ts.iter().any(|t| rkube_core::taints::tolerates(t, &taint)));
-        if cordoned && !tolerated {
-            Status::unresolvable("node(s) were unschedulable")
-        } else {
+    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
+        let cordoned = node.node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        if !cordoned {
+            return Status::success();
+        }
+        let taint = Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        };
+        let tolerated = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.as_ref())
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| rkube_core::taints::tolerates_taint(t, &taint))
+            });
+        if tolerated {
             Status::success()
+        } else {
+            Status::unresolvable("node(s) were unschedulable")
         }
     }
 }
@@ -35,8 +45,8 @@ impl FilterPlugin for NodeName {
         "NodeName"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        match crate::snapshot::at(pod, &["spec", "nodeName"]).and_then(Value::as_str) {
+    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
             Some(n) if !n.is_empty() && n != node.name => {
                 Status::unresolvable("node(s) didn't match the requested node name")
             }
@@ -55,7 +65,7 @@ mod tests {
         let node = NodeBuilder::new("n").unschedulable().build();
         let plain = PodBuilder::new("p").build();
         let tolerant = PodBuilder::new("p")
-            .toleration(json!({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}))
+            .tolerate("node.kubernetes.io/unschedulable", "NoSchedule")
             .build();
         assert!(!NodeUnschedulable
             .filter(&plain, &node, &CycleState::default())

@@ -1,7 +1,7 @@
 //! NodePorts: a pod's host ports must be free on the node (same protocol and port, on the same
 //! host IP or either on all addresses).
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::framework::{CycleState, FilterPlugin, Status};
 use crate::snapshot::{host_ports, NodeInfo};
@@ -13,7 +13,7 @@ impl FilterPlugin for NodePorts {
         "NodePorts"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
+    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
         let conflict = host_ports(pod).iter().any(|(proto, ip, port)| {
             node.host_ports.iter().any(|(p2, ip2, port2)| {
                 proto == p2 && port == port2 && (ip == ip2 || ip == "0.0.0.0" || ip2 == "0.0.0.0")

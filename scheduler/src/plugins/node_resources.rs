@@ -1,7 +1,7 @@
 //! NodeResourcesFit (the pod's requests fit what the node has left; scored LeastAllocated) and
 //! NodeResourcesBalancedAllocation (prefer nodes whose CPU and memory use stay even).
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::framework::PreFilterPlugin;
 use crate::framework::{CycleState, FilterPlugin, ScorePlugin, Status, MAX_SCORE};
@@ -13,7 +13,7 @@ struct PodRequests {
     non_zero: Resources,
 }
 
-fn requests(pod: &Value, state: &CycleState) -> (Resources, Resources) {
+fn requests(pod: &Pod, state: &CycleState) -> (Resources, Resources) {
     match state.get::<PodRequests>() {
         Some(r) => (r.actual, r.non_zero),
         None => {
@@ -30,7 +30,7 @@ impl PreFilterPlugin for Fit {
         "NodeResourcesFit"
     }
 
-    fn pre_filter(&self, pod: &Value, _: &[NodeInfo], state: &mut CycleState) {
+    fn pre_filter(&self, pod: &Pod, _: &[NodeInfo], state: &mut CycleState) {
         let actual = pod_requests(pod);
         state.insert(PodRequests {
             actual,
@@ -44,7 +44,7 @@ impl FilterPlugin for Fit {
         "NodeResourcesFit"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+    fn filter(&self, pod: &Pod, node: &NodeInfo, state: &CycleState) -> Status {
         let (want, _) = requests(pod, state);
         let (have, used) = (node.allocatable, node.requested);
         let mut reasons = Vec::new();
@@ -82,7 +82,7 @@ impl ScorePlugin for Fit {
     }
 
     /// LeastAllocated: the mean share of CPU and memory left after placing the pod.
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
         let (_, p) = requests(pod, state);
         let n = node.non_zero_requested;
         let cpu = free_share(node.allocatable.milli_cpu, n.milli_cpu + p.milli_cpu);
@@ -98,7 +98,7 @@ impl ScorePlugin for BalancedAllocation {
         "NodeResourcesBalancedAllocation"
     }
 
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
         let (_, p) = requests(pod, state);
         let n = node.non_zero_requested;
         let frac = |req: i64, alloc: i64| {

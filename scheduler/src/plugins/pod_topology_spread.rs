@@ -5,50 +5,59 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rkube_core::json::str_field as s;
+use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use rkube_core::selector::LabelSelector;
-use serde_json::{json, Value};
 
 use crate::framework::{
     normalize_to_max, CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status,
 };
 use crate::plugins::node_affinity::NodeAffinity;
-use crate::snapshot::{NodeInfo, Selector};
+use crate::snapshot::{namespace, NodeInfo};
 
 /// The pod's constraints, or the system defaults for an owned pod.
-fn constraints(pod: &Value) -> Vec<Value> {
-    if let Some(cs) =
-        crate::snapshot::at(pod, &["spec", "topologySpreadConstraints"]).and_then(Value::as_array)
+fn constraints(pod: &Pod) -> Vec<TopologySpreadConstraint> {
+    if let Some(cs) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.topology_spread_constraints.as_ref())
     {
         if !cs.is_empty() {
             return cs.clone();
         }
     }
-    let owned = crate::snapshot::at(pod, &["metadata", "ownerReferences"])
-        .and_then(Value::as_array)
+    let owned = pod
+        .metadata
+        .owner_references
+        .as_ref()
         .is_some_and(|r| !r.is_empty());
-    let labels = crate::snapshot::at(pod, &["metadata", "labels"])
-        .cloned()
-        .unwrap_or(json!({}));
-    if !owned || labels.as_object().is_none_or(|l| l.is_empty()) {
-        return Vec::new();
-    }
-    let selector = json!({"matchLabels": labels});
+    let labels = match &pod.metadata.labels {
+        Some(l) if owned && !l.is_empty() => l,
+        _ => return Vec::new(),
+    };
+    let soft = |max_skew, key: &str| TopologySpreadConstraint {
+        max_skew,
+        topology_key: key.to_string(),
+        when_unsatisfiable: "ScheduleAnyway".to_string(),
+        label_selector: Some(metav1::LabelSelector {
+            match_labels: Some(labels.clone()),
+            match_expressions: None,
+        }),
+        ..Default::default()
+    };
     vec![
-        json!({"maxSkew": 3, "topologyKey": "kubernetes.io/hostname",
-               "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}),
-        json!({"maxSkew": 5, "topologyKey": "topology.kubernetes.io/zone",
-               "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector}),
+        soft(3, "kubernetes.io/hostname"),
+        soft(5, "topology.kubernetes.io/zone"),
     ]
 }
 
-fn selects(c: &Value, pod: &Value) -> bool {
-    c.get("labelSelector").is_some_and(|sel| {
-        !sel.is_null()
-            && LabelSelector::from_json(sel).matches(
-                crate::snapshot::at(pod, &["metadata", "labels"]).and_then(Value::as_object),
-            )
-    })
+/// A constraint's selector, ready to match many pods (a null selector matches nothing).
+fn compile(selector: Option<&metav1::LabelSelector>) -> Option<LabelSelector> {
+    selector.map(LabelSelector::from_selector)
+}
+
+fn selects(selector: Option<&LabelSelector>, pod: &Pod) -> bool {
+    selector.is_some_and(|s| s.matches_labels(pod.metadata.labels.as_ref()))
 }
 
 /// Clusters at least this large are counted on two threads.
@@ -108,10 +117,7 @@ fn domain_count(nodes: &[NodeInfo], key: &str) -> usize {
     if let Some(n) = by_key.get(key) {
         return *n;
     }
-    let distinct: HashSet<&str, Fnv> = nodes
-        .iter()
-        .filter_map(|n| n.labels()?.get(key)?.as_str())
-        .collect();
+    let distinct: HashSet<&str, Fnv> = nodes.iter().filter_map(|n| n.label(key)).collect();
     by_key.insert(key.to_string(), distinct.len());
     distinct.len()
 }
@@ -140,31 +146,33 @@ impl PreFilterPlugin for PodTopologySpread {
         "PodTopologySpread"
     }
 
-    fn pre_filter<'a>(&self, pod: &Value, nodes: &'a [NodeInfo], state: &mut CycleState) {
-        let ns = crate::snapshot::at(pod, &["metadata", "namespace"])
-            .and_then(Value::as_str)
-            .unwrap_or("");
+    fn pre_filter<'a>(&self, pod: &Pod, nodes: &'a [NodeInfo], state: &mut CycleState) {
+        let ns = namespace(pod);
         let empty = CycleState::default();
-        let constrained = crate::snapshot::at(pod, &["spec", "nodeSelector"]).is_some()
-            || crate::snapshot::at(pod, &["spec", "affinity", "nodeAffinity"]).is_some();
+        let constrained = pod.spec.as_ref().is_some_and(|s| {
+            s.node_selector.is_some()
+                || s.affinity
+                    .as_ref()
+                    .is_some_and(|a| a.node_affinity.is_some())
+        });
         let cs = constraints(pod);
         // Constraints that share a selector (the defaults do) share one count per node.
-        let mut selectors: Vec<(Value, Selector)> = Vec::new();
+        let mut selectors: Vec<(Option<&metav1::LabelSelector>, Option<LabelSelector>)> =
+            Vec::new();
         let which: Vec<usize> = cs
             .iter()
             .map(|c| {
-                let sel = c.get("labelSelector").cloned().unwrap_or(Value::Null);
+                let sel = c.label_selector.as_ref();
                 match selectors.iter().position(|(v, _)| *v == sel) {
                     Some(i) => i,
                     None => {
-                        let compiled = Selector::new(Some(&sel));
-                        selectors.push((sel, compiled));
+                        selectors.push((sel, compile(sel)));
                         selectors.len() - 1
                     }
                 }
             })
             .collect();
-        let keys: Vec<&str> = cs.iter().map(|c| s(c, "topologyKey")).collect();
+        let keys: Vec<&str> = cs.iter().map(|c| c.topology_key.as_str()).collect();
         // Counts over a run of nodes: (per constraint: matching pods per domain, the domains).
         type Counts<'a> = (Vec<HashMap<String, i64, Fnv>>, Vec<HashSet<&'a str, Fnv>>);
         let count = |chunk: &'a [NodeInfo]| -> Counts<'a> {
@@ -181,9 +189,13 @@ impl PreFilterPlugin for PodTopologySpread {
                 };
                 for (k, (_, selector)) in selectors.iter().enumerate() {
                     matched[k] = node
-                        .pod_meta
+                        .pods
                         .iter()
-                        .filter(|m| m.namespace == ns && !m.deleting && selector.matches(m))
+                        .filter(|p| {
+                            namespace(p) == ns
+                                && p.metadata.deletion_timestamp.is_none()
+                                && selects(selector.as_ref(), p)
+                        })
                         .count() as i64;
                 }
                 for (i, key) in keys.iter().enumerate() {
@@ -194,7 +206,7 @@ impl PreFilterPlugin for PodTopologySpread {
                     if n == 0 && !constrained {
                         continue;
                     }
-                    let Some(v) = labels.get(*key).and_then(Value::as_str) else {
+                    let Some(v) = labels.get(*key).map(String::as_str) else {
                         continue;
                     };
                     if constrained {
@@ -228,13 +240,12 @@ impl PreFilterPlugin for PodTopologySpread {
         } else {
             count(nodes)
         };
-        let key_names: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
         let mut out = Vec::new();
-        for (i, ((c, counts), domains)) in cs.into_iter().zip(counts).zip(domains).enumerate() {
+        for (i, ((c, counts), domains)) in cs.iter().zip(counts).zip(domains).enumerate() {
             let domains = if constrained {
                 domains.len()
             } else {
-                domain_count(nodes, &key_names[i])
+                domain_count(nodes, &c.topology_key)
             };
             // A domain without matching pods makes the minimum zero.
             let min = if counts.len() < domains {
@@ -243,10 +254,15 @@ impl PreFilterPlugin for PodTopologySpread {
                 counts.values().copied().min().unwrap_or(0)
             };
             out.push(Constraint {
-                soft: s(&c, "whenUnsatisfiable") == "ScheduleAnyway",
-                key: s(&c, "topologyKey").to_string(),
-                max_skew: c.get("maxSkew").and_then(Value::as_i64).unwrap_or(1),
-                self_match: i64::from(selects(&c, pod)),
+                soft: c.when_unsatisfiable == "ScheduleAnyway",
+                key: c.topology_key.clone(),
+                // An absent maxSkew decodes as 0; it counts as 1 (Kubernetes requires >= 1).
+                max_skew: if c.max_skew == 0 {
+                    1
+                } else {
+                    i64::from(c.max_skew)
+                },
+                self_match: i64::from(selects(selectors[which[i]].1.as_ref(), pod)),
                 counts,
                 min,
             });
@@ -260,7 +276,7 @@ impl FilterPlugin for PodTopologySpread {
         "PodTopologySpread"
     }
 
-    fn filter(&self, _: &Value, node: &NodeInfo, state: &CycleState) -> Status {
+    fn filter(&self, _: &Pod, node: &NodeInfo, state: &CycleState) -> Status {
         let Some(st) = state.get::<State>() else {
             return Status::success();
         };
@@ -268,11 +284,7 @@ impl FilterPlugin for PodTopologySpread {
             if c.soft {
                 continue;
             }
-            let Some(v) = node
-                .labels()
-                .and_then(|l| l.get(&c.key))
-                .and_then(Value::as_str)
-            else {
+            let Some(v) = node.label(&c.key) else {
                 return Status::unresolvable(
                     "node(s) didn't match pod topology spread constraints (missing required label)",
                 );
@@ -294,16 +306,15 @@ impl ScorePlugin for PodTopologySpread {
     }
 
     /// Matching pods already in the node's domains (fewer is better).
-    fn score(&self, _: &Value, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+    fn score(&self, _: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
         let Some(st) = state.get::<State>() else {
             return 0;
         };
-        let labels = node.labels();
         st.constraints
             .iter()
             .filter(|c| c.soft)
             .filter_map(|c| {
-                let v = labels?.get(&c.key)?.as_str()?;
+                let v = node.label(&c.key)?;
                 Some(c.counts.get(v).copied().unwrap_or(0))
             })
             .sum()
@@ -317,13 +328,22 @@ impl ScorePlugin for PodTopologySpread {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::testing::{NodeBuilder, PodBuilder};
+    use crate::plugins::testing::{match_labels, NodeBuilder, PodBuilder};
     use std::sync::Arc;
 
-    fn web(name: &str) -> Value {
-        let mut p = PodBuilder::new(name).build();
-        p["metadata"]["labels"] = json!({"app": "web"});
-        p
+    fn web(name: &str) -> PodBuilder {
+        PodBuilder::new(name).label("app", "web")
+    }
+
+    /// At most one more `app=web` pod per `key` domain than in the emptiest.
+    fn hard_skew_1(key: &str) -> TopologySpreadConstraint {
+        TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: key.into(),
+            when_unsatisfiable: "DoNotSchedule".into(),
+            label_selector: Some(match_labels("app", "web")),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -332,10 +352,8 @@ mod tests {
             .iter()
             .map(|n| NodeBuilder::new(n).label("zone", n).build())
             .collect();
-        nodes[0].add_pod(Arc::new(web("w1")));
-        let mut pod = web("w2");
-        pod["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1, "topologyKey": "zone",
-            "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "web"}}}]);
+        nodes[0].add_pod(Arc::new(web("w1").build()));
+        let pod = web("w2").spread(hard_skew_1("zone")).build();
         let mut st = CycleState::default();
         PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
         assert!(!PodTopologySpread.filter(&pod, &nodes[0], &st).is_success());
@@ -355,12 +373,11 @@ mod tests {
             })
             .collect();
         // One matching pod on a node of each half.
-        nodes[3].add_pod(Arc::new(web("w1")));
-        nodes[PARALLEL_FROM + 100].add_pod(Arc::new(web("w2")));
-        let mut pod = web("w3");
-        pod["spec"]["topologySpreadConstraints"] = json!([{"maxSkew": 1,
-            "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": {"matchLabels": {"app": "web"}}}]);
+        nodes[3].add_pod(Arc::new(web("w1").build()));
+        nodes[PARALLEL_FROM + 100].add_pod(Arc::new(web("w2").build()));
+        let pod = web("w3")
+            .spread(hard_skew_1("kubernetes.io/hostname"))
+            .build();
         let mut st = CycleState::default();
         PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
         assert!(!PodTopologySpread.filter(&pod, &nodes[3], &st).is_success());
@@ -383,10 +400,8 @@ mod tests {
                     .build()
             })
             .collect();
-        nodes[0].add_pod(Arc::new(web("w1")));
-        let mut pod = web("w2");
-        pod["metadata"]["ownerReferences"] =
-            json!([{"kind": "ReplicaSet", "name": "w", "controller": true}]);
+        nodes[0].add_pod(Arc::new(web("w1").build()));
+        let pod = web("w2").owner("ReplicaSet", "w").build();
         let mut st = CycleState::default();
         PodTopologySpread.pre_filter(&pod, &nodes, &mut st);
         let refs: Vec<&NodeInfo> = nodes.iter().collect();
@@ -400,18 +415,14 @@ mod tests {
 
     #[test]
     fn remembered_domain_counts_follow_node_changes() {
-        let node = |name: &str, zone: &str| {
-            NodeInfo::new(Arc::new(json!({"metadata": {"name": name,
-                "labels": {"topology.kubernetes.io/zone": zone}}})))
-        };
         let key = "topology.kubernetes.io/zone";
-        let mut nodes = vec![node("n1", "a"), node("n2", "b")];
+        let node = |name: &str, zone: &str| NodeBuilder::new(name).label(key, zone);
+        let mut nodes = vec![node("n1", "a").build(), node("n2", "b").build()];
         assert_eq!(domain_count(&nodes, key), 2);
         assert_eq!(domain_count(&nodes, key), 2);
-        nodes[1] = nodes[1].with_node(Arc::new(json!({"metadata": {"name": "n2",
-            "labels": {"topology.kubernetes.io/zone": "a"}}})));
+        nodes[1] = nodes[1].with_node(Arc::new(node("n2", "a").node()));
         assert_eq!(domain_count(&nodes, key), 1, "a relabelled node is seen");
-        nodes.push(node("n3", "c"));
+        nodes.push(node("n3", "c").build());
         assert_eq!(domain_count(&nodes, key), 2, "an added node is seen");
         nodes.remove(0);
         assert_eq!(domain_count(&nodes, key), 2);

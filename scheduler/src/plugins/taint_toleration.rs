@@ -1,22 +1,25 @@
 //! TaintToleration: a node's NoSchedule and NoExecute taints keep out pods that do not tolerate
 //! them; PreferNoSchedule taints only lower the node's score.
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Pod, Taint};
+use rkube_core::taints::tolerates_taint;
 
 use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::snapshot::NodeInfo;
 
-fn taints(node: &NodeInfo) -> &[Value] {
-    crate::snapshot::at(&node.node, &["spec", "taints"])
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
+fn taints(node: &NodeInfo) -> &[Taint] {
+    node.node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
         .unwrap_or(&[])
 }
 
-fn tolerated(pod: &Value, taint: &Value) -> bool {
-    crate::snapshot::at(pod, &["spec", "tolerations"])
-        .and_then(Value::as_array)
-        .is_some_and(|ts| ts.iter().any(|t| rkube_core::taints::tolerates(t, taint)))
+fn tolerated(pod: &Pod, taint: &Taint) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| tolerates_taint(t, taint)))
 }
 
 pub struct TaintToleration;
@@ -26,15 +29,14 @@ impl FilterPlugin for TaintToleration {
         "TaintToleration"
     }
 
-    fn filter(&self, pod: &Value, node: &NodeInfo, _: &CycleState) -> Status {
-        let s = |t: &Value, f: &str| t.get(f).and_then(Value::as_str).unwrap_or("").to_string();
+    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
         for taint in taints(node) {
-            let effect = s(taint, "effect");
+            let effect = taint.effect.as_str();
             if (effect == "NoSchedule" || effect == "NoExecute") && !tolerated(pod, taint) {
                 return Status::unresolvable(format!(
                     "node(s) had untolerated taint {{{}: {}}}",
-                    s(taint, "key"),
-                    s(taint, "value")
+                    taint.key,
+                    taint.value.as_deref().unwrap_or("")
                 ));
             }
         }
@@ -48,10 +50,10 @@ impl ScorePlugin for TaintToleration {
     }
 
     /// The number of PreferNoSchedule taints the pod does not tolerate (fewer is better).
-    fn score(&self, pod: &Value, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
         taints(node)
             .iter()
-            .filter(|t| t.get("effect").and_then(Value::as_str) == Some("PreferNoSchedule"))
+            .filter(|t| t.effect == "PreferNoSchedule")
             .filter(|t| !tolerated(pod, t))
             .count() as i64
     }
@@ -65,7 +67,6 @@ impl ScorePlugin for TaintToleration {
 mod tests {
     use super::*;
     use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use serde_json::json;
 
     #[test]
     fn taints_keep_out_the_pods_that_do_not_tolerate_them() {
@@ -82,7 +83,7 @@ mod tests {
             ]
         );
         let tolerant = PodBuilder::new("p")
-            .toleration(json!({"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}))
+            .tolerate("node-role.kubernetes.io/control-plane", "NoSchedule")
             .build();
         assert!(TaintToleration
             .filter(&tolerant, &node, &CycleState::default())
