@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use serde::Deserialize;
 use serde_json::Value;
@@ -17,6 +18,9 @@ enum Requirement {
     NotIn(String, Vec<String>),
     Exists(String),
     NotExists(String),
+    /// A node selector's `Gt`/`Lt`: the label's value read as an integer, compared.
+    Gt(String, i64),
+    Lt(String, i64),
     /// A `matchExpressions` operator Kubernetes does not know: matches nothing.
     Never,
 }
@@ -30,7 +34,9 @@ impl Requirement {
             | Requirement::In(k, _)
             | Requirement::NotIn(k, _)
             | Requirement::Exists(k)
-            | Requirement::NotExists(k) => Some(k),
+            | Requirement::NotExists(k)
+            | Requirement::Gt(k, _)
+            | Requirement::Lt(k, _) => Some(k),
             Requirement::Never => None,
         }
     }
@@ -158,6 +164,31 @@ impl LabelSelector {
         LabelSelector { reqs }
     }
 
+    /// The requirements of a core/v1 NodeSelectorTerm (its `matchExpressions`, or its
+    /// `matchFields`), all of which must hold: In, NotIn, Exists, DoesNotExist, and Gt/Lt,
+    /// which compare the value as an integer with the one value given. An unknown operator,
+    /// or a Gt/Lt value that is not an integer, matches nothing.
+    pub fn from_node_selector_requirements(reqs: &[NodeSelectorRequirement]) -> LabelSelector {
+        let reqs = reqs
+            .iter()
+            .map(|r| {
+                let key = r.key.clone();
+                let values = r.values.as_deref().unwrap_or(&[]);
+                let number = || values.first().and_then(|v| v.parse::<i64>().ok());
+                match r.operator.as_str() {
+                    "In" => Requirement::In(key, values.to_vec()),
+                    "NotIn" => Requirement::NotIn(key, values.to_vec()),
+                    "Exists" => Requirement::Exists(key),
+                    "DoesNotExist" => Requirement::NotExists(key),
+                    "Gt" => number().map_or(Requirement::Never, |n| Requirement::Gt(key, n)),
+                    "Lt" => number().map_or(Requirement::Never, |n| Requirement::Lt(key, n)),
+                    _ => Requirement::Never,
+                }
+            })
+            .collect();
+        LabelSelector { reqs }
+    }
+
     /// A `metav1.LabelSelector` still held as JSON, read as [`LabelSelector::from_selector`]
     /// reads the typed one. Anything but an object (absent, null) is the empty selector; an
     /// object that is not a LabelSelector (a label value that is not a string, say) matches
@@ -196,6 +227,12 @@ impl LabelSelector {
             Requirement::NotIn(k, vs) => !get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
             Requirement::Exists(k) => get(k).is_some(),
             Requirement::NotExists(k) => get(k).is_none(),
+            Requirement::Gt(k, v) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x > *v),
+            Requirement::Lt(k, v) => get(k)
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some_and(|x| x < *v),
             Requirement::Never => false,
         })
     }
@@ -287,6 +324,34 @@ mod tests {
         assert!(!LabelSelector::from_json(&json!({"matchLabels": {"app": "web"}})).matches(None));
         assert!(LabelSelector::from_json(&Value::Null).matches(None));
         assert!(!LabelSelector::from_json(&json!({"matchLabels": {"app": 1}})).matches(labels));
+    }
+
+    #[test]
+    fn node_selector_requirements_compare_integers() {
+        let labels: BTreeMap<String, String> = [("gen", "5"), ("disk", "ssd")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let req = |key: &str, op: &str, values: &[&str]| NodeSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: Some(values.iter().map(|v| v.to_string()).collect()),
+        };
+        for (r, want) in [
+            (req("disk", "In", &["ssd", "nvme"]), true),
+            (req("disk", "NotIn", &["ssd"]), false),
+            (req("gen", "Exists", &[]), true),
+            (req("gen", "DoesNotExist", &[]), false),
+            (req("gen", "Gt", &["4"]), true),
+            (req("gen", "Lt", &["4"]), false),
+            (req("gen", "Gt", &["four"]), false),
+            (req("disk", "Gt", &["1"]), false),
+            (req("missing", "Lt", &["9"]), false),
+            (req("gen", "Near", &["5"]), false),
+        ] {
+            let sel = LabelSelector::from_node_selector_requirements(std::slice::from_ref(&r));
+            assert_eq!(sel.matches_labels(Some(&labels)), want, "{r:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub fn default_profile() -> Profile {
             Box::new(node_resources::Fit),
             Box::new(image_locality::ImageLocality),
             Box::new(inter_pod_affinity::InterPodAffinity),
+            // Before PodTopologySpread, which reads the node affinity it compiles.
+            Box::new(node_affinity::NodeAffinity),
             Box::new(pod_topology_spread::PodTopologySpread),
         ],
         filters: vec![

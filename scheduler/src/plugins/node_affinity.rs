@@ -1,77 +1,115 @@
 //! NodeAffinity: `nodeSelector` and required node affinity filter nodes by their labels (and
 //! name); preferred node affinity terms add their weights to a node's score.
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Pod};
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, Pod};
+use rkube_core::selector::LabelSelector;
 
-use crate::framework::{normalize_to_max, CycleState, FilterPlugin, ScorePlugin, Status};
+use crate::framework::{
+    normalize_to_max, CycleState, FilterPlugin, PreFilterPlugin, ScorePlugin, Status,
+};
 use crate::snapshot::NodeInfo;
 
-/// One requirement of a node selector term against a value (None: the label is absent).
-fn requirement(req: &NodeSelectorRequirement, got: Option<&str>) -> bool {
-    let values = req.values.as_deref().unwrap_or(&[]);
-    let listed = |g: &str| values.iter().any(|v| v == g);
-    match req.operator.as_str() {
-        "In" => got.is_some_and(listed),
-        "NotIn" => !got.is_some_and(listed),
-        "Exists" => got.is_some(),
-        "DoesNotExist" => got.is_none(),
-        op @ ("Gt" | "Lt") => {
-            let (Some(g), Some(v)) = (
-                got.and_then(|g| g.parse::<i64>().ok()),
-                values.first().and_then(|v| v.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if op == "Gt" {
-                g > v
-            } else {
-                g < v
-            }
+/// A NodeSelectorTerm ready to match many nodes: its matchExpressions against the node's
+/// labels, its matchFields against `metadata.name` (the only field Kubernetes allows).
+pub struct Term {
+    labels: LabelSelector,
+    fields: LabelSelector,
+    /// An empty term matches nothing (Kubernetes), nor does one with another field.
+    matches_nothing: bool,
+}
+
+impl Term {
+    pub fn new(term: &NodeSelectorTerm) -> Term {
+        let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+        let fields = term.match_fields.as_deref().unwrap_or(&[]);
+        Term {
+            labels: LabelSelector::from_node_selector_requirements(exprs),
+            fields: LabelSelector::from_node_selector_requirements(fields),
+            matches_nothing: (exprs.is_empty() && fields.is_empty())
+                || fields.iter().any(|r| r.key != "metadata.name"),
         }
-        _ => false,
+    }
+
+    pub fn matches(&self, node: &NodeInfo) -> bool {
+        !self.matches_nothing
+            && self.labels.matches_labels(node.labels())
+            && self.fields.matches_with(|_| Some(node.name.as_str()))
     }
 }
 
-/// A NodeSelectorTerm: all its matchExpressions (labels) and matchFields (metadata.name).
-pub fn term_matches(term: &NodeSelectorTerm, node: &NodeInfo) -> bool {
-    let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-    let fields = term.match_fields.as_deref().unwrap_or(&[]);
-    if exprs.is_empty() && fields.is_empty() {
-        // An empty term matches nothing (Kubernetes).
-        return false;
+/// The pod's node affinity, compiled once per scheduling cycle.
+struct Terms {
+    /// None without required terms (every node passes); otherwise one must match.
+    required: Option<Vec<Term>>,
+    /// (weight, term)
+    preferred: Vec<(i64, Term)>,
+}
+
+impl Terms {
+    fn of(pod: &Pod) -> Terms {
+        let affinity = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref());
+        Terms {
+            required: affinity
+                .and_then(|a| {
+                    a.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|r| r.node_selector_terms.iter().map(Term::new).collect()),
+            preferred: affinity
+                .and_then(|a| {
+                    a.preferred_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .into_iter()
+                .flatten()
+                .map(|p| (i64::from(p.weight), Term::new(&p.preference)))
+                .collect(),
+        }
     }
-    exprs.iter().all(|r| requirement(r, node.label(&r.key)))
-        && fields
-            .iter()
-            .all(|r| r.key == "metadata.name" && requirement(r, Some(node.name.as_str())))
+
+    /// The cycle's terms, or the pod's compiled now when PreFilter did not run.
+    fn with<R>(pod: &Pod, state: &CycleState, f: impl FnOnce(&Terms) -> R) -> R {
+        match state.get::<Terms>() {
+            Some(t) => f(t),
+            None => f(&Terms::of(pod)),
+        }
+    }
 }
 
 pub struct NodeAffinity;
+
+impl PreFilterPlugin for NodeAffinity {
+    fn name(&self) -> &'static str {
+        "NodeAffinity"
+    }
+
+    fn pre_filter(&self, pod: &Pod, _: &[NodeInfo], state: &mut CycleState) {
+        state.insert(Terms::of(pod));
+    }
+}
 
 impl FilterPlugin for NodeAffinity {
     fn name(&self) -> &'static str {
         "NodeAffinity"
     }
 
-    fn filter(&self, pod: &Pod, node: &NodeInfo, _: &CycleState) -> Status {
-        let Some(spec) = pod.spec.as_ref() else {
-            return Status::success();
-        };
-        let selector_ok = spec
-            .node_selector
+    fn filter(&self, pod: &Pod, node: &NodeInfo, state: &CycleState) -> Status {
+        let selector_ok = pod
+            .spec
             .as_ref()
+            .and_then(|s| s.node_selector.as_ref())
             .is_none_or(|sel| sel.iter().all(|(k, v)| node.label(k) == Some(v.as_str())));
-        let required = spec
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
+        let affinity_ok = selector_ok
+            && Terms::with(pod, state, |t| {
+                t.required
                     .as_ref()
+                    .is_none_or(|terms| terms.iter().any(|t| t.matches(node)))
             });
-        let affinity_ok =
-            required.is_none_or(|r| r.node_selector_terms.iter().any(|t| term_matches(t, node)));
-        if selector_ok && affinity_ok {
+        if affinity_ok {
             Status::success()
         } else {
             Status::unresolvable("node(s) didn't match Pod's node affinity/selector")
@@ -84,20 +122,14 @@ impl ScorePlugin for NodeAffinity {
         "NodeAffinity"
     }
 
-    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], _: &CycleState) -> i64 {
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.affinity.as_ref())
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| {
-                a.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .into_iter()
-            .flatten()
-            .filter(|p| term_matches(&p.preference, node))
-            .map(|p| i64::from(p.weight))
-            .sum()
+    fn score(&self, pod: &Pod, node: &NodeInfo, _: &[&NodeInfo], state: &CycleState) -> i64 {
+        Terms::with(pod, state, |t| {
+            t.preferred
+                .iter()
+                .filter(|(_, term)| term.matches(node))
+                .map(|(weight, _)| weight)
+                .sum()
+        })
     }
 
     fn normalize(&self, scores: &mut [i64]) {
@@ -109,7 +141,9 @@ impl ScorePlugin for NodeAffinity {
 mod tests {
     use super::*;
     use crate::plugins::testing::{NodeBuilder, PodBuilder};
-    use k8s_openapi::api::core::v1::{NodeSelector, PreferredSchedulingTerm};
+    use k8s_openapi::api::core::v1::{
+        NodeSelector, NodeSelectorRequirement, PreferredSchedulingTerm,
+    };
 
     fn req(key: &str, operator: &str, values: &[&str]) -> NodeSelectorRequirement {
         NodeSelectorRequirement {

@@ -148,7 +148,8 @@ impl PreFilterPlugin for PodTopologySpread {
 
     fn pre_filter<'a>(&self, pod: &Pod, nodes: &'a [NodeInfo], state: &mut CycleState) {
         let ns = namespace(pod);
-        let empty = CycleState::default();
+        // NodeAffinity's PreFilter state, when it ran before (the default profile).
+        let affinity_state: &CycleState = state;
         let constrained = pod.spec.as_ref().is_some_and(|s| {
             s.node_selector.is_some()
                 || s.affinity
@@ -181,7 +182,7 @@ impl PreFilterPlugin for PodTopologySpread {
             let mut matched = vec![0i64; selectors.len()];
             for node in chunk {
                 // Domains of nodes the pod's node affinity rules out do not count (Honor).
-                if constrained && !NodeAffinity.filter(pod, node, &empty).is_success() {
+                if constrained && !NodeAffinity.filter(pod, node, affinity_state).is_success() {
                     continue;
                 }
                 let Some(labels) = node.labels() else {
