@@ -165,25 +165,37 @@ impl Deployment {
         rows.iter().map(Member::from_json).collect()
     }
 
-    /// Waits until the members answer as voters (a leader and followers) within a few entries
-    /// of each other, and returns them.
+    /// Waits until the members answer as voters (a leader and followers) and every one of them
+    /// has applied what the most advanced one had applied at the look before, and returns them.
+    /// The cluster writes all the time (node leases, controllers), so on a busy machine the
+    /// members' applied indexes, read one after the other, are seldom within a few entries of
+    /// each other at one look; catching up to an earlier look is what "caught up" can promise.
     async fn wait_caught_up(&self, from: &str, members: &[&str]) -> Vec<Member> {
-        wait_for(
-            &format!("{members:?} voting and caught up"),
-            BOUND,
-            || async {
-                let rows = self.status(from, members)?;
+        let deadline = std::time::Instant::now() + BOUND;
+        let mut earlier: Option<u64> = None;
+        loop {
+            let rows = self.status(from, members);
+            if let Some(rows) = &rows {
                 let leaders = rows.iter().filter(|m| m.role == "leader").count();
                 let voters = rows
                     .iter()
                     .filter(|m| m.role == "leader" || m.role == "follower")
                     .count();
-                let applied = rows.iter().map(|m| m.applied_index);
-                let spread = applied.clone().max()? - applied.min()?;
-                (leaders == 1 && voters == members.len() && spread <= 5).then_some(rows)
-            },
-        )
-        .await
+                let min = rows.iter().map(|m| m.applied_index).min();
+                let max = rows.iter().map(|m| m.applied_index).max();
+                let caught_up = matches!((min, earlier), (Some(min), Some(e)) if min >= e);
+                if leaders == 1 && voters == members.len() && caught_up {
+                    return rows.clone();
+                }
+                earlier = max;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after {BOUND:?} waiting for {members:?} voting and caught up; \
+                 last answer from {from}: {rows:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// The admin kubeconfig the first server made, copied out as an operator would.
