@@ -463,12 +463,10 @@ impl Api {
         // events.k8s.io/v1 Events are core Events in the store, converted at this boundary.
         let events_view = is_events_view(&t);
         let (t, body, content_type, q) = if events_view {
-            let core = resources::find("", "v1", "events")
-                .ok_or_else(|| ApiError::internal("core events are served"))?;
             let (body, content_type) = crate::events::body_to_core(&body, &content_type)?;
-            let q = crate::events::query_to_core(&q);
             decoded = decoded.map(|_| decode_body(&body, &content_type));
-            (Target { res: core, ..t }, body, content_type, q)
+            let (t, q) = core_events(t, &q)?;
+            (t, body, content_type, q)
         } else {
             (t, body, content_type, q)
         };
@@ -670,10 +668,8 @@ impl Api {
         }
         let events_view = is_events_view(&t);
         let (t, q, verb) = if events_view {
-            let core = resources::find("", "v1", "events")
-                .ok_or_else(|| ApiError::internal("core events are served"))?;
-            let q = crate::events::query_to_core(&q);
-            (Target { res: core, ..t }, q, verb.events_to_core())
+            let (t, q) = core_events(t, &q)?;
+            (t, q, verb.events_to_core())
         } else {
             (t, q, verb)
         };
@@ -711,6 +707,14 @@ impl Api {
 
 fn is_events_view(t: &Target) -> bool {
     t.res.group == "events.k8s.io" && t.res.kind == "Event"
+}
+
+/// The core Events target and query an events.k8s.io request is served as (the store holds
+/// core Events; the two views are converted at this boundary).
+fn core_events(t: Target, q: &Query) -> Result<(Target, Query), ApiError> {
+    let core = resources::find("", "v1", "events")
+        .ok_or_else(|| ApiError::internal("core events are served"))?;
+    Ok((Target { res: core, ..t }, crate::events::query_to_core(q)))
 }
 
 fn verb_allowed(t: &Target, verb: &str) -> Result<(), ApiError> {
