@@ -210,9 +210,24 @@ pub fn exclusive_ports(n: usize) -> (impl Drop + Send, u16) {
 
 /// A base port with room for `n` members (+10 each, 7 ports each: a member's four, its DNS
 /// port and, after the first member's, the control-plane endpoint's two) plus one spare member.
+///
+/// The ports lie below the kernel's ephemeral range, so that no outgoing connection of this
+/// machine (the members' own peer connections, kubectl's) can take one between this check and
+/// the member's bind and leave that member unable to listen.
 fn free_base(n: usize) -> u16 {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let first = 10_000u16;
+    let span = (n as u16 + 1) * 10;
+    let bases = ephemeral_start.saturating_sub(first + span) / 10;
+    assert!(
+        bases > 0,
+        "no ports below the ephemeral range ({ephemeral_start}) for {n} members"
+    );
     for _ in 0..200 {
-        let base = 20_000 + (rand::random::<u16>() % 3000) * 10;
+        let base = first + (rand::random::<u16>() % bases) * 10;
         if (0..=n).all(|i| (0..7).all(|p| port_free(base + (i * 10) as u16 + p))) {
             return base;
         }

@@ -232,7 +232,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
                     m.api_addr(),
                     args.dir.join(format!("{}.log", m.name)).display()
                 );
-                started.push(pid);
+                started.push(m.name.clone());
             }
         }
     }
@@ -254,6 +254,19 @@ pub async fn up(args: UpArgs) -> Result<()> {
             .all(|r| r.role != "unreachable" && r.role != "unstarted");
         if answered && rows.iter().any(|r| r.role == "leader") {
             break rows;
+        }
+        // A member that exited (a port taken, a damaged data dir) will not answer: say which
+        // and why now rather than after the whole minute.
+        if let Some(name) = started
+            .iter()
+            .find(|name| process::running_pid(&args.dir, name).is_none())
+        {
+            let log = args.dir.join(format!("{name}.log"));
+            bail!(
+                "{name} exited while the cluster was starting; the end of {}:\n{}",
+                log.display(),
+                process::log_tail(&log, 20)
+            );
         }
         if Instant::now() > deadline {
             bail!(

@@ -22,6 +22,13 @@ pub fn running_pid(dir: &Path, name: &str) -> Option<i32> {
     (alive && ours).then_some(pid)
 }
 
+/// The last `n` lines of a log file (empty if it cannot be read).
+pub(crate) fn log_tail(path: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// SIGTERM to the named processes of DIR, SIGKILL to those still running after 10 s.
 pub(crate) async fn stop(dir: &Path, names: &[String]) {
     let mut pids = Vec::new();
