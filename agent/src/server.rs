@@ -225,8 +225,26 @@ async fn route(
                 },
             };
             let (ns, pod) = (ns.to_string(), pod.to_string());
+            let forwarded_ports = match &request {
+                // Over a WebSocket the ports are named only in the URL, as `port` (over SPDY each
+                // stream's headers name its port), so the runtime's URL gets them too.
+                StreamRequest::PortForward { ports } if !ports.is_empty() => Some(
+                    ports
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                _ => None,
+            };
             match cri.stream_url(&ns, &pod, request).await {
-                Ok(url) => stream(url, req).await,
+                Ok(url) => {
+                    let url = match forwarded_ports {
+                        Some(ports) if !url.contains('?') => format!("{url}?port={ports}"),
+                        _ => url,
+                    };
+                    stream(url, req).await
+                }
                 Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
             }
         }

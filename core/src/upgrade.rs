@@ -1,8 +1,38 @@
 //! Passing a streaming upgrade on (`kubectl exec`, `attach`, `port-forward`): the API server
 //! toward an agent, an agent toward its runtime's streaming server.
 
-/// The headers that carry a streaming upgrade and its protocol negotiation.
-const UPGRADE_HEADERS: [&str; 3] = ["connection", "upgrade", "x-stream-protocol-version"];
+/// The headers that carry a streaming upgrade and its protocol negotiation: SPDY's, and a
+/// WebSocket's handshake (its key, version and subprotocols), which the far side answers and
+/// the client checks end to end.
+const UPGRADE_HEADERS: [&str; 6] = [
+    "connection",
+    "upgrade",
+    "x-stream-protocol-version",
+    "sec-websocket-key",
+    "sec-websocket-version",
+    "sec-websocket-protocol",
+];
+
+/// The WebSocket subprotocols of Kubernetes' streams that the container runtime's streaming
+/// server (containerd's) speaks, for exec and attach and for port-forward alike.
+/// `v5.channel.k8s.io`, which adds closing one stream (stdin) to v4, is not among them.
+pub const WEBSOCKET_PROTOCOLS: [&str; 4] = [
+    "v4.channel.k8s.io",
+    "v4.base64.channel.k8s.io",
+    "channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+
+/// Whether a request's `Sec-WebSocket-Protocol` (comma-separated, possibly in several headers)
+/// offers one of [`WEBSOCKET_PROTOCOLS`].
+pub fn offers_served_websocket_protocol(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get_all("sec-websocket-protocol")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| WEBSOCKET_PROTOCOLS.contains(&p.trim()))
+}
 
 /// An upgrade request to pass on: the client's method, headers and (once answered) connection.
 pub struct UpgradeRequest<'a> {

@@ -81,8 +81,10 @@ impl Api {
             }
             return Ok(resp);
         }
-        // exec, attach, portforward: a stream the client upgrades to (SPDY/3.1). kubectl tries
-        // a WebSocket first and takes SPDY when the upgrade is refused.
+        // exec, attach, portforward: a stream the client upgrades to, SPDY/3.1 or a WebSocket
+        // with one of the channel subprotocols the runtime's streaming server speaks; the
+        // upgrade is passed on to the agent and from there to the runtime. kubectl 1.32 asks
+        // for a WebSocket with v5.channel.k8s.io only, is refused, and takes SPDY.
         let upgrade = req
             .headers()
             .get(hyper::header::UPGRADE)
@@ -92,9 +94,23 @@ impl Api {
         if upgrade.is_empty() {
             return Err(ApiError::bad_request("Upgrade request required"));
         }
-        if !upgrade.eq_ignore_ascii_case("SPDY/3.1") {
+        if upgrade.eq_ignore_ascii_case("websocket") {
+            if !rkube_core::upgrade::offers_served_websocket_protocol(req.headers()) {
+                let offered: Vec<&str> = req
+                    .headers()
+                    .get_all("sec-websocket-protocol")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .collect();
+                return Err(ApiError::bad_request(format!(
+                    "unable to upgrade: none of the WebSocket subprotocols requested ({}) is served for pods/{sub}; use one of {} or SPDY/3.1",
+                    offered.join(", "),
+                    rkube_core::upgrade::WEBSOCKET_PROTOCOLS.join(", ")
+                )));
+            }
+        } else if !upgrade.eq_ignore_ascii_case("SPDY/3.1") {
             return Err(ApiError::bad_request(format!(
-                "unable to upgrade to {upgrade}: pods/{sub} streams are served over SPDY/3.1"
+                "unable to upgrade to {upgrade}: pods/{sub} streams are served over SPDY/3.1 or a WebSocket"
             )));
         }
         let query = req.uri().query().unwrap_or("").to_string();

@@ -1130,6 +1130,7 @@ async fn an_agent_runs_real_containers_through_containerd() {
     .await;
     assert!(body.contains(&format!("hello from {first}")), "{body}");
     let _ = forward.kill().await;
+    websocket_streams(&c, first).await;
     let image_id = k
         .run(&[
             "get",
@@ -1836,4 +1837,89 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
         || async { (renew_time().await != before).then_some(()) },
     )
     .await;
+}
+
+/// exec and port-forward over WebSocket, as a client that speaks nothing else does it (kube-rs
+/// offers v5.channel.k8s.io and v4.channel.k8s.io and gets v4, the runtime's): the command's
+/// output and exit status come back, and a forwarded port carries an HTTP exchange. A client
+/// offering only v5 is refused with a sentence, which is what sends kubectl to SPDY.
+async fn websocket_streams(c: &Cluster, pod: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::AttachParams;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let pods: kube::Api<Pod> =
+        kube::Api::namespaced(super::kube_client::client_of(c, 0).await, "default");
+    let mut run = pods
+        .exec(
+            pod,
+            [
+                "sh",
+                "-c",
+                "cat /www/index.html; echo to-stderr >&2; exit 3",
+            ],
+            &AttachParams::default().stderr(true),
+        )
+        .await
+        .expect("exec over a WebSocket");
+    let mut stdout = String::new();
+    run.stdout()
+        .expect("stdout")
+        .read_to_string(&mut stdout)
+        .await
+        .expect("stdout read");
+    let mut stderr = String::new();
+    run.stderr()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .await
+        .expect("stderr read");
+    let status = run
+        .take_status()
+        .expect("a status channel")
+        .await
+        .expect("the command's status");
+    assert_eq!(stdout.trim(), format!("hello from {pod}"));
+    assert_eq!(stderr.trim(), "to-stderr");
+    assert_eq!(status.status.as_deref(), Some("Failure"), "{status:?}");
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("NonZeroExitCode"),
+        "{status:?}"
+    );
+
+    let mut forward = pods
+        .portforward(pod, &[8080])
+        .await
+        .expect("port-forward over a WebSocket");
+    let mut conn = forward.take_stream(8080).expect("the port's stream");
+    conn.write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .await
+        .expect("request written");
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.expect("answer read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.contains(&format!("hello from {pod}")), "{answer}");
+    drop(conn);
+    let _ = forward.abort();
+
+    // Only v5 offered: refused before the agent is asked, with the subprotocols that work.
+    let request = http::Request::get(format!(
+        "/api/v1/namespaces/default/pods/{pod}/exec?command=true&stdout=true"
+    ))
+    .header("connection", "Upgrade")
+    .header("upgrade", "websocket")
+    .header("sec-websocket-version", "13")
+    .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+    .header("sec-websocket-protocol", "v5.channel.k8s.io")
+    .body(kube::client::Body::from(Vec::new()))
+    .expect("a request");
+    let answer = pods.into_client().send(request).await.expect("an answer");
+    assert_eq!(answer.status().as_u16(), 400);
+    let body = answer.into_body().collect_bytes().await.expect("a body");
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("v5.channel.k8s.io") && body.contains("v4.channel.k8s.io"),
+        "{body}"
+    );
 }
