@@ -1901,7 +1901,7 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.contains(&format!("hello from {pod}")), "{answer}");
     drop(conn);
-    let _ = forward.abort();
+    forward.abort();
 
     // Only v5 offered: refused before the agent is asked, with the subprotocols that work.
     let request = http::Request::get(format!(
