@@ -160,48 +160,88 @@ impl ApiError {
         e
     }
 
-    /// The metav1.Status body.
-    pub fn status(&self) -> Value {
-        let mut details = serde_json::Map::new();
-        if let Some(n) = &self.name {
-            details.insert("name".into(), json!(n));
+    /// The metav1.Status body, with its fields in the order kube-apiserver writes them (the Go
+    /// struct's: kind, apiVersion, metadata, status, message, reason, details, code), which
+    /// clients that compare the bytes rely on.
+    pub fn status_body(&self) -> StatusBody<'_> {
+        let details = StatusDetails {
+            name: self.name.as_deref(),
+            group: self.group.as_deref(),
+            kind: self.kind.as_deref(),
+            causes: self
+                .causes
+                .iter()
+                .map(|c| StatusCause {
+                    reason: c.reason,
+                    message: &c.message,
+                    field: &c.field,
+                })
+                .collect(),
+            retry_after_seconds: self.retry_after,
+        };
+        let empty = details.name.is_none()
+            && details.group.is_none()
+            && details.kind.is_none()
+            && details.causes.is_empty()
+            && details.retry_after_seconds.is_none();
+        StatusBody {
+            kind: "Status",
+            api_version: "v1",
+            metadata: EmptyMeta {},
+            status: "Failure",
+            message: &self.message,
+            reason: self.reason,
+            details: (!empty).then_some(details),
+            code: self.code,
         }
-        if let Some(g) = &self.group {
-            details.insert("group".into(), json!(g));
-        }
-        if let Some(k) = &self.kind {
-            details.insert("kind".into(), json!(k));
-        }
-        if !self.causes.is_empty() {
-            details.insert(
-                "causes".into(),
-                Value::Array(
-                    self.causes
-                        .iter()
-                        .map(
-                            |c| json!({"reason": c.reason, "message": c.message, "field": c.field}),
-                        )
-                        .collect(),
-                ),
-            );
-        }
-        if let Some(s) = self.retry_after {
-            details.insert("retryAfterSeconds".into(), json!(s));
-        }
-        let mut status = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        });
-        if !details.is_empty() {
-            status["details"] = Value::Object(details);
-        }
-        status
     }
+
+    /// The metav1.Status as JSON (for a watch's ERROR event and for callers that read it).
+    pub fn status(&self) -> Value {
+        serde_json::to_value(self.status_body()).unwrap_or(Value::Null)
+    }
+}
+
+/// A `metav1.Status` as written to clients: see [`ApiError::status_body`].
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusBody<'a> {
+    kind: &'static str,
+    api_version: &'static str,
+    metadata: EmptyMeta,
+    status: &'static str,
+    message: &'a str,
+    reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<StatusDetails<'a>>,
+    code: u16,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct EmptyMeta {}
+
+/// `metav1.StatusDetails`, in its Go order.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusDetails<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    causes: Vec<StatusCause<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<u32>,
+}
+
+/// `metav1.StatusCause`, in its Go order.
+#[derive(Debug, serde::Serialize)]
+struct StatusCause<'a> {
+    reason: &'static str,
+    message: &'a str,
+    field: &'a str,
 }
 
 fn qualified(group: &str, plural: &str) -> String {
@@ -250,6 +290,35 @@ mod tests {
         assert_eq!(s["message"], "deployments.apps \"web\" not found");
         assert_eq!(s["details"]["kind"], "deployments");
         assert_eq!(s["details"]["group"], "apps");
+    }
+
+    #[test]
+    fn status_is_written_in_kube_apiservers_field_order() {
+        let e = ApiError::not_found("", "pods", "web");
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec(&e.status_body()).unwrap()).unwrap(),
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"pods \"web\" not found","reason":"NotFound","details":{"name":"web","kind":"pods"},"code":404}"#
+        );
+        let mut e = ApiError::invalid(
+            "",
+            "Pod",
+            "x",
+            vec![Cause {
+                reason: "FieldValueRequired",
+                field: "spec.containers".into(),
+                message: "Required value".into(),
+            }],
+        );
+        e.retry_after = Some(1);
+        let bytes = serde_json::to_vec(&e.status_body()).unwrap();
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.ends_with(r#""details":{"name":"x","kind":"Pod","causes":[{"reason":"FieldValueRequired","message":"Required value","field":"spec.containers"}],"retryAfterSeconds":1},"code":422}"#),
+            "{text}"
+        );
+        // Without details the key is absent, as in Go's omitempty.
+        let plain = serde_json::to_vec(&ApiError::bad_request("no").status_body()).unwrap();
+        assert!(!String::from_utf8(plain).unwrap().contains("details"));
     }
 
     #[test]

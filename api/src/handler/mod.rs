@@ -62,7 +62,7 @@ pub struct Api {
 pub const MAX_READS_INFLIGHT: usize = 400;
 pub const MAX_WRITES_INFLIGHT: usize = 200;
 
-fn json_response(code: u16, body: &Value) -> Resp {
+fn json_response(code: u16, body: &impl serde::Serialize) -> Resp {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     Response::builder()
         .status(code)
@@ -72,7 +72,7 @@ fn json_response(code: u16, body: &Value) -> Resp {
 }
 
 fn error_response(e: &ApiError) -> Resp {
-    let mut r = json_response(e.code, &e.status());
+    let mut r = json_response(e.code, &e.status_body());
     if let Some(s) = e.retry_after {
         if let Ok(v) = s.to_string().parse() {
             r.headers_mut().insert("retry-after", v);
