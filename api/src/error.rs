@@ -2,7 +2,7 @@
 //! the wording kubectl users know.
 
 use rkube_store::error::{MvccError, StoreError};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// One field that failed validation (a `StatusCause`).
 #[derive(Debug, Clone, PartialEq, Eq)]
