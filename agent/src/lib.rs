@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 
 pub mod cri;
 pub mod cri_pods;
+pub mod exec_websocket;
 pub mod join;
 pub mod node;
 pub mod pods;
@@ -21,6 +22,7 @@ pub mod podspec;
 pub mod probe;
 pub mod proxy;
 pub mod server;
+pub mod spdy;
 
 /// The Kubernetes version the agent reports as its kubelet's.
 pub const KUBELET_VERSION: &str = "v1.32.0";

@@ -198,6 +198,15 @@ async fn route(
             };
             let flag = |k: &str| query.get(k).is_some_and(|v| v == "true" || v == "1");
             let container = rest.first().map(|c| c.to_string()).unwrap_or_default();
+            // exec and attach over WebSocket v5: translated here to SPDY toward the runtime.
+            let v5 = (*kind != "portForward" && crate::exec_websocket::wants_v5(&req)).then(|| {
+                crate::exec_websocket::Streams {
+                    stdin: flag("stdin"),
+                    stdout: flag("stdout"),
+                    stderr: flag("stderr"),
+                    tty: flag("tty"),
+                }
+            });
             let request = match *kind {
                 "exec" => StreamRequest::Exec {
                     container,
@@ -237,15 +246,21 @@ async fn route(
                 ),
                 _ => None,
             };
-            match cri.stream_url(&ns, &pod, request).await {
-                Ok(url) => {
+            match (cri.stream_url(&ns, &pod, request).await, v5) {
+                (Ok(url), Some(streams)) => {
+                    match crate::exec_websocket::serve(&url, streams, req).await {
+                        Ok(resp) => resp,
+                        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e),
+                    }
+                }
+                (Ok(url), None) => {
                     let url = match forwarded_ports {
                         Some(ports) if !url.contains('?') => format!("{url}?port={ports}"),
                         _ => url,
                     };
                     stream(url, req).await
                 }
-                Err(e) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
+                (Err(e), _) => text(StatusCode::NOT_FOUND, format!("{e:#}")),
             }
         }
         _ => text(StatusCode::NOT_FOUND, "not found"),

@@ -23,15 +23,24 @@ pub const WEBSOCKET_PROTOCOLS: [&str; 4] = [
     "base64.channel.k8s.io",
 ];
 
+/// The WebSocket subprotocol of exec and attach that the agent translates to SPDY toward the
+/// runtime (the runtime does not speak it).
+pub const EXEC_V5: &str = "v5.channel.k8s.io";
+
 /// Whether a request's `Sec-WebSocket-Protocol` (comma-separated, possibly in several headers)
 /// offers one of [`WEBSOCKET_PROTOCOLS`].
 pub fn offers_served_websocket_protocol(headers: &hyper::HeaderMap) -> bool {
+    offers(headers, &WEBSOCKET_PROTOCOLS)
+}
+
+/// Whether a request's `Sec-WebSocket-Protocol` offers one of `protocols`.
+pub fn offers(headers: &hyper::HeaderMap, protocols: &[&str]) -> bool {
     headers
         .get_all("sec-websocket-protocol")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|p| WEBSOCKET_PROTOCOLS.contains(&p.trim()))
+        .any(|p| protocols.contains(&p.trim()))
 }
 
 /// An upgrade request to pass on: the client's method, headers and (once answered) connection.

@@ -82,9 +82,9 @@ impl Api {
             return Ok(resp);
         }
         // exec, attach, portforward: a stream the client upgrades to, SPDY/3.1 or a WebSocket
-        // with one of the channel subprotocols the runtime's streaming server speaks; the
-        // upgrade is passed on to the agent and from there to the runtime. kubectl 1.32 asks
-        // for a WebSocket with v5.channel.k8s.io only, is refused, and takes SPDY.
+        // with one of the channel subprotocols the runtime's streaming server speaks, passed on
+        // to the agent and from there to the runtime; for exec and attach also
+        // v5.channel.k8s.io (kubectl 1.32's), which the agent translates to SPDY.
         let upgrade = req
             .headers()
             .get(hyper::header::UPGRADE)
@@ -95,7 +95,9 @@ impl Api {
             return Err(ApiError::bad_request("Upgrade request required"));
         }
         if upgrade.eq_ignore_ascii_case("websocket") {
-            if !rkube_core::upgrade::offers_served_websocket_protocol(req.headers()) {
+            let v5 = sub != "portforward"
+                && rkube_core::upgrade::offers(req.headers(), &[rkube_core::upgrade::EXEC_V5]);
+            if !v5 && !rkube_core::upgrade::offers_served_websocket_protocol(req.headers()) {
                 let offered: Vec<&str> = req
                     .headers()
                     .get_all("sec-websocket-protocol")

@@ -1076,7 +1076,8 @@ async fn an_agent_runs_real_containers_through_containerd() {
         })
         .await;
         assert_eq!(logs.trim(), format!("serving as {name}"));
-        // kubectl exec runs a command in it (SPDY through the API server and the agent).
+        // kubectl exec runs a command in it (a WebSocket with v5.channel.k8s.io, which the
+        // agent translates to SPDY toward containerd).
         let out = k
             .run(&["exec", name, "--", "cat", "/www/index.html"])
             .await
@@ -1105,6 +1106,12 @@ async fn an_agent_runs_real_containers_through_containerd() {
         out.stderr.contains("command terminated with exit code 7"),
         "{}",
         out.stderr
+    );
+    // kubectl took the WebSocket (v5), not its SPDY fallback: the agent translated it.
+    let agent_log = std::fs::read_to_string(c.path().join("cri1.log")).unwrap_or_default();
+    assert!(
+        agent_log.contains("translated to SPDY toward the runtime"),
+        "kubectl exec did not arrive as a v5 WebSocket; the agent logged:\n{agent_log}"
     );
     let missing = k
         .run(&["exec", first, "-c", "nope", "--", "true"])
@@ -1840,9 +1847,10 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
 }
 
 /// exec and port-forward over WebSocket, as a client that speaks nothing else does it (kube-rs
-/// offers v5.channel.k8s.io and v4.channel.k8s.io and gets v4, the runtime's): the command's
-/// output and exit status come back, and a forwarded port carries an HTTP exchange. A client
-/// offering only v5 is refused with a sentence, which is what sends kubectl to SPDY.
+/// offers v5.channel.k8s.io and v4.channel.k8s.io: exec gets v5, which the agent translates to
+/// SPDY, port-forward v4, which the runtime speaks): the command's output and exit status come
+/// back, and a forwarded port carries an HTTP exchange. kubectl's own exec (above) asks for v5
+/// only and takes the same path; its port-forward tunnel is refused with a sentence.
 async fn websocket_streams(c: &Cluster, pod: &str) {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::AttachParams;
@@ -1903,15 +1911,16 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     drop(conn);
     forward.abort();
 
-    // Only v5 offered: refused before the agent is asked, with the subprotocols that work.
+    // kubectl's port-forward tunnel (SPDY inside a WebSocket) is not served: refused before
+    // the agent is asked, with the subprotocols that work, so kubectl takes SPDY.
     let request = http::Request::get(format!(
-        "/api/v1/namespaces/default/pods/{pod}/exec?command=true&stdout=true"
+        "/api/v1/namespaces/default/pods/{pod}/portforward?ports=8080"
     ))
     .header("connection", "Upgrade")
     .header("upgrade", "websocket")
     .header("sec-websocket-version", "13")
     .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
-    .header("sec-websocket-protocol", "v5.channel.k8s.io")
+    .header("sec-websocket-protocol", "SPDY/3.1+portforward.k8s.io")
     .body(kube::client::Body::from(Vec::new()))
     .expect("a request");
     let answer = pods.into_client().send(request).await.expect("an answer");
@@ -1919,7 +1928,7 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     let body = answer.into_body().collect_bytes().await.expect("a body");
     let body = String::from_utf8_lossy(&body);
     assert!(
-        body.contains("v5.channel.k8s.io") && body.contains("v4.channel.k8s.io"),
+        body.contains("SPDY/3.1+portforward.k8s.io") && body.contains("v4.channel.k8s.io"),
         "{body}"
     );
 }
