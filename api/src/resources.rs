@@ -40,6 +40,7 @@ pub const ALL_VERBS: &[&str] = &[
     "watch",
 ];
 const CREATE_ONLY: &[&str] = &["create"];
+const READ_ONLY: &[&str] = &["get", "list"];
 
 impl Resource {
     /// `apps/v1`, or `v1` for the core group.
@@ -64,9 +65,10 @@ impl Resource {
         self.verbs.contains(&verb)
     }
 
-    /// Whether the objects are only ever created and answered, never stored (reviews).
+    /// Whether the objects are answered, never stored (reviews, bindings, component
+    /// statuses): the resource has no store folder.
     pub fn is_virtual(&self) -> bool {
-        self.verbs == CREATE_ONLY
+        self.storage.is_empty()
     }
 
     /// The store key of one object.
@@ -151,6 +153,15 @@ pub static RESOURCES: &[Resource] = &[
          strategy: &strategy::resourcequota::ResourceQuota),
     res!("", "v1", "LimitRange", "limitranges", "limitrange", true, short: ["limits"], cat: [],
          sub: [], storage: "limitranges", verbs: ALL_VERBS, spec: false),
+    res!("", "v1", "PodTemplate", "podtemplates", "podtemplate", true, short: [], cat: [],
+         sub: [], storage: "podtemplates", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::podtemplate::PodTemplate),
+    // A Binding assigns the pod it names to a node (pods/binding by another path); answered.
+    res!("", "v1", "Binding", "bindings", "binding", true, short: [], cat: [], sub: [],
+         storage: "", verbs: CREATE_ONLY, spec: false),
+    // The health of the control plane's parts, worked out on each read; never stored.
+    res!("", "v1", "ComponentStatus", "componentstatuses", "componentstatus", false,
+         short: ["cs"], cat: [], sub: [], storage: "", verbs: READ_ONLY, spec: false),
     // apps/v1
     res!("apps", "v1", "Deployment", "deployments", "deployment", true, short: ["deploy"],
          cat: ["all"], sub: ["scale", "status"], storage: "deployments", verbs: ALL_VERBS,
@@ -208,6 +219,34 @@ pub static RESOURCES: &[Resource] = &[
     res!("authentication.k8s.io", "v1", "SelfSubjectReview", "selfsubjectreviews",
          "selfsubjectreview", false, short: [], cat: [], sub: [], storage: "",
          verbs: CREATE_ONLY, spec: false),
+    // networking.k8s.io/v1: stored; no controller here acts on them.
+    res!("networking.k8s.io", "v1", "Ingress", "ingresses", "ingress", true, short: ["ing"],
+         cat: [], sub: ["status"], storage: "ingress", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::ingress::Ingress),
+    res!("networking.k8s.io", "v1", "IngressClass", "ingressclasses", "ingressclass", false,
+         short: [], cat: [], sub: [], storage: "ingressclasses", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::ingressclass::IngressClass),
+    res!("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", "networkpolicy", true,
+         short: ["netpol"], cat: [], sub: [], storage: "networkpolicies", verbs: ALL_VERBS,
+         spec: true, strategy: &strategy::networkpolicy::NetworkPolicy),
+    // node.k8s.io/v1
+    res!("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", "runtimeclass", false,
+         short: [], cat: [], sub: [], storage: "runtimeclasses", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::runtimeclass::RuntimeClass),
+    // storage.k8s.io/v1: the CSI kinds, stored for CSI drivers and their sidecars.
+    res!("storage.k8s.io", "v1", "CSIDriver", "csidrivers", "csidriver", false, short: [],
+         cat: [], sub: [], storage: "csidrivers", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::csidriver::CsiDriver),
+    res!("storage.k8s.io", "v1", "CSINode", "csinodes", "csinode", false, short: [], cat: [],
+         sub: [], storage: "csinodes", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::csinode::CsiNode),
+    res!("storage.k8s.io", "v1", "CSIStorageCapacity", "csistoragecapacities",
+         "csistoragecapacity", true, short: [], cat: [], sub: [],
+         storage: "csistoragecapacities", verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::csistoragecapacity::CsiStorageCapacity),
+    res!("storage.k8s.io", "v1", "VolumeAttachment", "volumeattachments", "volumeattachment",
+         false, short: [], cat: [], sub: ["status"], storage: "volumeattachments",
+         verbs: ALL_VERBS, spec: false, strategy: &strategy::volumeattachment::VolumeAttachment),
     // scheduling.k8s.io/v1
     res!("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", "priorityclass", false,
          short: ["pc"], cat: [], sub: [], storage: "priorityclasses", verbs: ALL_VERBS,

@@ -49,5 +49,7 @@ mod services;
 mod snapshots;
 #[path = "cluster/status_page.rs"]
 mod status_page;
+#[path = "cluster/stored_kinds.rs"]
+mod stored_kinds;
 #[path = "cluster/watch.rs"]
 mod watch;

@@ -75,6 +75,10 @@ const DERIVED_RESOURCES: &[(&str, &str)] = &[
     ("certificates.k8s.io", "certificatesigningrequests"),
     ("apps", "controllerrevisions"),
     ("", "componentstatuses"),
+    // Made by node agents, attachers and CSI provisioners from what they find.
+    ("storage.k8s.io", "csinodes"),
+    ("storage.k8s.io", "volumeattachments"),
+    ("storage.k8s.io", "csistoragecapacities"),
 ];
 
 /// Objects a new cluster makes for itself at its first start (so a fresh cluster has them

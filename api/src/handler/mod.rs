@@ -2,6 +2,7 @@
 //! The verbs live in the child modules: `node_stream` (pods/log, exec, attach and portforward
 //! through the node agent), `reads`, `create`, `update`, `delete`, `binding`, `watch` and `body`.
 
+mod answered;
 mod binding;
 mod body;
 mod create;
@@ -541,6 +542,14 @@ impl Api {
         fence: Fence,
     ) -> Result<(Answer, Vec<String>), ApiError> {
         let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
+            (Verb::List, false, None) if t.res.is_virtual() => {
+                verb_allowed(t, "list")?;
+                Answer::List(self.answered_list(t)?)
+            }
+            (Verb::Get, true, None) if t.res.is_virtual() => {
+                verb_allowed(t, "get")?;
+                Answer::Object(self.answered_get(t)?)
+            }
             (Verb::List, false, None) => {
                 verb_allowed(t, "list")?;
                 Answer::List(self.list(t, q).await?)
@@ -554,7 +563,8 @@ impl Api {
                 }
             }
             (Verb::Create(object), false, None) if t.res.is_virtual() => {
-                Answer::Json(201, self.review(user, t, object).await?)
+                verb_allowed(t, "create")?;
+                Answer::Json(201, self.answer_create(user, t, q, object, fence).await?)
             }
             (Verb::Create(object), true, Some("token")) => {
                 Answer::Json(201, self.token_request(t, object).await?)

@@ -10,7 +10,8 @@ use k8s_openapi::api::{
     apps::v1 as apps, authentication::v1 as authentication, authorization::v1 as authorization,
     autoscaling::v1 as autoscaling, certificates::v1 as certificates,
     coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
-    events::v1 as events, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling,
+    events::v1 as events, networking::v1 as networking, node::v1 as node, policy::v1 as policy,
+    rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_openapi::schemars::generate::{SchemaGenerator, SchemaSettings};
@@ -56,6 +57,8 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("", "ResourceQuota") => named::<core::ResourceQuota>(gen),
         ("", "LimitRange") => named::<core::LimitRange>(gen),
         ("", "Binding") => named::<core::Binding>(gen),
+        ("", "PodTemplate") => named::<core::PodTemplate>(gen),
+        ("", "ComponentStatus") => named::<core::ComponentStatus>(gen),
         ("apps", "Deployment") => named::<apps::Deployment>(gen),
         ("apps", "ReplicaSet") => named::<apps::ReplicaSet>(gen),
         ("apps", "ControllerRevision") => named::<apps::ControllerRevision>(gen),
@@ -91,6 +94,14 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         }
         ("authentication.k8s.io", "TokenRequest") => named::<authentication::TokenRequest>(gen),
         ("scheduling.k8s.io", "PriorityClass") => named::<scheduling::PriorityClass>(gen),
+        ("networking.k8s.io", "Ingress") => named::<networking::Ingress>(gen),
+        ("networking.k8s.io", "IngressClass") => named::<networking::IngressClass>(gen),
+        ("networking.k8s.io", "NetworkPolicy") => named::<networking::NetworkPolicy>(gen),
+        ("node.k8s.io", "RuntimeClass") => named::<node::RuntimeClass>(gen),
+        ("storage.k8s.io", "CSIDriver") => named::<storage::CSIDriver>(gen),
+        ("storage.k8s.io", "CSINode") => named::<storage::CSINode>(gen),
+        ("storage.k8s.io", "CSIStorageCapacity") => named::<storage::CSIStorageCapacity>(gen),
+        ("storage.k8s.io", "VolumeAttachment") => named::<storage::VolumeAttachment>(gen),
         _ => None,
     }
 }

@@ -9,17 +9,27 @@
 
 pub mod certificatesigningrequest;
 pub mod configmap;
+pub mod csidriver;
+pub mod csinode;
+pub mod csistoragecapacity;
 pub mod deployment;
+pub(crate) mod field;
+pub mod ingress;
+pub mod ingressclass;
 pub mod namespace;
+pub mod networkpolicy;
 pub mod node;
 pub mod pod;
+pub mod podtemplate;
 pub mod priorityclass;
 pub mod rbac;
 pub mod replicaset;
 pub mod replicationcontroller;
 pub mod resourcequota;
+pub mod runtimeclass;
 pub mod secret;
 pub mod service;
+pub mod volumeattachment;
 
 use std::future::Future;
 use std::pin::Pin;

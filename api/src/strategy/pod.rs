@@ -40,6 +40,7 @@ impl Strategy for Pod {
                 .namespace_objects("limitranges", t.namespace().unwrap_or(""))
                 .await?;
             crate::limitrange::admit(pod, &ranges)?;
+            super::runtimeclass::admit_pod(api, pod).await?;
             admit_priority(api, pod).await?;
             default_tolerations(pod);
             // The QoS class follows the resources LimitRange filled in.

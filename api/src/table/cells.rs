@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::columns::columns;
 use super::format::{age, arr, containers_images, human_duration, or_none, selector_string};
 use super::rows::{node_row, pod_row, service_row};
+use super::stored::stored_row;
 use crate::resources::Resource;
 
 fn event_object(o: &Value) -> String {
@@ -247,7 +248,33 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
         ("rbac.authorization.k8s.io", _) | ("", "LimitRange") => {
             vec![name, json!(s(o, "/metadata/creationTimestamp"))]
         }
-        _ => vec![name, Value::Null],
+        ("", "PodTemplate") => {
+            let (c, im) = containers_images(o, "/template/spec/containers");
+            let labels = o
+                .pointer("/template/metadata/labels")
+                .filter(|l| l.as_object().is_some_and(|m| !m.is_empty()));
+            vec![name, json!(c), json!(im), json!(selector_string(labels))]
+        }
+        ("", "ComponentStatus") => {
+            let healthy = arr(o, "/conditions")
+                .iter()
+                .find(|c| s(c, "/type") == "Healthy");
+            let status = match healthy.map(|c| s(c, "/status")) {
+                None => "Unknown",
+                Some("True") => "Healthy",
+                Some(_) => "Unhealthy",
+            };
+            vec![
+                name,
+                json!(status),
+                json!(healthy.map_or("", |c| s(c, "/message"))),
+                json!(healthy.map_or("", |c| s(c, "/error"))),
+            ]
+        }
+        (group, kind) => match stored_row(group, kind, o) {
+            Some(rest) => std::iter::once(name).chain(rest).collect(),
+            None => vec![name, Value::Null],
+        },
     };
     // The Age column is filled here, wherever the kind's printer puts it.
     if let Some(pos) = columns(res).iter().position(|(n, _, _)| *n == "Age") {

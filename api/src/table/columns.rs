@@ -134,6 +134,70 @@ pub(super) fn columns(res: &Resource) -> Columns {
             ("Groups", "string", 1),
             ("ServiceAccounts", "string", 1),
         ],
+        ("", "PodTemplate") => &[
+            ("Name", "string", 0),
+            ("Containers", "string", 0),
+            ("Images", "string", 0),
+            ("Pod Labels", "string", 0),
+        ],
+        ("", "ComponentStatus") => &[
+            ("Name", "string", 0),
+            ("Status", "string", 0),
+            ("Message", "string", 0),
+            ("Error", "string", 0),
+        ],
+        ("networking.k8s.io", "Ingress") => &[
+            ("Name", "string", 0),
+            ("Class", "string", 0),
+            ("Hosts", "string", 0),
+            ("Address", "string", 0),
+            ("Ports", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("networking.k8s.io", "IngressClass") => &[
+            ("Name", "string", 0),
+            ("Controller", "string", 0),
+            ("Parameters", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("networking.k8s.io", "NetworkPolicy") => &[
+            ("Name", "string", 0),
+            ("Pod-Selector", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("node.k8s.io", "RuntimeClass") => &[
+            ("Name", "string", 0),
+            ("Handler", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("storage.k8s.io", "CSIDriver") => &[
+            ("Name", "string", 0),
+            ("AttachRequired", "boolean", 0),
+            ("PodInfoOnMount", "boolean", 0),
+            ("StorageCapacity", "boolean", 0),
+            ("TokenRequests", "string", 0),
+            ("RequiresRepublish", "boolean", 0),
+            ("Modes", "string", 0),
+            ("Age", "string", 0),
+        ],
+        ("storage.k8s.io", "CSINode") => &[
+            ("Name", "string", 0),
+            ("Drivers", "integer", 0),
+            ("Age", "string", 0),
+        ],
+        ("storage.k8s.io", "CSIStorageCapacity") => &[
+            ("Name", "string", 0),
+            ("StorageClassName", "string", 0),
+            ("Capacity", "string", 0),
+        ],
+        ("storage.k8s.io", "VolumeAttachment") => &[
+            ("Name", "string", 0),
+            ("Attacher", "string", 0),
+            ("PV", "string", 0),
+            ("Node", "string", 0),
+            ("Attached", "boolean", 0),
+            ("Age", "string", 0),
+        ],
         ("rbac.authorization.k8s.io", _) | ("", "LimitRange") => {
             &[("Name", "string", 0), ("Created At", "date", 0)]
         }

@@ -3,13 +3,15 @@
 //! `-o wide`). Also PartialObjectMetadata, the metadata-only form.
 //!
 //! `columns.rs` holds each kind's columns, `cells.rs` fills a row's cells by kind (the longer
-//! Pod, Service and Node rows in `rows.rs`), and `format.rs` writes durations, ages, selectors
+//! Pod, Service and Node rows in `rows.rs`, those of the kinds stored for other programs in
+//! `stored.rs`), and `format.rs` writes durations, ages, selectors
 //! and `<none>` as kubectl does.
 
 mod cells;
 mod columns;
 mod format;
 mod rows;
+mod stored;
 
 use chrono::Utc;
 use serde_json::{json, Value};
