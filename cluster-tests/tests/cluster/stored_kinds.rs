@@ -1,8 +1,8 @@
 //! The rest of kube-apiserver 1.32's built-in types, served and stored though nothing in
 //! rkube acts on them yet: `kubectl api-resources` lists what kube-apiserver lists by default
-//! (without the groups and kinds later work brings), each new kind applies and reads back with
-//! kubectl's columns, bindings and component statuses answer, and two invalid objects are
-//! refused in Kubernetes' words.
+//! (without the groups and kinds later work brings), each new kind applies (and applies again
+//! unchanged), explains and reads back with kubectl's columns, bindings and component statuses
+//! answer, and two invalid objects are refused in Kubernetes' words.
 
 use std::time::Duration;
 
@@ -252,6 +252,41 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
     }
     let applied = k.run_with_input(&["apply", "-f", "-"], INGRESS).await.ok();
     assert_eq!(applied.trim(), "ingress.networking.k8s.io/web created");
+    // Applied again, nothing changes. kubectl still patches the NetworkPolicy, as it does
+    // against kube-apiserver: its egress rules are a list without a merge key, and the server
+    // defaulted the port's protocol in it; the patch leaves the spec as it was.
+    let again = k
+        .run_with_input(&["apply", "-f", "-"], MANIFESTS)
+        .await
+        .ok();
+    let changed: Vec<&str> = again
+        .lines()
+        .filter(|l| !l.ends_with(" unchanged"))
+        .collect();
+    assert_eq!(
+        changed,
+        ["networkpolicy.networking.k8s.io/db configured"],
+        "{again}"
+    );
+    let generation = k
+        .run(&[
+            "get",
+            "netpol",
+            "db",
+            "-o",
+            "jsonpath={.metadata.generation}",
+        ])
+        .await
+        .ok();
+    assert_eq!(generation, "1");
+    let explain = k
+        .run(&["explain", "ingress.spec.rules.http.paths.pathType"])
+        .await
+        .ok();
+    assert!(
+        explain.contains("KIND:") && explain.contains("Ingress"),
+        "{explain}"
+    );
 
     let cases = [
         Listing {
