@@ -396,6 +396,62 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
         .ok();
     assert_eq!(np, r#"["Ingress","Egress"] TCP"#);
 
+    // An ingress controller publishes its address through the status subresource.
+    k.run(&[
+        "patch",
+        "ingress",
+        "web",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}}"#,
+    ])
+    .await
+    .ok();
+    let (_, row) = get_one(&k, &["ingress", "web"], true).await;
+    assert_eq!(row, ["web", "nginx", "example.com", "192.0.2.10", "80"]);
+
+    // RuntimeClass admission: a pod gets its class's scheduling, or is refused when the class
+    // does not exist.
+    let refused = k
+        .run(&[
+            "run",
+            "sandboxed",
+            "--image=nginx:1.27",
+            "--overrides",
+            r#"{"spec": {"runtimeClassName": "kata"}}"#,
+        ])
+        .await
+        .err();
+    assert!(
+        refused.contains(
+            r#"pods "sandboxed" is forbidden: pod rejected: RuntimeClass "kata" not found"#
+        ),
+        "{refused}"
+    );
+    let gvisor = "apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata:\n  name: gvisor\nhandler: runsc\nscheduling:\n  nodeSelector:\n    sandbox: gvisor\n";
+    k.run_with_input(&["apply", "-f", "-"], gvisor).await.ok();
+    k.run(&[
+        "run",
+        "sandboxed",
+        "--image=nginx:1.27",
+        "--overrides",
+        r#"{"spec": {"runtimeClassName": "gvisor"}}"#,
+    ])
+    .await
+    .ok();
+    let selector = k
+        .run(&[
+            "get",
+            "pod",
+            "sandboxed",
+            "-o",
+            "jsonpath={.spec.nodeSelector.sandbox}",
+        ])
+        .await
+        .ok();
+    assert_eq!(selector, "gvisor");
+
     // A Binding posted to the collection binds the pod its name names.
     k.run(&["run", "pending", "--image=nginx:1.27"]).await.ok();
     let binding = r#"{"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "pending"},
