@@ -221,6 +221,30 @@ mod tests {
         assert!(names.contains(&"pods"));
         assert!(names.contains(&"pods/status"));
         assert!(names.contains(&"replicationcontrollers/scale"));
+        let cs = list["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "componentstatuses")
+            .unwrap();
+        assert_eq!(cs["verbs"], json!(["get", "list"]));
+        assert_eq!(cs["shortNames"], json!(["cs"]));
+        let networking = resource_list("networking.k8s.io", "v1").unwrap();
+        let names: Vec<&str> = networking["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "ingresses",
+                "ingresses/status",
+                "ingressclasses",
+                "networkpolicies"
+            ]
+        );
         assert!(resource_list("apps", "v2").is_none());
         let apis = aggregated(false, "v2");
         assert!(apis["items"]

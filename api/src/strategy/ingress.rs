@@ -84,14 +84,23 @@ impl Strategy for Ingress {
 
     /// DefaultIngressClass: an Ingress that names no class (neither `ingressClassName` nor
     /// the older annotation) gets the class marked default.
+    /// A new Ingress that names its class both ways names the same one.
     fn admit_create<'a>(&'a self, api: &'a Api, _t: &'a Target, ing: &'a mut Value) -> Hook<'a> {
         Box::pin(async move {
-            let named = ing.pointer("/spec/ingressClassName").is_some()
-                || ing
-                    .pointer("/metadata/annotations")
-                    .and_then(|a| a.get(CLASS_ANNOTATION))
-                    .is_some();
-            if named {
+            let class_name = ing.pointer("/spec/ingressClassName");
+            let annotation = ing
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(CLASS_ANNOTATION));
+            if let Some(cause) = class_mismatch(annotation, class_name) {
+                let name = meta_str(ing, "name").unwrap_or("");
+                return Err(ApiError::invalid(
+                    "networking.k8s.io",
+                    "Ingress",
+                    name,
+                    vec![cause],
+                ));
+            }
+            if class_name.is_some() || annotation.is_some() {
                 return Ok(());
             }
             let marked = default_classes(api).await?;
@@ -101,6 +110,18 @@ impl Strategy for Ingress {
             }
             Ok(())
         })
+    }
+}
+
+/// The annotation and `ingressClassName` name different classes (refused on create).
+fn class_mismatch(annotation: Option<&Value>, class_name: Option<&Value>) -> Option<Cause> {
+    match (annotation, class_name) {
+        (Some(a), Some(c)) if a != c => Some(invalid(
+            &format!("annotations.{CLASS_ANNOTATION}"),
+            a,
+            "must match `ingressClassName` when both are specified",
+        )),
+        _ => None,
     }
 }
 
@@ -367,6 +388,20 @@ mod tests {
         assert!(causes.is_empty(), "{causes:?}");
         host("h", "a.*.example.com", &mut causes);
         assert_eq!(causes.len(), 1);
+    }
+
+    #[test]
+    fn the_class_annotation_matches_the_class_name() {
+        assert!(class_mismatch(Some(&json!("nginx")), Some(&json!("nginx"))).is_none());
+        assert!(class_mismatch(Some(&json!("nginx")), None).is_none());
+        let c = class_mismatch(Some(&json!("nginx")), Some(&json!("traefik"))).unwrap();
+        assert_eq!(
+            (c.field.as_str(), c.message.as_str()),
+            (
+                "annotations.kubernetes.io/ingress.class",
+                "Invalid value: \"nginx\": must match `ingressClassName` when both are specified"
+            )
+        );
     }
 
     #[test]
