@@ -154,7 +154,7 @@ pub static RESOURCES: &[Resource] = &[
     res!("", "v1", "LimitRange", "limitranges", "limitrange", true, short: ["limits"], cat: [],
          sub: [], storage: "limitranges", verbs: ALL_VERBS, spec: false),
     res!("", "v1", "PodTemplate", "podtemplates", "podtemplate", true, short: [], cat: [],
-         sub: [], storage: "podtemplates", verbs: ALL_VERBS, spec: false,
+         sub: [], storage: "podtemplates", verbs: ALL_VERBS, spec: true,
          strategy: &strategy::podtemplate::PodTemplate),
     // A Binding assigns the pod it names to a node (pods/binding by another path); answered.
     res!("", "v1", "Binding", "bindings", "binding", true, short: [], cat: [], sub: [],

@@ -521,9 +521,11 @@ impl Api {
     }
 }
 
-/// A copy of `new` with metadata.generation bumped if its spec differs from `current`'s.
+/// A copy of `new` with metadata.generation bumped if its spec (the part its kind counts)
+/// differs from `current`'s.
 pub(super) fn bump_generation(res: &Resource, current: &Value, mut new: Value) -> Value {
-    if res.has_spec && current.get("spec") != new.get("spec") {
+    let changed = res.strategy.generation_source(current) != res.strategy.generation_source(&new);
+    if res.has_spec && changed {
         let g = current
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)

@@ -101,6 +101,12 @@ pub trait Strategy: Sync {
     /// Service's allocated addresses).
     fn prepare_for_update(&self, _current: &Value, _new: &mut Value) {}
 
+    /// The part of the object whose changes count in `metadata.generation` (for kinds that
+    /// count them: `Resource::has_spec`): the spec, or a PodTemplate's template.
+    fn generation_source<'a>(&self, object: &'a Value) -> Option<&'a Value> {
+        object.get("spec")
+    }
+
     /// Adds the failures of an update (fields that may not change) to `causes`.
     fn validate_update(&self, _current: &Value, _new: &Value, _causes: &mut Vec<Cause>) {}
 

@@ -1,5 +1,5 @@
 //! PodTemplates: a pod template stored on its own (`template`, no spec), with a pod spec's
-//! defaults and checks.
+//! defaults and checks; its generation counts changes to the template.
 
 use serde_json::Value;
 
@@ -23,6 +23,11 @@ impl Strategy for PodTemplate {
     fn validate(&self, object: &Value, causes: &mut Vec<Cause>) {
         validate_pod_spec(object.pointer("/template/spec"), "template.spec", causes);
     }
+
+    /// A PodTemplate has no spec: changes to its template count in its generation.
+    fn generation_source<'a>(&self, object: &'a Value) -> Option<&'a Value> {
+        object.get("template")
+    }
 }
 
 #[cfg(test)]
@@ -30,6 +35,12 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_template_counts_in_the_generation() {
+        let t = json!({"template": {"spec": {"containers": [{"name": "c", "image": "a"}]}}});
+        assert_eq!(PodTemplate.generation_source(&t), t.get("template"));
+    }
 
     #[test]
     fn the_template_gets_a_pod_spec_s_defaults_and_checks() {

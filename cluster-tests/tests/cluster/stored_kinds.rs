@@ -396,6 +396,31 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
         .ok();
     assert_eq!(np, r#"["Ingress","Egress"] TCP"#);
 
+    // A PodTemplate's generation counts changes to its template (it has no spec).
+    let generation = |k: Kubectl| async move {
+        k.run(&[
+            "get",
+            "podtemplate",
+            "web-template",
+            "-o",
+            "jsonpath={.metadata.generation}",
+        ])
+        .await
+        .ok()
+    };
+    assert_eq!(generation(k.clone()).await, "1");
+    k.run(&[
+        "patch",
+        "podtemplate",
+        "web-template",
+        "--type=json",
+        "-p",
+        r#"[{"op": "replace", "path": "/template/spec/containers/0/image", "value": "nginx:1.28"}]"#,
+    ])
+    .await
+    .ok();
+    assert_eq!(generation(k.clone()).await, "2");
+
     // An ingress controller publishes its address through the status subresource.
     k.run(&[
         "patch",
