@@ -76,6 +76,12 @@ pub(super) fn message(name: &str, b: &[u8], depth: usize) -> Result<Value, ApiEr
             (Int, Wire::Varint(v)) => json!(*v as i64),
             (Bool, Wire::Varint(v)) => json!(*v != 0),
             (Msg(m), Wire::Bytes(b)) => message(m, b, depth + 1)?,
+            (Inline(m), Wire::Bytes(b)) => {
+                if let Value::Object(fields) = message(m, b, depth + 1)? {
+                    out.extend(fields);
+                }
+                continue;
+            }
             (Time, Wire::Bytes(b)) => time(b)?,
             (IntOrString, Wire::Bytes(b)) => int_or_string(b)?,
             (MapStr | MapBytes | MapQuantity, Wire::Bytes(b)) => {

@@ -1,6 +1,7 @@
 //! Kubernetes' protobuf request bodies (`application/vnd.kubernetes.protobuf`), which kubectl's
 //! typed commands send (`create namespace|configmap|secret|deployment|service|role|rolebinding|
-//! clusterrole|clusterrolebinding|token|priorityclass|quota`, `auth can-i`, `auth whoami`),
+//! clusterrole|clusterrolebinding|token|priorityclass|quota|ingress`, `auth can-i`,
+//! `auth whoami`),
 //! decoded into the JSON the rest of the server works on.
 //!
 //! The envelope is the magic `k8s\0` followed by a `runtime.Unknown` (typeMeta = 1 {apiVersion
@@ -183,6 +184,36 @@ mod tests {
         assert_eq!(c["name"], "nginx");
         assert_eq!(c["ports"][0]["containerPort"], 80);
         assert_eq!(c["resources"]["limits"]["cpu"], "500m");
+    }
+
+    #[test]
+    fn an_ingress_rule_s_http_is_inline() {
+        // kubectl create ingress web --rule=example.com/api=web:80 --class=nginx
+        let port = field_int(2, 80);
+        let service = [field_bytes(1, b"web"), field_bytes(2, &port)].concat();
+        let backend = field_bytes(4, &service);
+        let path = [
+            field_bytes(1, b"/api"),
+            field_bytes(2, &backend),
+            field_bytes(3, b"Exact"),
+        ]
+        .concat();
+        let http = field_bytes(1, &field_bytes(1, &path));
+        let rule = [field_bytes(1, b"example.com"), field_bytes(2, &http)].concat();
+        let spec = [field_bytes(3, &rule), field_bytes(4, b"nginx")].concat();
+        let raw = [
+            field_bytes(1, &field_bytes(1, b"web")),
+            field_bytes(2, &spec),
+            field_bytes(3, b""),
+        ]
+        .concat();
+        let v = decode(&envelope("networking.k8s.io/v1", "Ingress", &raw)).unwrap();
+        assert_eq!(
+            v["spec"],
+            json!({"ingressClassName": "nginx", "rules": [{"host": "example.com", "http": {"paths": [
+                {"path": "/api", "pathType": "Exact",
+                 "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]})
+        );
     }
 
     #[test]

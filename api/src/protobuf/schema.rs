@@ -18,6 +18,9 @@ pub(super) enum Ty {
     /// Read and dropped: the status of an object being created or replaced, which the server
     /// sets itself.
     Ignored,
+    /// An embedded message whose fields JSON puts in the enclosing object (Go's `json:",inline"`:
+    /// an IngressRule's http).
+    Inline(&'static str),
 }
 
 pub(super) struct F {
@@ -446,6 +449,67 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
         ],
     ),
     ("SelfSubjectRulesReviewSpec", &[f(1, "namespace", Str)]),
+    // networking.k8s.io/v1 (`kubectl create ingress`).
+    (
+        "Ingress",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("IngressSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "IngressSpec",
+        &[
+            f(1, "defaultBackend", Msg("IngressBackend")),
+            r(2, "tls", Msg("IngressTLS")),
+            r(3, "rules", Msg("IngressRule")),
+            p(4, "ingressClassName", Str),
+        ],
+    ),
+    (
+        "IngressBackend",
+        &[
+            f(3, "resource", Msg("TypedLocalObjectReference")),
+            f(4, "service", Msg("IngressServiceBackend")),
+        ],
+    ),
+    (
+        "IngressServiceBackend",
+        &[f(1, "name", Str), f(2, "port", Msg("ServiceBackendPort"))],
+    ),
+    (
+        "ServiceBackendPort",
+        &[f(1, "name", Str), f(2, "number", Int)],
+    ),
+    (
+        "TypedLocalObjectReference",
+        &[p(1, "apiGroup", Str), f(2, "kind", Str), f(3, "name", Str)],
+    ),
+    ("IngressTLS", &[r(1, "hosts", Str), f(2, "secretName", Str)]),
+    (
+        "IngressRule",
+        &[
+            f(1, "host", Str),
+            f(2, "ingressRuleValue", Inline("IngressRuleValue")),
+        ],
+    ),
+    (
+        "IngressRuleValue",
+        &[f(1, "http", Msg("HTTPIngressRuleValue"))],
+    ),
+    (
+        "HTTPIngressRuleValue",
+        &[r(1, "paths", Msg("HTTPIngressPath"))],
+    ),
+    (
+        "HTTPIngressPath",
+        &[
+            f(1, "path", Str),
+            f(2, "backend", Msg("IngressBackend")),
+            p(3, "pathType", Str),
+        ],
+    ),
     (
         "TokenRequest",
         &[

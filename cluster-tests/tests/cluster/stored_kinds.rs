@@ -396,6 +396,20 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
         .ok();
     assert_eq!(np, r#"["Ingress","Egress"] TCP"#);
 
+    // kubectl's typed command sends the Ingress as protobuf.
+    let created = k
+        .run(&[
+            "create",
+            "ingress",
+            "api",
+            "--rule=api.example.com/v1=api:8080",
+        ])
+        .await
+        .ok();
+    assert_eq!(created.trim(), "ingress.networking.k8s.io/api created");
+    let (_, row) = get_one(&k, &["ingress", "api"], true).await;
+    assert_eq!(row, ["api", "nginx", "api.example.com", "80"]);
+
     // A PodTemplate's generation counts changes to its template (it has no spec).
     let generation = |k: Kubectl| async move {
         k.run(&[
