@@ -17,6 +17,15 @@ use super::{meta_str, Api, Target};
 /// whichever member leads the store, so all three stand or fall with a leader.
 const COMPONENTS: &[&str] = &["scheduler", "controller-manager", "etcd-0"];
 
+/// The warnings a read of an answered kind carries: kube-apiserver's deprecation of
+/// ComponentStatus, which kubectl prints.
+pub(super) fn warnings(t: &Target) -> Vec<String> {
+    match t.res.kind {
+        "ComponentStatus" => vec!["v1 ComponentStatus is deprecated in v1.19+".to_string()],
+        _ => Vec::new(),
+    }
+}
+
 fn component_status(name: &str, healthy: bool) -> Value {
     let condition = if healthy {
         json!({"type": "Healthy", "status": "True", "message": "ok"})

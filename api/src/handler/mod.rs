@@ -544,11 +544,13 @@ impl Api {
         let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
             (Verb::List, false, None) if t.res.is_virtual() => {
                 verb_allowed(t, "list")?;
-                Answer::List(self.answered_list(t)?)
+                let listed = self.answered_list(t)?;
+                return Ok((Answer::List(listed), answered::warnings(t)));
             }
             (Verb::Get, true, None) if t.res.is_virtual() => {
                 verb_allowed(t, "get")?;
-                Answer::Object(self.answered_get(t)?)
+                let object = self.answered_get(t)?;
+                return Ok((Answer::Object(object), answered::warnings(t)));
             }
             (Verb::List, false, None) => {
                 verb_allowed(t, "list")?;

@@ -373,7 +373,14 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
         assert_eq!(header, l.header, "{:?}", l.args);
         assert_eq!(row, l.row, "{:?}", l.args);
     }
-    let cs = k.run(&["get", "cs", "-o", "name"]).await.ok();
+    let out = k.run(&["get", "cs", "-o", "name"]).await;
+    assert!(
+        out.stderr
+            .contains("Warning: v1 ComponentStatus is deprecated in v1.19+"),
+        "{}",
+        out.stderr
+    );
+    let cs = out.ok();
     assert_eq!(
         cs.lines().collect::<Vec<_>>(),
         [
