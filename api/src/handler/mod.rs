@@ -1,6 +1,8 @@
 //! Request routing and the REST verbs over [`crate::storage`].
 //! The verbs live in the child modules: `node_stream` (pods/log, exec, attach and portforward
-//! through the node agent), `reads`, `create`, `update`, `delete`, `binding`, `watch` and `body`.
+//! through the node agent), `reads`, `create`, `update`, `delete`, `binding`, `watch` and `body`;
+//! `answered` serves the kinds worked out on each request rather than stored (bindings posted
+//! to their collection, component statuses).
 
 mod answered;
 mod binding;

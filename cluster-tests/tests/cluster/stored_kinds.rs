@@ -1,8 +1,10 @@
 //! The rest of kube-apiserver 1.32's built-in types, served and stored though nothing in
 //! rkube acts on them yet: `kubectl api-resources` lists what kube-apiserver lists by default
 //! (without the groups and kinds later work brings), each new kind applies (and applies again
-//! unchanged), explains and reads back with kubectl's columns, bindings and component statuses
-//! answer, and two invalid objects are refused in Kubernetes' words.
+//! unchanged), explains and reads back with kubectl's columns, Kubernetes' defaults and
+//! admission fill in what they fill in (the default IngressClass, a policy's types, a
+//! RuntimeClass's scheduling), `kubectl create ingress` works, bindings and component statuses
+//! answer, and invalid objects are refused in Kubernetes' words.
 
 use std::time::Duration;
 
