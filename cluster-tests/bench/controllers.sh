@@ -6,12 +6,16 @@
 #   2. control-plane failover: seconds from SIGKILL of the Raft leader until the controllers
 #      on the new leader have fulfilled a scale-up requested right after the kill.
 # Usage: cluster-tests/bench/controllers.sh   (BASE_PORT=62379 by default; loopback only)
+#        RKUBE=/path/to/rkube cluster-tests/bench/controllers.sh   (a binary built before, say of
+#        another revision to compare with; nothing is built then)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE_PORT=${BASE_PORT:-62379}
 WORK=$(mktemp -d)
-cargo build --release -q -p rkube
-RKUBE=$PWD/target/release/rkube
+if [ -z "${RKUBE:-}" ]; then
+  cargo build --release -q -p rkube
+  RKUBE=$PWD/target/release/rkube
+fi
 "$RKUBE" up --dir "$WORK/c" --base-port "$BASE_PORT" --agents 0 --node-monitor-grace-period 1h --detach >/dev/null
 trap '"$RKUBE" down --dir "$WORK/c" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 # shellcheck disable=SC1091

@@ -13,7 +13,6 @@ use rkube_core::json::str_at as s;
 use serde_json::{json, Value};
 
 use crate::ignore_gone;
-use crate::replicaset::is_ready;
 use rkube_runtime::informer::{key_of, Informer};
 use rkube_runtime::queue::{Outcome, WorkQueue};
 
@@ -50,6 +49,16 @@ fn resolve(port: &Value, pod: &Value) -> Option<PodPort> {
         _ => port.get("port").and_then(Value::as_i64)?,
     };
     Some((name, number, protocol))
+}
+
+/// Whether the pod has condition Ready=True.
+fn is_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| s(c, "/type") == "Ready" && s(c, "/status") == "True")
+        })
 }
 
 pub struct Controller {

@@ -22,18 +22,11 @@ pub mod loadbalancer;
 pub mod manager;
 pub mod nodelifecycle;
 pub mod podgc;
+pub mod pods;
 pub mod replicaset;
 
 pub use manager::{start, Settings};
 
 /// A write whose object is gone (404) or moved (409) meanwhile is not an error for a
 /// controller: the informer's event about it brings another sync.
-pub(crate) fn ignore_gone(
-    r: Result<serde_json::Value, rkube_api::error::ApiError>,
-) -> Result<Option<serde_json::Value>, rkube_api::error::ApiError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if e.code == 404 || e.code == 409 => Ok(None),
-        Err(e) => Err(e),
-    }
-}
+pub(crate) use rkube_runtime::client::ignore_gone;

@@ -10,7 +10,10 @@ use rkube_runtime::informer::Informer;
 use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
 
-use crate::replicaset::{self, REPLICATION_CONTROLLER, REPLICA_SET};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Pod, ReplicationController};
+
+use crate::replicaset;
 
 /// What the controllers are tuned with (kube-controller-manager's flags).
 #[derive(Debug, Clone)]
@@ -56,29 +59,32 @@ impl Default for Settings {
 fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
     let (client, rx, raft_term) = (term.client, term.stop.clone(), term.raft_term);
     let inf = &mut term.informers;
-    let pods = inf.of("/registry/pods/");
-    let replicasets = inf.of("/registry/replicasets/");
-    let rs_controller = replicaset::Controller::new(
-        REPLICA_SET,
+    let pods_informer = inf.of("/registry/pods/");
+    let pods = pods_informer.typed::<Pod>();
+    let replicasets = inf.of("/registry/replicasets/").typed::<ReplicaSet>();
+    replicaset::start(
         replicasets.clone(),
         pods.clone(),
         client.clone(),
+        rx.clone(),
     );
-    let rc_controller = replicaset::Controller::new(
-        REPLICATION_CONTROLLER,
-        inf.of("/registry/controllers/"),
+    replicaset::start(
+        inf.of("/registry/controllers/")
+            .typed::<ReplicationController>(),
         pods.clone(),
         client.clone(),
+        rx.clone(),
     );
-    let deployment_controller = crate::deployment::Controller::new(
-        inf.of("/registry/deployments/"),
+    crate::deployment::start(
+        inf.of("/registry/deployments/").typed::<Deployment>(),
         replicasets,
-        pods.clone(),
+        pods,
         client.clone(),
+        rx.clone(),
     );
     let endpoints_controller = crate::endpoints::Controller::new(
         inf.of("/registry/services/specs/"),
-        pods,
+        pods_informer,
         inf.of("/registry/services/endpoints/"),
         inf.of("/registry/endpointslices/"),
         client.clone(),
@@ -132,9 +138,6 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         rx.clone(),
     );
     collector.run(rx.clone());
-    rs_controller.run(rx.clone());
-    rc_controller.run(rx.clone());
-    deployment_controller.run(rx.clone());
     endpoints_controller.run(rx.clone());
     node_controller.run(rx);
 }

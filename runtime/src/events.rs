@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rkube_api::client::LocalClient;
 use serde_json::{json, Value};
 
@@ -13,6 +15,16 @@ pub const WARNING: &str = "Warning";
 
 /// (object uid, type, reason, message): what makes two events the same.
 type EventKey = (String, String, String, String);
+
+/// The object an event is about, as `involvedObject` names it.
+struct Involved<'a> {
+    kind: &'a str,
+    api_version: Option<&'a str>,
+    namespace: &'a str,
+    name: &'a str,
+    uid: &'a str,
+    resource_version: &'a str,
+}
 
 pub struct Recorder {
     client: LocalClient,
@@ -34,20 +46,48 @@ impl Recorder {
         }
     }
 
-    /// Records an event about `object`; a failure to record is logged, never returned.
+    /// Records an event about `object`, a `kind` held as JSON; a failure to record is logged,
+    /// never returned.
     pub async fn event(&self, object: &Value, kind: &str, ty: &str, reason: &str, message: &str) {
         let meta = |f: &str| {
             object
                 .pointer(&format!("/metadata/{f}"))
                 .and_then(Value::as_str)
                 .unwrap_or("")
-                .to_string()
         };
-        let (ns, name, uid) = (meta("namespace"), meta("name"), meta("uid"));
-        let ns = if ns.is_empty() {
-            "default".to_string()
-        } else {
-            ns
+        let involved = Involved {
+            kind,
+            api_version: object.get("apiVersion").and_then(Value::as_str),
+            namespace: meta("namespace"),
+            name: meta("name"),
+            uid: meta("uid"),
+            resource_version: meta("resourceVersion"),
+        };
+        self.record(involved, ty, reason, message).await
+    }
+
+    /// Records an event about a typed `object`; a failure to record is logged, never returned.
+    pub async fn event_for<K>(&self, object: &K, ty: &str, reason: &str, message: &str)
+    where
+        K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = ObjectMeta>,
+    {
+        let m = object.metadata();
+        let involved = Involved {
+            kind: K::KIND,
+            api_version: Some(K::API_VERSION),
+            namespace: m.namespace.as_deref().unwrap_or(""),
+            name: m.name.as_deref().unwrap_or(""),
+            uid: m.uid.as_deref().unwrap_or(""),
+            resource_version: m.resource_version.as_deref().unwrap_or(""),
+        };
+        self.record(involved, ty, reason, message).await
+    }
+
+    async fn record(&self, involved: Involved<'_>, ty: &str, reason: &str, message: &str) {
+        let (name, uid) = (involved.name, involved.uid.to_string());
+        let ns = match involved.namespace {
+            "" => "default".to_string(),
+            ns => ns.to_string(),
         };
         let key = (
             uid.clone(),
@@ -63,7 +103,7 @@ impl Recorder {
             .cloned();
         let stamp = now();
         if let Some((ens, ename, count)) = known {
-            let path = format!("/api/v1/namespaces/{ens}/events/{ename}");
+            let path = rkube_core::path::object::<Event>(&ens, &ename);
             let patch = json!({"count": count + 1, "lastTimestamp": stamp});
             if self.client.merge_patch(&path, &patch).await.is_ok() {
                 self.remember(key, ens, ename, count + 1);
@@ -79,12 +119,12 @@ impl Recorder {
             "kind": "Event",
             "metadata": {"name": event_name, "namespace": ns},
             "involvedObject": {
-                "kind": kind,
-                "namespace": meta("namespace"),
+                "kind": involved.kind,
+                "namespace": involved.namespace,
                 "name": name,
                 "uid": uid,
-                "apiVersion": object.get("apiVersion").cloned().unwrap_or(Value::Null),
-                "resourceVersion": meta("resourceVersion"),
+                "apiVersion": involved.api_version,
+                "resourceVersion": involved.resource_version,
             },
             "reason": reason,
             "message": message,
@@ -98,7 +138,7 @@ impl Recorder {
         });
         match self
             .client
-            .create(&format!("/api/v1/namespaces/{ns}/events"), &event)
+            .create(&rkube_core::path::collection::<Event>(&ns), &event)
             .await
         {
             Ok(_) => self.remember(key, ns, event_name, 1),

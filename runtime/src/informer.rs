@@ -3,8 +3,9 @@
 //! Controllers read the cache and enqueue keys from the handlers; they never read the store on
 //! their own.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rkube_api::storage::{decode, Freshness, ObjectStore};
 use rkube_store::mvcc::types::{prefix_end, EventKind, KeyRange};
@@ -12,6 +13,8 @@ use rkube_store::mvcc::watch::{self as store_watch, WatchMessage, WatchSpec};
 use rkube_store::server::node::Node;
 use serde_json::Value;
 use tokio::sync::watch;
+
+use crate::store::{Object, Store};
 
 /// Called with (old, new): an add has no old, a delete no new.
 pub type Handler = Box<dyn Fn(Option<&Value>, Option<&Value>) + Send + Sync>;
@@ -23,6 +26,8 @@ pub struct Informer {
     cache: RwLock<BTreeMap<String, Arc<Value>>>,
     handlers: RwLock<Vec<Handler>>,
     synced: watch::Sender<bool>,
+    /// The typed views of this cache, one per type, each a `Store<K>` ([`Informer::typed`]).
+    typed: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
 }
 
 impl Informer {
@@ -32,7 +37,44 @@ impl Informer {
             cache: RwLock::new(BTreeMap::new()),
             handlers: RwLock::new(Vec::new()),
             synced: watch::channel(false).0,
+            typed: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// This cache's objects decoded as `K`, shared by every caller that asks for the same type:
+    /// each change is decoded once, when it comes in, not at every read.
+    pub fn typed<K: Object>(&self) -> Arc<Store<K>> {
+        let mut typed = self.typed.lock().unwrap_or_else(|e| e.into_inner());
+        let any = typed
+            .entry(TypeId::of::<K>())
+            .or_insert_with(|| Store::<K>::attach(self) as Arc<dyn Any + Send + Sync>)
+            .clone();
+        match any.downcast::<Store<K>>() {
+            Ok(store) => store,
+            // The map is keyed by the type it holds.
+            Err(_) => unreachable!(
+                "a typed store of another type under {}",
+                std::any::type_name::<K>()
+            ),
+        }
+    }
+
+    /// Whether the first list is in the cache, as a receiver to wait on.
+    pub fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
+    }
+
+    /// Adds a handler after `seed` has seen the cache as it is: together they see every object
+    /// once at least, however the informer runs meanwhile (a change between the look and the
+    /// first event may be seen twice).
+    pub(crate) fn on_change_seeded(
+        &self,
+        h: Handler,
+        seed: impl FnOnce(&BTreeMap<String, Arc<Value>>),
+    ) {
+        let mut handlers = self.handlers.write().unwrap_or_else(|e| e.into_inner());
+        seed(&self.cache.read().unwrap_or_else(|e| e.into_inner()));
+        handlers.push(h);
     }
 
     pub fn prefix(&self) -> &str {
@@ -144,23 +186,44 @@ impl Informer {
                                 EventKind::Put => decode(&ev.kv).ok().map(|s| Arc::new(s.object)),
                                 EventKind::Delete => None,
                             };
-                            let old = {
-                                let mut cache =
-                                    self.cache.write().unwrap_or_else(|e| e.into_inner());
-                                match &new {
-                                    Some(n) => cache.insert(rest.to_string(), n.clone()),
-                                    None => cache.remove(rest),
-                                }
-                            };
-                            if old.is_some() || new.is_some() {
-                                self.notify(old.as_deref(), new.as_deref());
-                            }
+                            self.apply(rest, new);
                         }
                     }
                     Some(WatchMessage::Progress { .. }) => {}
                     Some(WatchMessage::Compacted { .. }) | None => break,
                 }
             }
+        }
+    }
+}
+
+impl Informer {
+    /// One change from the watch: into the cache, then to the handlers.
+    fn apply(&self, key: &str, new: Option<Arc<Value>>) {
+        let old = {
+            let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+            match &new {
+                Some(n) => cache.insert(key.to_string(), n.clone()),
+                None => cache.remove(key),
+            }
+        };
+        if old.is_some() || new.is_some() {
+            self.notify(old.as_deref(), new.as_deref());
+        }
+    }
+
+    /// The first list is in, for tests that fill the cache by [`Informer::inject`].
+    #[cfg(test)]
+    pub(crate) fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// A change as the watch would bring it (`old` names the object of a delete), for tests of
+    /// what is built on informers.
+    #[cfg(test)]
+    pub(crate) fn inject(&self, old: Option<&Value>, new: Option<&Value>) {
+        if let Some(key) = new.or(old).map(key_of) {
+            self.apply(&key, new.cloned().map(Arc::new));
         }
     }
 }

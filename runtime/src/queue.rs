@@ -135,17 +135,34 @@ pub fn run_workers<F, Fut>(
     queue: std::sync::Arc<WorkQueue>,
     workers: usize,
     caches: Vec<std::sync::Arc<crate::informer::Informer>>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
     sync: F,
 ) where
     F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Outcome> + Send,
 {
+    let synced = caches.iter().map(|c| c.synced()).collect();
+    run_workers_when_synced(name, queue, workers, synced, stop, sync)
+}
+
+/// [`run_workers`], waiting on `synced` receivers (an informer's, or a typed store's).
+pub fn run_workers_when_synced<F, Fut, E>(
+    name: &'static str,
+    queue: std::sync::Arc<WorkQueue>,
+    workers: usize,
+    synced: Vec<tokio::sync::watch::Receiver<bool>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    sync: F,
+) where
+    F: Fn(String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Option<Duration>, E>> + Send,
+    E: std::fmt::Display,
+{
     for _ in 0..workers {
-        let (queue, caches, sync) = (queue.clone(), caches.clone(), sync.clone());
+        let (queue, mut synced, sync) = (queue.clone(), synced.clone(), sync.clone());
         tokio::spawn(async move {
-            for c in &caches {
-                c.wait_synced().await;
+            for s in &mut synced {
+                let _ = s.wait_for(|s| *s).await;
             }
             while let Some(key) = queue.next().await {
                 match sync(key.clone()).await {

@@ -1,23 +1,15 @@
 //! The scheduler's view of the cluster, kept up to date by informer events instead of rebuilt
 //! for every pod: each node's info with the pods counted on it, including the pods this
 //! scheduler has bound but the informer has not shown bound yet (assumed), so two decisions in a
-//! row never both take the last room on a node. The informers hold objects as JSON; they are
-//! decoded into k8s-openapi's types once, by [`decode`], before the cache takes them.
+//! row never both take the last room on a node. Pods and nodes come from the informers' typed
+//! views (`rkube_runtime::store`), decoded into k8s-openapi's types once per change.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
-use serde::Deserialize;
-use serde_json::Value;
 
 use crate::snapshot::{name, namespace, NodeInfo};
-
-/// A Pod or Node as the informer holds it, decoded into its type. An object the API accepted
-/// does not fail here; one that does is logged and skipped by the caller.
-pub fn decode<T: for<'de> Deserialize<'de>>(object: &Value) -> Result<T, serde_json::Error> {
-    T::deserialize(object)
-}
 
 #[derive(Default)]
 pub struct Cache {
@@ -157,16 +149,19 @@ mod tests {
 
     #[test]
     fn objects_are_decoded_once_and_what_is_not_an_object_is_an_error() {
-        let pod: Pod = decode(&json!({"metadata": {"name": "a", "namespace": "default"},
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "a", "namespace": "default"},
             "spec": {"nodeName": "n1", "containers": [{"name": "c",
                 "resources": {"requests": {"cpu": 1}}}]}}))
-        .expect("a pod");
+            .expect("a pod");
         assert_eq!(crate::snapshot::pod_requests(&pod).milli_cpu, 1000);
         let mut c = Cache::default();
         c.set_node(node("n1"));
         c.place("default/a", "n1", Arc::new(pod));
         assert_eq!(c.nodes[0].requested.milli_cpu, 1000);
-        assert!(decode::<Pod>(&json!({"metadata": {"labels": {"app": 1}}})).is_err());
-        assert!(decode::<Node>(&json!("node")).is_err());
+        assert!(
+            serde_json::from_value::<Pod>(json!({"metadata": {"labels": {"app": 1}}})).is_err()
+        );
+        assert!(serde_json::from_value::<Node>(json!("node")).is_err());
     }
 }

@@ -3,8 +3,8 @@
 //! nodeSelector, NodePorts, NodeResourcesFit with LeastAllocated scoring,
 //! NodeResourcesBalancedAllocation, InterPodAffinity, PodTopologySpread, ImageLocality) over a [`snapshot`] of nodes and their pods, run on the Raft
 //! leader by [`runner`], which binds pods through the API, and [`preemption`] of lower-priority
-//! pods when nothing fits. Pods and nodes are k8s-openapi's types: the informers hold JSON,
-//! which [`cache::decode`] turns into `Pod`/`Node` once, where the cache takes them in; label
+//! pods when nothing fits. Pods and nodes are k8s-openapi's types, from the informers' typed
+//! views (decoded once per change, shared with the controllers); label
 //! selectors, quantities and taint matching are rkube-core's.
 
 pub mod cache;

@@ -11,13 +11,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
 use rkube_api::patch::PatchType;
+use rkube_core::meta::key;
+use rkube_core::path;
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
-use rkube_runtime::informer::{key_of, Informer};
 use rkube_runtime::manager::Term;
 use rkube_runtime::queue::{Outcome, WorkQueue};
-use serde_json::{json, Value};
+use rkube_runtime::store::Store;
+use serde_json::json;
 
-use crate::cache::{decode, Cache};
+use crate::cache::Cache;
 use crate::framework::{schedule_from, Profile};
 use crate::snapshot::{name, namespace};
 
@@ -47,19 +49,9 @@ fn wants_scheduling(pod: &Pod) -> bool {
         && !finished(pod)
 }
 
-/// The informer's pod, decoded; one that does not decode is logged and left alone (the API
-/// validated it, so this is not expected).
-fn decode_pod(object: &Value) -> Option<Pod> {
-    decode(object)
-        .inspect_err(|e| {
-            tracing::warn!(pod = %key_of(object), error = %e, "the scheduler cannot read this pod; skipping it");
-        })
-        .ok()
-}
-
 pub struct Scheduler {
-    pods: Arc<Informer>,
-    nodes: Arc<Informer>,
+    pods: Arc<Store<Pod>>,
+    nodes: Arc<Store<Node>>,
     client: LocalClient,
     queue: Arc<WorkQueue>,
     recorder: Recorder,
@@ -75,8 +67,8 @@ pub struct Scheduler {
 pub fn start(term: &mut Term) {
     let (inf, client, stop) = (&mut term.informers, term.client, term.stop.clone());
     let s = Arc::new(Scheduler {
-        pods: inf.of("/registry/pods/"),
-        nodes: inf.of("/registry/minions/"),
+        pods: inf.of("/registry/pods/").typed::<Pod>(),
+        nodes: inf.of("/registry/minions/").typed::<Node>(),
         recorder: Recorder::new(client.clone(), SCHEDULER_NAME),
         client: client.clone(),
         queue: Arc::new(WorkQueue::new()),
@@ -88,18 +80,18 @@ pub fn start(term: &mut Term) {
     let weak = Arc::downgrade(&s);
     s.pods.on_change(Box::new(move |old, new| {
         let Some(s) = weak.upgrade() else { return };
-        match new.map(|p| (key_of(p), decode_pod(p))) {
-            Some((_, None)) => {}
-            Some((key, Some(p))) if wants_scheduling(&p) => s.queue.add(&key),
-            Some((key, Some(p))) => {
-                let finished = finished(&p);
+        match new {
+            Some(p) if wants_scheduling(p) => s.queue.add(&key(&p.metadata)),
+            Some(p) => {
+                let key = key(&p.metadata);
+                let finished = finished(p);
                 {
                     let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-                    let node = node_name(&p).to_string();
+                    let node = node_name(p).to_string();
                     if finished || node.is_empty() {
                         cache.unplace(&key);
                     } else {
-                        cache.place(&key, &node, Arc::new(p));
+                        cache.place(&key, &node, p.clone());
                     }
                 }
                 s.unschedulable
@@ -113,7 +105,7 @@ pub fn start(term: &mut Term) {
             None => {
                 // A pod gone frees room: try the waiting ones again.
                 if let Some(o) = old {
-                    let key = key_of(o);
+                    let key = key(&o.metadata);
                     s.cache
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -133,14 +125,9 @@ pub fn start(term: &mut Term) {
         {
             let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
             match (old, new) {
-                (_, Some(n)) => match decode::<Node>(n) {
-                    Ok(n) => cache.set_node(Arc::new(n)),
-                    Err(e) => {
-                        tracing::warn!(node = %key_of(n), error = %e, "the scheduler cannot read this node; skipping it");
-                    }
-                },
+                (_, Some(n)) => cache.set_node(n.clone()),
                 // A node's key is its name.
-                (Some(o), None) => cache.remove_node(&key_of(o)),
+                (Some(o), None) => cache.remove_node(&key(&o.metadata)),
                 (None, None) => {}
             }
         }
@@ -148,11 +135,11 @@ pub fn start(term: &mut Term) {
     }));
     let c = s.clone();
     // One worker: each decision sees the ones before it.
-    rkube_runtime::queue::run_workers(
+    rkube_runtime::queue::run_workers_when_synced(
         SCHEDULER_NAME,
         s.queue.clone(),
         1,
-        vec![s.pods.clone(), s.nodes.clone()],
+        vec![s.pods.synced(), s.nodes.synced()],
         stop,
         move |key| {
             let c = c.clone();
@@ -167,11 +154,7 @@ impl Scheduler {
     async fn preempt(&self, key: &str, pod: &Pod, c: crate::preemption::Candidate) -> Outcome {
         let (ns, pod_name) = (namespace(pod), name(&pod.metadata));
         for v in &c.victims {
-            let path = format!(
-                "/api/v1/namespaces/{}/pods/{}",
-                namespace(v),
-                name(&v.metadata)
-            );
+            let path = path::object::<Pod>(namespace(v), name(&v.metadata));
             match self.client.delete(&path, None).await {
                 Ok(_) => {
                     let msg = format!(
@@ -179,10 +162,8 @@ impl Scheduler {
                         pod.metadata.uid.as_deref().unwrap_or(""),
                         c.node
                     );
-                    // The recorder takes the object as JSON (it reads its metadata).
-                    let victim = serde_json::to_value(&**v).unwrap_or(Value::Null);
                     self.recorder
-                        .event(&victim, "Pod", NORMAL, "Preempted", &msg)
+                        .event_for(&**v, NORMAL, "Preempted", &msg)
                         .await;
                 }
                 Err(e) if e.code == 404 => {}
@@ -190,7 +171,7 @@ impl Scheduler {
             }
         }
         let patch = json!({"status": {"nominatedNodeName": c.node}});
-        let path = format!("/api/v1/namespaces/{ns}/pods/{pod_name}/status");
+        let path = format!("{}/status", path::object::<Pod>(ns, pod_name));
         match self.client.merge_patch(&path, &patch).await {
             Ok(_) => {}
             Err(e) if e.code == 404 || e.code == 409 => {}
@@ -217,16 +198,15 @@ impl Scheduler {
     }
 
     /// Writes the binding of an assumed placement; on failure the placement is forgotten and
-    /// the pod comes back to the queue. `object` is the pod as the informer holds it, for the
-    /// event.
-    async fn bind(self: Arc<Self>, key: &str, pod: &Pod, object: &Value, node: &str) {
+    /// the pod comes back to the queue.
+    async fn bind(self: Arc<Self>, key: &str, pod: &Pod, node: &str) {
         let (ns, name) = (namespace(pod), name(&pod.metadata));
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
             "metadata": {"name": name, "namespace": ns, "uid": pod.metadata.uid.as_deref().unwrap_or("")},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
-        let path = format!("/api/v1/namespaces/{ns}/pods/{name}/binding");
+        let path = format!("{}/binding", path::object::<Pod>(ns, name));
         match self.client.create(&path, &binding).await {
             Ok(_) => {
                 self.unschedulable
@@ -235,7 +215,7 @@ impl Scheduler {
                     .remove(key);
                 let msg = format!("Successfully assigned {ns}/{name} to {node}");
                 self.recorder
-                    .event(object, "Pod", NORMAL, "Scheduled", &msg)
+                    .event_for(pod, NORMAL, "Scheduled", &msg)
                     .await;
             }
             // Gone, or bound by someone else meanwhile: the informer tells where.
@@ -257,13 +237,9 @@ impl Scheduler {
     }
 
     async fn schedule_one(self: &Arc<Self>, key: &str) -> Outcome {
-        let Some(object) = self.pods.get(key) else {
+        let Some(pod) = self.pods.get(key) else {
             return Ok(None);
         };
-        let Some(pod) = decode_pod(&object) else {
-            return Ok(None);
-        };
-        let pod = Arc::new(pod);
         if !wants_scheduling(&pod) {
             return Ok(None);
         }
@@ -294,7 +270,7 @@ impl Scheduler {
                 // bindings in flight share the store's group commits.
                 let this = self.clone();
                 let key = key.to_string();
-                tokio::spawn(async move { this.bind(&key, &pod, &object, &node).await });
+                tokio::spawn(async move { this.bind(&key, &pod, &node).await });
                 Ok(None)
             }
             Err(fit) => {
@@ -323,7 +299,7 @@ impl Scheduler {
                         "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                         "lastProbeTime": null,
                     }]}});
-                    let path = format!("/api/v1/namespaces/{ns}/pods/{name}/status");
+                    let path = format!("{}/status", path::object::<Pod>(ns, name));
                     match self
                         .client
                         .patch(&path, PatchType::StrategicMerge, &patch)
@@ -335,7 +311,7 @@ impl Scheduler {
                     }
                 }
                 self.recorder
-                    .event(&object, "Pod", WARNING, "FailedScheduling", &message)
+                    .event_for(&*pod, WARNING, "FailedScheduling", &message)
                     .await;
                 Ok(Some(RETRY))
             }

@@ -1,12 +1,14 @@
 //! The arithmetic of a rolling update, as Kubernetes' deployment controller does it: how far the
 //! new ReplicaSet may grow (maxSurge) and how far the old ones may shrink (maxUnavailable).
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
 /// An int-or-percent value resolved against `total`; percentages round up for maxSurge and down
 /// for maxUnavailable.
-pub fn resolve(value: &serde_json::Value, total: i64, round_up: bool) -> i64 {
+pub fn resolve(value: &IntOrString, total: i64, round_up: bool) -> i64 {
     match value {
-        serde_json::Value::Number(n) => n.as_i64().unwrap_or(0).max(0),
-        serde_json::Value::String(s) => match s.strip_suffix('%') {
+        IntOrString::Int(n) => i64::from(*n).max(0),
+        IntOrString::String(s) => match s.strip_suffix('%') {
             Some(p) => {
                 // Saturating: a value written by a user must not overflow the controller.
                 let p: i64 = p.trim().parse().unwrap_or(0);
@@ -19,15 +21,14 @@ pub fn resolve(value: &serde_json::Value, total: i64, round_up: bool) -> i64 {
             }
             None => s.trim().parse().unwrap_or(0),
         },
-        _ => 0,
     }
 }
 
 /// (maxSurge, maxUnavailable) for `replicas`; both zero would stall a rollout, so
 /// maxUnavailable becomes 1 then (as in Kubernetes).
 pub fn surge_and_unavailable(
-    surge: &serde_json::Value,
-    unavailable: &serde_json::Value,
+    surge: &IntOrString,
+    unavailable: &IntOrString,
     replicas: i64,
 ) -> (i64, i64) {
     let s = resolve(surge, replicas, true);
@@ -70,26 +71,26 @@ pub fn old_scale_down_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    fn pct(p: &str) -> IntOrString {
+        IntOrString::String(p.to_string())
+    }
 
     #[test]
     fn percentages_round_as_kubernetes_rounds_them() {
+        assert_eq!(surge_and_unavailable(&pct("25%"), &pct("25%"), 3), (1, 0));
+        assert_eq!(surge_and_unavailable(&pct("25%"), &pct("25%"), 4), (1, 1));
+        assert_eq!(surge_and_unavailable(&pct("25%"), &pct("25%"), 10), (3, 2));
         assert_eq!(
-            surge_and_unavailable(&json!("25%"), &json!("25%"), 3),
-            (1, 0)
+            surge_and_unavailable(&IntOrString::Int(0), &IntOrString::Int(0), 10),
+            (0, 1)
         );
         assert_eq!(
-            surge_and_unavailable(&json!("25%"), &json!("25%"), 4),
-            (1, 1)
+            surge_and_unavailable(&IntOrString::Int(2), &pct("50%"), 5),
+            (2, 2)
         );
-        assert_eq!(
-            surge_and_unavailable(&json!("25%"), &json!("25%"), 10),
-            (3, 2)
-        );
-        assert_eq!(surge_and_unavailable(&json!(0), &json!(0), 10), (0, 1));
-        assert_eq!(surge_and_unavailable(&json!(2), &json!("50%"), 5), (2, 2));
         // Absurd values saturate instead of overflowing.
-        let huge = json!(format!("{}%", i64::MAX));
+        let huge = pct(&format!("{}%", i64::MAX));
         assert!(surge_and_unavailable(&huge, &huge, 10).0 > 0);
     }
 

@@ -1,427 +1,324 @@
 //! The ReplicaSet and ReplicationController controller: keep `spec.replicas` pods that match the
 //! selector and name the set as their controller.
 //!
-//! A sync reads the set and the namespace's pods from the informers, adopts matching orphans and
-//! releases owned pods that stopped matching, then creates pods from the template (in slow-start
-//! batches of 1, 2, 4...) or deletes the surplus (unscheduled, then pending, then not-ready,
-//! then the newest first), and writes the status. Expectations ([`Expectations`]) make a sync
-//! wait until the informer has seen the pods the previous sync created or deleted, so a stale
-//! cache never creates twice.
+//! A reconcile reads the set and the namespace's pods from the informers, adopts matching
+//! orphans and releases owned pods that stopped matching, then creates pods from the template
+//! (in slow-start batches of 1, 2, 4...) or deletes the surplus (unscheduled, then pending,
+//! then not-ready, then the newest first), and writes the status. Expectations
+//! ([`Expectations`]) make a reconcile wait until the informer has seen the pods the previous
+//! one created or deleted, so a stale cache never creates twice. The two kinds differ only in
+//! what [`ReplicatedSet`] reads from them.
 
 mod expectations;
+mod kinds;
 mod rank;
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as MetaSelector, ObjectMeta};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::json::str_at as s;
+use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
 use rkube_core::selector::LabelSelector;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::json;
 
 pub use expectations::Expectations;
 
+use crate::pods::{is_active, is_available, is_ready};
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::controller::{owner_key, Action, Controller};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
-use rkube_runtime::informer::{key_of, Informer};
-use rkube_runtime::queue::WorkQueue;
+use rkube_runtime::store::{Object, Store};
 
-/// Most pods one sync creates or deletes (Kubernetes' burstReplicas).
+/// Most pods one reconcile creates or deletes (Kubernetes' burstReplicas).
 const BURST: usize = 500;
-/// Parallel syncs.
+/// Parallel reconciles.
 const WORKERS: usize = 4;
 
-/// What differs between the two kinds this controller keeps.
-#[derive(Debug, Clone, Copy)]
-pub struct SetKind {
-    pub kind: &'static str,
-    pub api_version: &'static str,
-    /// `/apis/apps/v1` or `/api/v1`.
-    pub base: &'static str,
-    pub plural: &'static str,
-    pub component: &'static str,
+/// The counts a set's status reports, the same for both kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub replicas: i32,
+    pub fully_labeled: i32,
+    pub ready: i32,
+    pub available: i32,
+    pub observed_generation: i64,
 }
 
-pub const REPLICA_SET: SetKind = SetKind {
-    kind: "ReplicaSet",
-    api_version: "apps/v1",
-    base: "/apis/apps/v1",
-    plural: "replicasets",
-    component: "replicaset-controller",
-};
+/// What the controller reads from and writes to a set, ReplicaSet or ReplicationController.
+pub trait ReplicatedSet: Object + Serialize + Clone {
+    /// The component its events are reported by.
+    const COMPONENT: &'static str;
+    /// `spec.replicas` (1 when unset).
+    fn replicas(&self) -> i32;
+    fn min_ready_seconds(&self) -> i32;
+    /// The selector as a metav1.LabelSelector (an RC's is a plain map, or its template's
+    /// labels).
+    fn selector(&self) -> MetaSelector;
+    fn template(&self) -> Option<&PodTemplateSpec>;
+    /// The set with `counts` as its status (conditions kept), or None when that is its status
+    /// already.
+    fn with_counts(&self, counts: Counts) -> Option<Self>;
+}
 
-pub const REPLICATION_CONTROLLER: SetKind = SetKind {
-    kind: "ReplicationController",
-    api_version: "v1",
-    base: "/api/v1",
-    plural: "replicationcontrollers",
-    component: "replication-controller",
-};
+/// Kubernetes' validation refuses an empty selector, and a controller never claims every pod:
+/// an empty one matches nothing.
+fn selects(selector: &MetaSelector) -> Option<LabelSelector> {
+    let empty = selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && selector
+            .match_expressions
+            .as_ref()
+            .is_none_or(|e| e.is_empty());
+    (!empty).then(|| LabelSelector::from_selector(selector))
+}
 
-pub struct Controller {
-    kind: SetKind,
-    sets: Arc<Informer>,
-    pods: Arc<Informer>,
+fn matches(selector: &Option<LabelSelector>, pod: &Pod) -> bool {
+    selector
+        .as_ref()
+        .is_some_and(|s| s.matches_labels(pod.metadata.labels.as_ref()))
+}
+
+/// The reconciler's context: what a reconcile of one set reads and writes.
+pub struct Sets<S> {
+    kind: PhantomData<fn() -> S>,
+    pods: Arc<Store<Pod>>,
     client: LocalClient,
-    queue: Arc<WorkQueue>,
     expectations: Arc<Expectations>,
     recorder: Recorder,
 }
 
-/// The controller owner reference of an object, if any: (kind, name, uid).
-pub fn controller_of(o: &Value) -> Option<(&str, &str, &str)> {
-    o.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)?
+/// Starts the controller of the sets of kind `S` until `stop`.
+pub fn start<S: ReplicatedSet>(
+    sets: Arc<Store<S>>,
+    pods: Arc<Store<Pod>>,
+    client: LocalClient,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let expectations = Arc::new(Expectations::default());
+    // # Correctness
+    // Expectations count a pod event before the builder's handler (added after this one)
+    // queues the set: a reconcile taking the key must see its own writes observed.
+    let e = expectations.clone();
+    pods.on_change(Box::new(move |old, new| observe::<S>(&e, old, new)));
+    let selecting = {
+        let sets = sets.clone();
+        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
+            orphan_selected_by::<S>(&sets, old, new)
+        }
+    };
+    let gone = expectations.clone();
+    let controller = Controller::new(S::COMPONENT, sets)
+        .owns(&pods)
+        .watches(&pods, selecting)
+        .on_gone(move |key| gone.forget(key));
+    let ctx = Arc::new(Sets {
+        kind: PhantomData,
+        pods,
+        recorder: Recorder::new(client.clone(), S::COMPONENT),
+        client,
+        expectations,
+    });
+    controller.run(
+        WORKERS,
+        stop,
+        ctx,
+        |set: Arc<S>, ctx: Arc<Sets<S>>| async move { ctx.reconcile(&set).await },
+    );
+}
+
+/// Counts a pod event against the expectations of the set that controls the pod.
+fn observe<S: Object>(e: &Expectations, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+    match (old, new) {
+        (None, Some(p)) => {
+            if let Some(k) = owner_key::<S>(&p.metadata) {
+                e.creation_observed(&k);
+            }
+        }
+        (Some(p), None) => {
+            if let Some(k) = owner_key::<S>(&p.metadata) {
+                e.deletion_observed(&k, &key(&p.metadata));
+            }
+        }
+        (Some(o), Some(n)) => {
+            if let Some(k) = owner_key::<S>(&n.metadata) {
+                if n.metadata.deletion_timestamp.is_some()
+                    && o.metadata.deletion_timestamp.is_none()
+                {
+                    // Graceful deletion starts: as good as gone for the count.
+                    e.deletion_observed(&k, &key(&n.metadata));
+                }
+            }
+        }
+        (None, None) => {}
+    }
+}
+
+/// The sets in the pod's namespace whose selector matches it, when it is an orphan to adopt or
+/// its labels changed.
+fn orphan_selected_by<S: ReplicatedSet>(
+    sets: &Store<S>,
+    old: Option<&Arc<Pod>>,
+    new: Option<&Arc<Pod>>,
+) -> Vec<String> {
+    let Some(pod) = new else {
+        return Vec::new();
+    };
+    let orphan = controller_of(&pod.metadata).is_none_or(|r| r.kind != S::KIND);
+    let relabelled = old.is_some_and(|o| o.metadata.labels != pod.metadata.labels);
+    if !orphan && !relabelled {
+        return Vec::new();
+    }
+    sets.in_namespace(namespace(&pod.metadata))
         .iter()
-        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-        .map(|r| (s(r, "/kind"), s(r, "/name"), s(r, "/uid")))
+        .filter(|set| matches(&selects(&set.selector()), pod))
+        .map(|set| key(set.metadata()))
+        .collect()
 }
 
-/// A set's selector as a metav1.LabelSelector (an RC's is a plain map).
-fn selector(kind: &SetKind, set: &Value) -> Value {
-    let sel = set
-        .pointer("/spec/selector")
-        .cloned()
-        .unwrap_or(Value::Null);
-    if kind.kind == "ReplicationController" {
-        let labels = match sel {
-            Value::Object(m) if !m.is_empty() => Value::Object(m),
-            _ => set
-                .pointer("/spec/template/metadata/labels")
-                .cloned()
-                .unwrap_or(json!({})),
-        };
-        json!({ "matchLabels": labels })
-    } else {
-        sel
-    }
-}
-
-fn matches(selector: &Value, pod: &Value) -> bool {
-    // An empty selector would match everything; Kubernetes' validation refuses it, and a
-    // controller never claims every pod.
-    let empty = selector
-        .get("matchLabels")
-        .and_then(Value::as_object)
-        .is_none_or(|m| m.is_empty())
-        && selector
-            .get("matchExpressions")
-            .and_then(Value::as_array)
-            .is_none_or(|e| e.is_empty());
-    !empty
-        && LabelSelector::from_json(selector)
-            .matches(pod.pointer("/metadata/labels").and_then(Value::as_object))
-}
-
-fn is_active(pod: &Value) -> bool {
-    let phase = s(pod, "/status/phase");
-    phase != "Succeeded"
-        && phase != "Failed"
-        && pod.pointer("/metadata/deletionTimestamp").is_none()
-}
-
-pub fn is_ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| s(c, "/type") == "Ready" && s(c, "/status") == "True")
-        })
-}
-
-/// Ready for at least `min_ready` seconds at `now`.
-pub fn is_available(pod: &Value, min_ready: i64, now: chrono::DateTime<chrono::Utc>) -> bool {
-    if !is_ready(pod) {
-        return false;
-    }
-    if min_ready <= 0 {
-        return true;
-    }
-    let since = pod
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "Ready"))
-        .and_then(|c| c.get("lastTransitionTime"))
-        .and_then(Value::as_str)
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-    since.is_some_and(|t| (now - t.with_timezone(&chrono::Utc)).num_seconds() >= min_ready)
-}
-
-impl Controller {
-    pub fn new(
-        kind: SetKind,
-        sets: Arc<Informer>,
-        pods: Arc<Informer>,
-        client: LocalClient,
-    ) -> Arc<Controller> {
-        let c = Arc::new(Controller {
-            kind,
-            sets: sets.clone(),
-            pods: pods.clone(),
-            recorder: Recorder::new(client.clone(), kind.component),
-            client,
-            queue: Arc::new(WorkQueue::new()),
-            expectations: Arc::new(Expectations::default()),
-        });
-        let queue = c.queue.clone();
-        sets.on_change(Box::new(move |_, new| {
-            if let Some(n) = new {
-                queue.add(&key_of(n));
-            }
-        }));
-        let weak = Arc::downgrade(&c);
-        pods.on_change(Box::new(move |old, new| {
-            if let Some(c) = weak.upgrade() {
-                c.pod_changed(old, new);
-            }
-        }));
-        c
-    }
-
-    /// Enqueues the sets a pod change concerns, and counts it against expectations.
-    fn pod_changed(&self, old: Option<&Value>, new: Option<&Value>) {
-        let owner_key = |p: &Value| {
-            controller_of(p)
-                .filter(|(k, _, _)| *k == self.kind.kind)
-                .map(|(_, name, _)| format!("{}/{name}", s(p, "/metadata/namespace")))
-        };
-        match (old, new) {
-            (None, Some(p)) => {
-                if let Some(k) = owner_key(p) {
-                    self.expectations.creation_observed(&k);
-                    self.queue.add(&k);
-                } else {
-                    self.enqueue_selecting(p);
-                }
-            }
-            (Some(p), None) => {
-                if let Some(k) = owner_key(p) {
-                    self.expectations.deletion_observed(&k, &key_of(p));
-                    self.queue.add(&k);
-                }
-            }
-            (Some(o), Some(n)) => {
-                let (ok, nk) = (owner_key(o), owner_key(n));
-                if let Some(k) = &nk {
-                    if n.pointer("/metadata/deletionTimestamp").is_some()
-                        && o.pointer("/metadata/deletionTimestamp").is_none()
-                    {
-                        // Graceful deletion starts: as good as gone for the count.
-                        self.expectations.deletion_observed(k, &key_of(n));
-                    }
-                    self.queue.add(k);
-                }
-                if ok != nk {
-                    if let Some(k) = &ok {
-                        self.queue.add(k);
-                    }
-                }
-                if nk.is_none() || o.pointer("/metadata/labels") != n.pointer("/metadata/labels") {
-                    self.enqueue_selecting(n);
-                }
-            }
-            (None, None) => {}
-        }
-    }
-
-    /// Every set in the pod's namespace whose selector matches it (orphans to adopt).
-    fn enqueue_selecting(&self, pod: &Value) {
-        let ns = s(pod, "/metadata/namespace");
-        for set in self.sets.list(&format!("{ns}/")) {
-            if matches(&selector(&self.kind, &set), pod) {
-                self.queue.add(&key_of(&set));
-            }
-        }
-    }
-
-    /// Runs the workers until `stop`.
-    pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        let c = self.clone();
-        rkube_runtime::queue::run_workers(
-            self.kind.component,
-            self.queue.clone(),
-            WORKERS,
-            vec![self.sets.clone(), self.pods.clone()],
-            stop,
-            move |key| {
-                let c = c.clone();
-                async move { c.sync(&key).await }
-            },
-        );
-    }
-
-    fn path(&self, ns: &str, name: &str) -> String {
-        format!(
-            "{}/namespaces/{ns}/{}/{name}",
-            self.kind.base, self.kind.plural
-        )
-    }
-
-    /// One sync of the set at `key`; returns when to look again, if the set asks for it
-    /// (minReadySeconds).
-    pub async fn sync(&self, key: &str) -> Result<Option<Duration>, ApiError> {
-        let Some(set) = self.sets.get(key) else {
-            self.expectations.forget(key);
-            return Ok(None);
-        };
-        let ns = s(&set, "/metadata/namespace").to_string();
-        let name = s(&set, "/metadata/name").to_string();
-        let uid = s(&set, "/metadata/uid").to_string();
-        let sel = selector(&self.kind, &set);
-        let deleting = set.pointer("/metadata/deletionTimestamp").is_some();
+impl<S: ReplicatedSet> Sets<S> {
+    /// One reconcile of `set`; asks to look again while pods wait out minReadySeconds.
+    async fn reconcile(&self, set: &S) -> Result<Action, ApiError> {
+        let meta = set.metadata();
+        let (set_key, ns) = (key(meta), namespace(meta));
+        let uid = meta.uid.as_deref().unwrap_or("");
+        let sel = selects(&set.selector());
+        let deleting = meta.deletion_timestamp.is_some();
 
         // Claim: adopt matching orphans, release owned pods that no longer match.
-        let mut owned: Vec<Arc<Value>> = Vec::new();
-        for pod in self.pods.list(&format!("{ns}/")) {
+        let mut owned: Vec<Arc<Pod>> = Vec::new();
+        for pod in self.pods.in_namespace(ns) {
             let matching = matches(&sel, &pod);
-            match controller_of(&pod) {
-                Some((_, _, owner)) if owner == uid => {
+            match controller_of(&pod.metadata) {
+                Some(r) if r.uid == uid => {
                     if matching || deleting {
                         owned.push(pod);
                     } else {
-                        self.release(&pod, &uid).await?;
+                        self.release(&pod, uid).await?;
                     }
                 }
                 Some(_) => {}
                 None if matching && !deleting && is_active(&pod) => {
-                    if let Some(adopted) = self.adopt(&set, &pod).await? {
+                    if let Some(adopted) = self.adopt(set, &pod).await? {
                         owned.push(Arc::new(adopted));
                     }
                 }
                 None => {}
             }
         }
-        let active: Vec<Arc<Value>> = owned.iter().filter(|p| is_active(p)).cloned().collect();
+        let active: Vec<Arc<Pod>> = owned.iter().filter(|p| is_active(p)).cloned().collect();
 
-        if self.expectations.satisfied(key) && !deleting {
-            let want = set
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1)
-                .max(0) as usize;
+        if self.expectations.satisfied(&set_key) && !deleting {
+            let want = set.replicas().max(0) as usize;
             if active.len() < want {
-                self.create_pods(key, &set, want - active.len()).await;
+                self.create_pods(&set_key, set, want - active.len()).await;
             } else if active.len() > want {
-                self.delete_pods(key, &set, &active, active.len() - want)
+                self.delete_pods(&set_key, set, &active, active.len() - want)
                     .await;
             }
         }
-        self.write_status(&set, &owned).await?;
-        let min_ready = set
-            .pointer("/spec/minReadySeconds")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let now = chrono::Utc::now();
+        self.write_status(set, &owned).await?;
+        let min_ready = i64::from(set.min_ready_seconds());
+        let now = crate::pods::now();
         let waiting = active
             .iter()
             .any(|p| is_ready(p) && !is_available(p, min_ready, now));
-        let _ = name;
-        Ok((min_ready > 0 && waiting).then(|| Duration::from_secs(1)))
+        Ok(if min_ready > 0 && waiting {
+            Action::requeue(Duration::from_secs(1))
+        } else {
+            Action::await_change()
+        })
     }
 
-    async fn adopt(&self, set: &Value, pod: &Value) -> Result<Option<Value>, ApiError> {
-        let mut refs = pod
-            .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        refs.push(json!({
-            "apiVersion": self.kind.api_version,
-            "kind": self.kind.kind,
-            "name": s(set, "/metadata/name"),
-            "uid": s(set, "/metadata/uid"),
-            "controller": true,
-            "blockOwnerDeletion": true,
-        }));
+    fn pods_in<'a>(&'a self, ns: &'a str) -> Objects<'a, Pod> {
+        Objects::namespaced(&self.client, ns)
+    }
+
+    async fn adopt(&self, set: &S, pod: &Pod) -> Result<Option<Pod>, ApiError> {
+        let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
+        refs.push(controller_ref(set));
         let patch = json!({"metadata": {
             "ownerReferences": refs,
-            "resourceVersion": s(pod, "/metadata/resourceVersion"),
+            "resourceVersion": pod.metadata.resource_version,
         }});
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{}",
-            s(pod, "/metadata/namespace"),
-            s(pod, "/metadata/name")
-        );
-        crate::ignore_gone(self.client.merge_patch(&path, &patch).await)
+        let m = &pod.metadata;
+        ignore_gone(
+            self.pods_in(namespace(m))
+                .merge_patch(name(m), &patch)
+                .await,
+        )
     }
 
-    async fn release(&self, pod: &Value, uid: &str) -> Result<(), ApiError> {
-        let refs: Vec<Value> = pod
-            .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .map(|rs| rs.iter().filter(|r| s(r, "/uid") != uid).cloned().collect())
-            .unwrap_or_default();
+    async fn release(&self, pod: &Pod, uid: &str) -> Result<(), ApiError> {
+        let refs: Vec<_> = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.uid != uid)
+            .collect();
         let patch = json!({"metadata": {
-            "ownerReferences": if refs.is_empty() { Value::Null } else { json!(refs) },
-            "resourceVersion": s(pod, "/metadata/resourceVersion"),
+            "ownerReferences": if refs.is_empty() { None } else { Some(refs) },
+            "resourceVersion": pod.metadata.resource_version,
         }});
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{}",
-            s(pod, "/metadata/namespace"),
-            s(pod, "/metadata/name")
-        );
-        crate::ignore_gone(self.client.merge_patch(&path, &patch).await).map(|_| ())
+        let m = &pod.metadata;
+        ignore_gone(
+            self.pods_in(namespace(m))
+                .merge_patch(name(m), &patch)
+                .await,
+        )
+        .map(|_| ())
     }
 
-    fn pod_from_template(&self, set: &Value) -> Value {
-        let name = s(set, "/metadata/name");
-        let template = set.pointer("/spec/template").cloned().unwrap_or(json!({}));
-        let mut meta = serde_json::Map::new();
-        meta.insert("generateName".into(), json!(format!("{name}-")));
-        meta.insert("namespace".into(), json!(s(set, "/metadata/namespace")));
-        for f in ["labels", "annotations", "finalizers"] {
-            if let Some(v) = template.pointer(&format!("/metadata/{f}")) {
-                meta.insert(f.into(), v.clone());
-            }
+    fn pod_from_template(set: &S) -> Pod {
+        let meta = set.metadata();
+        let template = set.template();
+        let t = template.and_then(|t| t.metadata.as_ref());
+        Pod {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}-", name(meta))),
+                namespace: Some(namespace(meta).to_string()),
+                labels: t.and_then(|t| t.labels.clone()),
+                annotations: t.and_then(|t| t.annotations.clone()),
+                finalizers: t.and_then(|t| t.finalizers.clone()),
+                owner_references: Some(vec![controller_ref(set)]),
+                ..Default::default()
+            },
+            spec: Some(template.and_then(|t| t.spec.clone()).unwrap_or_default()),
+            status: None,
         }
-        meta.insert(
-            "ownerReferences".into(),
-            json!([{
-                "apiVersion": self.kind.api_version,
-                "kind": self.kind.kind,
-                "name": name,
-                "uid": s(set, "/metadata/uid"),
-                "controller": true,
-                "blockOwnerDeletion": true,
-            }]),
-        );
-        json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": Value::Object(meta),
-            "spec": template.get("spec").cloned().unwrap_or(json!({})),
-        })
     }
 
     /// Creates `n` pods (at most a burst) in slow-start batches: 1, 2, 4... A batch with a
     /// failure stops the rest, which the expectations forget.
-    async fn create_pods(&self, key: &str, set: &Value, n: usize) {
+    async fn create_pods(&self, set_key: &str, set: &S, n: usize) {
         let n = n.min(BURST);
-        self.expectations.expect_creations(key, n as i64);
-        let ns = s(set, "/metadata/namespace");
-        let path = format!("/api/v1/namespaces/{ns}/pods");
-        let pod = self.pod_from_template(set);
+        self.expectations.expect_creations(set_key, n as i64);
+        let pods = self.pods_in(namespace(set.metadata()));
+        let pod = Self::pod_from_template(set);
         let mut done = 0;
         let mut batch = 1;
         while done < n {
             let size = batch.min(n - done);
-            let results =
-                futures::future::join_all((0..size).map(|_| self.client.create(&path, &pod))).await;
+            let results = futures::future::join_all((0..size).map(|_| pods.create(&pod))).await;
             let mut failed = 0;
             for r in results {
                 match r {
                     Ok(created) => {
-                        let msg = format!("Created pod: {}", s(&created, "/metadata/name"));
+                        let msg = format!("Created pod: {}", name(&created.metadata));
                         self.recorder
-                            .event(set, self.kind.kind, NORMAL, "SuccessfulCreate", &msg)
+                            .event_for(set, NORMAL, "SuccessfulCreate", &msg)
                             .await;
                     }
                     Err(e) => {
                         failed += 1;
-                        self.expectations.creation_observed(key);
+                        self.expectations.creation_observed(set_key);
                         let msg = format!("Error creating: {}", e.message);
                         self.recorder
-                            .event(set, self.kind.kind, WARNING, "FailedCreate", &msg)
+                            .event_for(set, WARNING, "FailedCreate", &msg)
                             .await;
                     }
                 }
@@ -430,7 +327,7 @@ impl Controller {
             if failed > 0 {
                 // The rest of this burst is not attempted: forget its expectations.
                 for _ in done..n {
-                    self.expectations.creation_observed(key);
+                    self.expectations.creation_observed(set_key);
                 }
                 return;
             }
@@ -438,30 +335,26 @@ impl Controller {
         }
     }
 
-    async fn delete_pods(&self, key: &str, set: &Value, active: &[Arc<Value>], n: usize) {
+    async fn delete_pods(&self, set_key: &str, set: &S, active: &[Arc<Pod>], n: usize) {
         let n = n.min(BURST);
         let victims = rank::victims(active, n);
         self.expectations
-            .expect_deletions(key, victims.iter().map(|p| key_of(p)).collect());
+            .expect_deletions(set_key, victims.iter().map(|p| key(&p.metadata)).collect());
         for pod in victims {
-            let pname = s(&pod, "/metadata/name");
-            let path = format!(
-                "/api/v1/namespaces/{}/pods/{pname}",
-                s(&pod, "/metadata/namespace")
-            );
-            match self.client.delete(&path, None).await {
-                Ok(_) => {
-                    let msg = format!("Deleted pod: {pname}");
+            let m = &pod.metadata;
+            match self.pods_in(namespace(m)).delete(name(m)).await {
+                Ok(()) => {
+                    let msg = format!("Deleted pod: {}", name(m));
                     self.recorder
-                        .event(set, self.kind.kind, NORMAL, "SuccessfulDelete", &msg)
+                        .event_for(set, NORMAL, "SuccessfulDelete", &msg)
                         .await;
                 }
                 Err(e) => {
-                    self.expectations.deletion_observed(key, &key_of(&pod));
+                    self.expectations.deletion_observed(set_key, &key(m));
                     if e.code != 404 {
                         let msg = format!("Error deleting: {}", e.message);
                         self.recorder
-                            .event(set, self.kind.kind, WARNING, "FailedDelete", &msg)
+                            .event_for(set, WARNING, "FailedDelete", &msg)
                             .await;
                     }
                 }
@@ -469,58 +362,33 @@ impl Controller {
         }
     }
 
-    async fn write_status(&self, set: &Value, owned: &[Arc<Value>]) -> Result<(), ApiError> {
-        let sel = selector(&self.kind, set);
+    async fn write_status(&self, set: &S, owned: &[Arc<Pod>]) -> Result<(), ApiError> {
         let template_labels = set
-            .pointer("/spec/template/metadata/labels")
-            .and_then(Value::as_object)
-            .cloned()
+            .template()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
             .unwrap_or_default();
-        let min_ready = set
-            .pointer("/spec/minReadySeconds")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let now = chrono::Utc::now();
-        let active: Vec<&Arc<Value>> = owned.iter().filter(|p| is_active(p)).collect();
-        let fully_labeled = active
-            .iter()
-            .filter(|p| {
-                let labels = p.pointer("/metadata/labels").and_then(Value::as_object);
+        let min_ready = i64::from(set.min_ready_seconds());
+        let now = crate::pods::now();
+        let active: Vec<&Arc<Pod>> = owned.iter().filter(|p| is_active(p)).collect();
+        let count = |f: &dyn Fn(&Pod) -> bool| active.iter().filter(|p| f(p)).count() as i32;
+        let counts = Counts {
+            replicas: active.len() as i32,
+            fully_labeled: count(&|p| {
+                let labels = p.metadata.labels.as_ref();
                 template_labels
                     .iter()
                     .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-            })
-            .count();
-        let ready = active.iter().filter(|p| is_ready(p)).count();
-        let available = active
-            .iter()
-            .filter(|p| is_available(p, min_ready, now))
-            .count();
-        let _ = sel;
-        let mut status = json!({
-            "replicas": active.len(),
-            "fullyLabeledReplicas": fully_labeled,
-            "observedGeneration": set.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
-        });
-        // Kubernetes omits zero counts.
-        if ready > 0 {
-            status["readyReplicas"] = json!(ready);
-        }
-        if available > 0 {
-            status["availableReplicas"] = json!(available);
-        }
-        if let Some(c) = set.pointer("/status/conditions") {
-            status["conditions"] = c.clone();
-        }
-        if set.get("status") == Some(&status) {
+            }),
+            ready: count(&|p| is_ready(p)),
+            available: count(&|p| is_available(p, min_ready, now)),
+            observed_generation: set.metadata().generation.unwrap_or(1),
+        };
+        let Some(updated) = set.with_counts(counts) else {
             return Ok(());
-        }
-        let mut updated = set.clone();
-        updated["status"] = status;
-        let path = format!(
-            "{}/status",
-            self.path(s(set, "/metadata/namespace"), s(set, "/metadata/name"))
-        );
-        crate::ignore_gone(self.client.update(&path, &updated).await).map(|_| ())
+        };
+        let m = set.metadata();
+        let objects = Objects::<S>::namespaced(&self.client, namespace(m));
+        ignore_gone(objects.replace_status(name(m), &updated).await).map(|_| ())
     }
 }

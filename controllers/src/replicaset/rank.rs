@@ -4,46 +4,42 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Pod;
 
-fn phase_rank(p: &Value) -> u8 {
-    match p.pointer("/status/phase").and_then(Value::as_str) {
+use crate::pods::is_ready;
+
+fn phase_rank(p: &Pod) -> u8 {
+    match p.status.as_ref().and_then(|s| s.phase.as_deref()) {
         Some("Pending") | None => 0,
         Some("Unknown") => 1,
         _ => 2,
     }
 }
 
-fn restarts(p: &Value) -> i64 {
-    p.pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .map(|cs| {
-            cs.iter()
-                .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
-                .sum()
-        })
+fn restarts(p: &Pod) -> i64 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| i64::from(c.restart_count)).sum())
         .unwrap_or(0)
 }
 
+fn scheduled(p: &Pod) -> bool {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
+}
+
 /// The `n` pods to delete first.
-pub fn victims(active: &[Arc<Value>], n: usize) -> Vec<Arc<Value>> {
-    let mut ranked: Vec<Arc<Value>> = active.to_vec();
+pub fn victims(active: &[Arc<Pod>], n: usize) -> Vec<Arc<Pod>> {
+    let mut ranked: Vec<Arc<Pod>> = active.to_vec();
     ranked.sort_by(|a, b| {
-        let scheduled = |p: &Value| {
-            p.pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .is_some_and(|n| !n.is_empty())
-        };
-        let created = |p: &Value| {
-            p.pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
+        let created = |p: &Pod| p.metadata.creation_timestamp.clone();
         scheduled(a)
             .cmp(&scheduled(b))
             .then(phase_rank(a).cmp(&phase_rank(b)))
-            .then(super::is_ready(a).cmp(&super::is_ready(b)))
+            .then(is_ready(a).cmp(&is_ready(b)))
             .then(restarts(b).cmp(&restarts(a)))
             .then(created(b).cmp(&created(a)))
     });
@@ -56,13 +52,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(name: &str, node: &str, phase: &str, ready: bool, created: &str) -> Arc<Value> {
-        Arc::new(json!({
-            "metadata": {"name": name, "creationTimestamp": created},
-            "spec": {"nodeName": node},
-            "status": {"phase": phase, "conditions": [
-                {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
-        }))
+    fn pod(name: &str, node: &str, phase: &str, ready: bool, created: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"nodeName": node},
+                "status": {"phase": phase, "conditions": [
+                    {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+            }))
+            .unwrap(),
+        )
     }
 
     #[test]
@@ -76,7 +75,7 @@ mod tests {
         ];
         let order: Vec<String> = victims(&pods, 5)
             .iter()
-            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .map(|p| p.metadata.name.clone().unwrap())
             .collect();
         assert_eq!(
             order,

@@ -11,7 +11,7 @@ use anyhow::Result;
 use clap::Args;
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
-use rkube_scheduler::cache::{decode, Cache};
+use rkube_scheduler::cache::Cache;
 use rkube_scheduler::framework::schedule_from;
 use serde_json::json;
 
@@ -28,7 +28,7 @@ pub struct SchedulerBenchArgs {
 pub fn run(args: SchedulerBenchArgs) -> Result<()> {
     let mut cache = Cache::default();
     for i in 0..args.nodes {
-        cache.set_node(Arc::new(decode(&json!({
+        cache.set_node(Arc::new(serde_json::from_value(json!({
             "metadata": {"name": format!("node-{i}"), "labels": {
                 "kubernetes.io/hostname": format!("node-{i}"),
                 "topology.kubernetes.io/zone": format!("zone-{}", i % 10)}},
@@ -42,7 +42,7 @@ pub fn run(args: SchedulerBenchArgs) -> Result<()> {
     let mut unschedulable = 0;
     for i in 0..args.pods {
         let app = format!("bench-{}", i % 100);
-        let pod = Arc::new(decode(&json!({
+        let pod = Arc::new(serde_json::from_value(json!({
             "metadata": {"name": format!("{app}-{i}"), "namespace": "default",
                          "labels": {"app": app},
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
