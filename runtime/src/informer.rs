@@ -5,7 +5,7 @@
 
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use rkube_api::storage::{decode, Freshness, ObjectStore};
 use rkube_store::mvcc::types::{prefix_end, EventKind, KeyRange};
@@ -14,6 +14,7 @@ use rkube_store::server::node::Node;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::cache::Cache;
 use crate::store::{Object, Store};
 
 /// Called with (old, new): an add has no old, a delete no new.
@@ -23,8 +24,7 @@ pub struct Informer {
     /// The store folder, e.g. `/registry/pods/`.
     prefix: String,
     /// `namespace/name` (or `name`) -> object, with its resourceVersion.
-    cache: RwLock<BTreeMap<String, Arc<Value>>>,
-    handlers: RwLock<Vec<Handler>>,
+    cache: Cache<Value>,
     synced: watch::Sender<bool>,
     /// The typed views of this cache, one per type, each a `Store<K>` ([`Informer::typed`]).
     typed: Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>,
@@ -34,8 +34,7 @@ impl Informer {
     pub fn new(prefix: &str) -> Arc<Informer> {
         Arc::new(Informer {
             prefix: prefix.to_string(),
-            cache: RwLock::new(BTreeMap::new()),
-            handlers: RwLock::new(Vec::new()),
+            cache: Cache::default(),
             synced: watch::channel(false).0,
             typed: Mutex::new(HashMap::new()),
         })
@@ -64,17 +63,9 @@ impl Informer {
         self.synced.subscribe()
     }
 
-    /// Adds a handler after `seed` has seen the cache as it is: together they see every object
-    /// once at least, however the informer runs meanwhile (a change between the look and the
-    /// first event may be seen twice).
-    pub(crate) fn on_change_seeded(
-        &self,
-        h: Handler,
-        seed: impl FnOnce(&BTreeMap<String, Arc<Value>>),
-    ) {
-        let mut handlers = self.handlers.write().unwrap_or_else(|e| e.into_inner());
-        seed(&self.cache.read().unwrap_or_else(|e| e.into_inner()));
-        handlers.push(h);
+    /// The JSON cache itself, for the typed views built on it.
+    pub(crate) fn cache(&self) -> &Cache<Value> {
+        &self.cache
     }
 
     pub fn prefix(&self) -> &str {
@@ -82,45 +73,24 @@ impl Informer {
     }
 
     pub fn on_change(&self, h: Handler) {
-        self.handlers
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(h);
+        self.cache.on_change(Box::new(move |old, new| {
+            h(old.map(|o| &**o), new.map(|n| &**n))
+        }));
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<Value>> {
-        self.cache
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+        self.cache.get(key)
     }
 
     /// Every cached object whose key starts with `prefix` (`ns/` for one namespace, `` for all).
     pub fn list(&self, prefix: &str) -> Vec<Arc<Value>> {
-        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
-        cache
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, v)| v.clone())
-            .collect()
+        self.cache.list(prefix)
     }
 
     /// Waits until the first list is in the cache.
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.subscribe();
         let _ = rx.wait_for(|s| *s).await;
-    }
-
-    fn notify(&self, old: Option<&Value>, new: Option<&Value>) {
-        for h in self
-            .handlers
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            h(old, new);
-        }
     }
 
     /// Lists and watches until `stop` turns true. A compacted watch lists again; the handlers
@@ -148,19 +118,16 @@ impl Informer {
                     fresh.insert(rest.to_string(), Arc::new(s.object));
                 }
             }
-            let old = std::mem::replace(
-                &mut *self.cache.write().unwrap_or_else(|e| e.into_inner()),
-                fresh.clone(),
-            );
+            let old = self.cache.replace(fresh.clone());
             for (k, v) in &fresh {
                 match old.get(k) {
                     Some(o) if o == v => {}
-                    o => self.notify(o.map(|o| o.as_ref()), Some(v)),
+                    o => self.cache.notify(o, Some(v)),
                 }
             }
             for (k, o) in &old {
                 if !fresh.contains_key(k) {
-                    self.notify(Some(o), None);
+                    self.cache.notify(Some(o), None);
                 }
             }
             self.synced.send_replace(true);
@@ -186,7 +153,7 @@ impl Informer {
                                 EventKind::Put => decode(&ev.kv).ok().map(|s| Arc::new(s.object)),
                                 EventKind::Delete => None,
                             };
-                            self.apply(rest, new);
+                            self.cache.apply(rest.to_string(), new);
                         }
                     }
                     Some(WatchMessage::Progress { .. }) => {}
@@ -198,20 +165,6 @@ impl Informer {
 }
 
 impl Informer {
-    /// One change from the watch: into the cache, then to the handlers.
-    fn apply(&self, key: &str, new: Option<Arc<Value>>) {
-        let old = {
-            let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
-            match &new {
-                Some(n) => cache.insert(key.to_string(), n.clone()),
-                None => cache.remove(key),
-            }
-        };
-        if old.is_some() || new.is_some() {
-            self.notify(old.as_deref(), new.as_deref());
-        }
-    }
-
     /// The first list is in, for tests that fill the cache by [`Informer::inject`].
     #[cfg(test)]
     pub(crate) fn mark_synced(&self) {
@@ -223,7 +176,7 @@ impl Informer {
     #[cfg(test)]
     pub(crate) fn inject(&self, old: Option<&Value>, new: Option<&Value>) {
         if let Some(key) = new.or(old).map(key_of) {
-            self.apply(&key, new.cloned().map(Arc::new));
+            self.cache.apply(key, new.cloned().map(Arc::new));
         }
     }
 }

@@ -8,6 +8,7 @@
 // hot.
 #![allow(clippy::result_large_err)]
 
+pub mod cache;
 pub mod client;
 pub mod controller;
 pub mod events;

@@ -8,8 +8,7 @@
 //! (the API validated it, so this is not expected) is logged and left out of the view: to its
 //! readers it is absent.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::{Metadata, Resource};
@@ -17,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::cache::Cache;
 use crate::informer::{key_of, Informer};
 
 /// What a typed view holds: a k8s-openapi object with standard metadata.
@@ -31,12 +31,11 @@ impl<K> Object for K where
 }
 
 /// Called with (old, new): an add has no old, a delete no new.
-pub type TypedHandler<K> = Box<dyn Fn(Option<&Arc<K>>, Option<&Arc<K>>) + Send + Sync>;
+pub type TypedHandler<K> = crate::cache::Handler<K>;
 
 pub struct Store<K> {
     /// The informer's keys (`namespace/name`, or `name`) -> the decoded object.
-    cache: RwLock<BTreeMap<String, Arc<K>>>,
-    handlers: RwLock<Vec<TypedHandler<K>>>,
+    cache: Cache<K>,
     synced: watch::Receiver<bool>,
 }
 
@@ -54,22 +53,22 @@ impl<K: Object> Store<K> {
     /// A view of `informer`'s cache, kept up to date by a handler on it.
     pub(crate) fn attach(informer: &Informer) -> Arc<Store<K>> {
         let store = Arc::new(Store {
-            cache: RwLock::new(BTreeMap::new()),
-            handlers: RwLock::new(Vec::new()),
+            cache: Cache::default(),
             synced: informer.synced(),
         });
         let weak = Arc::downgrade(&store);
-        informer.on_change_seeded(
+        informer.cache().on_change_seeded(
             Box::new(move |old, new| {
-                if let Some(store) = weak.upgrade() {
-                    store.apply(old, new);
-                }
+                let (Some(store), Some(key)) = (weak.upgrade(), new.or(old).map(|o| key_of(o)))
+                else {
+                    return;
+                };
+                store.cache.apply(key, new.and_then(|n| decode::<K>(n)));
             }),
             |objects| {
-                let mut cache = store.cache.write().unwrap_or_else(|e| e.into_inner());
                 for (key, object) in objects {
                     if let Some(o) = decode(object) {
-                        cache.insert(key.clone(), o);
+                        store.cache.apply(key.clone(), Some(o));
                     }
                 }
             },
@@ -77,58 +76,18 @@ impl<K: Object> Store<K> {
         store
     }
 
-    fn apply(&self, old: Option<&Value>, new: Option<&Value>) {
-        let Some(key) = new.or(old).map(key_of) else {
-            return;
-        };
-        let new = new.and_then(decode::<K>);
-        let old = {
-            let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
-            match &new {
-                Some(n) => cache.insert(key, n.clone()),
-                None => cache.remove(&key),
-            }
-        };
-        if old.is_some() || new.is_some() {
-            self.notify(old.as_ref(), new.as_ref());
-        }
-    }
-
-    fn notify(&self, old: Option<&Arc<K>>, new: Option<&Arc<K>>) {
-        for h in self
-            .handlers
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            h(old, new);
-        }
-    }
-
     /// Adds a handler of changes; handlers run in the order they were added.
     pub fn on_change(&self, h: TypedHandler<K>) {
-        self.handlers
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(h);
+        self.cache.on_change(h);
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.cache
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+        self.cache.get(key)
     }
 
     /// Every object whose key starts with `prefix` (`ns/` for one namespace, `` for all).
     pub fn list(&self, prefix: &str) -> Vec<Arc<K>> {
-        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
-        cache
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, v)| v.clone())
-            .collect()
+        self.cache.list(prefix)
     }
 
     /// Every object in `namespace`.

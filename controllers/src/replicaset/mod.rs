@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as MetaSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector as MetaSelector, ObjectMeta, OwnerReference,
+};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
@@ -240,16 +242,7 @@ impl<S: ReplicatedSet> Sets<S> {
     async fn adopt(&self, set: &S, pod: &Pod) -> Result<Option<Pod>, ApiError> {
         let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
         refs.push(controller_ref(set));
-        let patch = json!({"metadata": {
-            "ownerReferences": refs,
-            "resourceVersion": pod.metadata.resource_version,
-        }});
-        let m = &pod.metadata;
-        ignore_gone(
-            self.pods_in(namespace(m))
-                .merge_patch(name(m), &patch)
-                .await,
-        )
+        self.set_owners(pod, Some(refs)).await
     }
 
     async fn release(&self, pod: &Pod, uid: &str) -> Result<(), ApiError> {
@@ -259,18 +252,29 @@ impl<S: ReplicatedSet> Sets<S> {
             .iter()
             .flatten()
             .filter(|r| r.uid != uid)
+            .cloned()
             .collect();
-        let patch = json!({"metadata": {
-            "ownerReferences": if refs.is_empty() { None } else { Some(refs) },
-            "resourceVersion": pod.metadata.resource_version,
-        }});
+        let refs = (!refs.is_empty()).then_some(refs);
+        self.set_owners(pod, refs).await.map(|_| ())
+    }
+
+    /// Writes the pod's owner references (None: none left), if the pod has not changed since
+    /// it was read.
+    async fn set_owners(
+        &self,
+        pod: &Pod,
+        refs: Option<Vec<OwnerReference>>,
+    ) -> Result<Option<Pod>, ApiError> {
         let m = &pod.metadata;
+        let patch = json!({"metadata": {
+            "ownerReferences": refs,
+            "resourceVersion": m.resource_version,
+        }});
         ignore_gone(
             self.pods_in(namespace(m))
                 .merge_patch(name(m), &patch)
                 .await,
         )
-        .map(|_| ())
     }
 
     fn pod_from_template(set: &S) -> Pod {
