@@ -149,7 +149,7 @@ impl Api {
             let (kvs, rev, more) = self.store.range(&from, &end, chunk, freshness).await?;
             // Every further chunk reads at the same revision, so pages are one snapshot.
             freshness = Freshness::Exact(rev);
-            let last_key = kvs.last().map(|kv| kv.key.clone());
+            let last_key = kvs.last().map(|kv| kv.key.to_vec());
             for kv in &kvs {
                 let s = decode(kv)?;
                 if labels.matches_object(&s.object) && fields.matches_object(&s.object) {

@@ -454,6 +454,8 @@ impl MvccStore {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     /// The key index is rebuilt from records without decoding their values.
@@ -467,8 +469,8 @@ mod tests {
         ] {
             let record = Record {
                 kv: KeyValue {
-                    key: key.to_vec(),
-                    value: value.to_vec(),
+                    key: Bytes::copy_from_slice(key),
+                    value: Bytes::copy_from_slice(value),
                     create_revision: 1,
                     mod_revision: 2,
                     version: 3,
@@ -492,11 +494,11 @@ mod tests {
     #[test]
     fn a_record_encodes_the_same_from_its_parts() {
         let kv = KeyValue {
-            key: b"k\0ey".to_vec(),
+            key: Bytes::from_static(b"k\0ey"),
             create_revision: 3,
             mod_revision: 7,
             version: 2,
-            value: vec![0, 1, 255],
+            value: Bytes::from_static(&[0, 1, 255]),
             lease: -5,
         };
         for tombstone in [false, true] {

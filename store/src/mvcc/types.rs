@@ -1,17 +1,69 @@
 //! The data model shared by the state machine, the Raft log and the client API: key-value
 //! records with etcd's revision fields, the commands that go through the log, and their results.
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// One version of a key, as etcd's `mvccpb.KeyValue` describes it.
+///
+/// The key and value are shared buffers: a revision's events go to every watcher, and a clone
+/// is a reference count, not a copy. They encode as `Vec<u8>` does ([`shared_bytes`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct KeyValue {
-    pub key: Vec<u8>,
+    #[serde(with = "shared_bytes")]
+    pub key: Bytes,
     pub create_revision: i64,
     pub mod_revision: i64,
     pub version: i64,
-    pub value: Vec<u8>,
+    #[serde(with = "shared_bytes")]
+    pub value: Bytes,
     pub lease: i64,
+}
+
+/// Serde for [`Bytes`] fields with the encoding of a `Vec<u8>`: bincode writes the length
+/// (u64) and then the bytes either way, so the history records on disk, the snapshots and the
+/// Raft log read and write as they did before these fields were shared buffers.
+mod shared_bytes {
+    use std::fmt;
+
+    use bytes::Bytes;
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Bytes, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
+        deserializer.deserialize_byte_buf(BytesVisitor)
+    }
+
+    struct BytesVisitor;
+
+    impl<'de> Visitor<'de> for BytesVisitor {
+        type Value = Bytes;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a byte array")
+        }
+
+        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(v))
+        }
+
+        fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(v))
+        }
+
+        // Self-describing formats (JSON) write a `Vec<u8>` as a sequence of numbers.
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Bytes, A::Error> {
+            let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(b) = seq.next_element::<u8>()? {
+                v.push(b);
+            }
+            Ok(Bytes::from(v))
+        }
+    }
 }
 
 /// What a watcher is told about one changed key.
@@ -348,4 +400,60 @@ pub struct Applied {
 pub struct Lease {
     pub id: i64,
     pub ttl: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout of `KeyValue` when its key and value were `Vec<u8>`: what the history on
+    /// disk, snapshots and the Raft log hold.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct VecKeyValue {
+        key: Vec<u8>,
+        create_revision: i64,
+        mod_revision: i64,
+        version: i64,
+        value: Vec<u8>,
+        lease: i64,
+    }
+
+    #[test]
+    fn a_key_value_encodes_as_with_vec_fields() {
+        for (key, value) in [
+            (&b""[..], &b""[..]),
+            (b"k", b"v"),
+            (b"/registry/pods/default/web", &[0u8, 255, 7][..]),
+            (b"big", &[9u8; 70_000][..]),
+        ] {
+            let shared = KeyValue {
+                key: Bytes::copy_from_slice(key),
+                create_revision: 2,
+                mod_revision: 5,
+                version: 3,
+                value: Bytes::copy_from_slice(value),
+                lease: -7,
+            };
+            let old = VecKeyValue {
+                key: key.to_vec(),
+                create_revision: 2,
+                mod_revision: 5,
+                version: 3,
+                value: value.to_vec(),
+                lease: -7,
+            };
+            let bytes = bincode::serialize(&old).expect("encode");
+            assert_eq!(bincode::serialize(&shared).expect("encode"), bytes);
+            assert_eq!(
+                bincode::deserialize::<KeyValue>(&bytes).expect("decode"),
+                shared
+            );
+            let json = serde_json::to_string(&old).expect("json");
+            assert_eq!(serde_json::to_string(&shared).expect("json"), json);
+            assert_eq!(
+                serde_json::from_str::<KeyValue>(&json).expect("json"),
+                shared
+            );
+        }
+    }
 }

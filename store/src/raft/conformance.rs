@@ -149,11 +149,11 @@ async fn commands_apply_in_order_and_survive_a_restart() {
     assert_eq!(
         all_keys(&m.sm),
         [KeyValue {
-            key: b"a".to_vec(),
+            key: b"a".to_vec().into(),
             create_revision: 1,
             mod_revision: 2,
             version: 2,
-            value: b"2".to_vec(),
+            value: b"2".to_vec().into(),
             lease: 0,
         }]
     );
@@ -364,7 +364,7 @@ async fn a_batch_applies_each_command_once_even_across_a_crash_in_its_middle() {
     };
     assert_eq!(results.len(), 2, "the applied command is not applied twice");
     let keys = all_keys(&m.sm);
-    let a = keys.iter().find(|kv| kv.key == b"a").expect("a");
+    let a = keys.iter().find(|kv| kv.key == &b"a"[..]).expect("a");
     assert_eq!((a.version, a.mod_revision), (2, 3));
     assert_eq!(
         m.sm.applied_state().await.expect("state").0,
@@ -424,6 +424,9 @@ async fn a_state_machine_behind_the_snapshot_on_disk_is_restored_from_it_at_open
         Some(log_id(1, 0, 2)),
         "the state machine starts from the snapshot"
     );
-    let keys: Vec<Vec<u8>> = all_keys(&m.sm).into_iter().map(|kv| kv.key).collect();
+    let keys: Vec<Vec<u8>> = all_keys(&m.sm)
+        .into_iter()
+        .map(|kv| kv.key.to_vec())
+        .collect();
     assert_eq!(keys, [b"a".to_vec(), b"b".to_vec()]);
 }

@@ -1,6 +1,8 @@
 //! What each command does to the staged changes: transactions and their compares, puts,
 //! deletes, lease grants and revokes.
 
+use bytes::Bytes;
+
 use super::*;
 
 /// Whether `cmd` reads only what [`Changes`] overlays (live keys), so that it can be staged
@@ -26,7 +28,7 @@ pub(super) fn compare_kv(cmp: &Compare, kv: &KeyValue) -> bool {
         CompareTarget::CreateRevision(v) => kv.create_revision.cmp(v),
         CompareTarget::ModRevision(v) => kv.mod_revision.cmp(v),
         CompareTarget::Lease(v) => kv.lease.cmp(v),
-        CompareTarget::Value(v) => kv.value.as_slice().cmp(v.as_slice()),
+        CompareTarget::Value(v) => kv.value[..].cmp(&v[..]),
     };
     match cmp.result {
         CompareResult::Equal => ord == O::Equal,
@@ -132,7 +134,7 @@ impl MvccStore {
                         .map(|p| p.value.clone())
                         .ok_or(MvccError::KeyNotFound)?
                 } else {
-                    req.value.clone()
+                    Bytes::copy_from_slice(&req.value)
                 };
                 let lease = if req.ignore_lease {
                     prev.as_ref()
@@ -146,7 +148,7 @@ impl MvccStore {
                 }
                 let main = ws.own.main;
                 let kv = KeyValue {
-                    key: req.key.clone(),
+                    key: Bytes::copy_from_slice(&req.key),
                     create_revision: prev.as_ref().map_or(main, |p| p.create_revision),
                     mod_revision: main,
                     version: prev.as_ref().map_or(1, |p| p.version + 1),
@@ -177,11 +179,11 @@ impl MvccStore {
                 let live = live_in(index, &req.range, &[ws.base, &ws.own.overlay]);
                 let deleted = live.len() as i64;
                 let mut prev_kvs = Vec::new();
-                let mut delete = |key: Vec<u8>, lease: i64, prev: Option<KeyValue>| {
+                let mut delete = |key: Bytes, lease: i64, prev: Option<KeyValue>| {
                     if lease != 0 {
                         ws.detach(lease, &key);
                     }
-                    ws.own.overlay.insert(key.clone(), None);
+                    ws.own.overlay.insert(key.to_vec(), None);
                     if req.prev_kv {
                         prev_kvs.extend(prev.clone());
                     }
@@ -205,7 +207,9 @@ impl MvccStore {
                     for live in live {
                         match live {
                             Live::Staged(prev) => delete(prev.key.clone(), prev.lease, Some(prev)),
-                            Live::Stored(key, version) => delete(key.to_vec(), version.lease, None),
+                            Live::Stored(key, version) => {
+                                delete(Bytes::copy_from_slice(key), version.lease, None)
+                            }
                         }
                     }
                 }

@@ -97,7 +97,7 @@ impl Dump {
         // A key's last record is its current version, unless it is a deletion.
         let mut last: BTreeMap<&[u8], &Record> = BTreeMap::new();
         for (_, r) in &records {
-            last.insert(r.kv.key.as_slice(), r);
+            last.insert(&r.kv.key[..], r);
         }
         let ids: HashSet<i64> = leases.iter().map(|l| l.id).collect();
         let mut lkeys = Vec::new();
@@ -212,7 +212,7 @@ mod tests {
         let record = |main| HistoryRecord {
             revision: Revision { main, sub: 0 },
             kv: KeyValue {
-                key: b"k".to_vec(),
+                key: bytes::Bytes::from_static(b"k"),
                 mod_revision: main,
                 ..Default::default()
             },

@@ -141,7 +141,7 @@ fn a_key_deleted_in_the_txn_that_attached_it_is_no_longer_on_the_lease() {
         put(&s, "k", "kept");
         apply(&s, Command::LeaseRevoke { id: 1 });
         assert_eq!(
-            get(&s, "k").map(|kv| kv.value),
+            get(&s, "k").map(|kv| kv.value.to_vec()),
             Some(b("kept")),
             "{name}: revoking the lease must not delete a key it no longer holds"
         );

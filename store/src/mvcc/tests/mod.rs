@@ -189,11 +189,11 @@ fn keys(kvs: &[KeyValue]) -> Vec<String> {
 
 fn kv(key: &str, value: &str, create: i64, modified: i64, version: i64) -> KeyValue {
     KeyValue {
-        key: b(key),
+        key: b(key).into(),
         create_revision: create,
         mod_revision: modified,
         version,
-        value: b(value),
+        value: b(value).into(),
         lease: 0,
     }
 }
@@ -233,7 +233,7 @@ fn delete_event(key: &str, modified: i64) -> Event {
     Event {
         kind: EventKind::Delete,
         kv: KeyValue {
-            key: b(key),
+            key: b(key).into(),
             mod_revision: modified,
             ..Default::default()
         },

@@ -383,7 +383,7 @@ async fn a_large_delete_gives_watchers_the_deleted_versions_they_asked_for() {
                 .filter(|e| e.kind == EventKind::Delete)
                 .map(|e| {
                     let prev = e.prev_kv.unwrap_or_else(|| panic!("{name}: no prev_kv"));
-                    (String::from_utf8(e.kv.key).expect("utf-8"), prev)
+                    (String::from_utf8(e.kv.key.to_vec()).expect("utf-8"), prev)
                 })
                 .collect();
             assert_eq!(deletes, want, "{name}");
