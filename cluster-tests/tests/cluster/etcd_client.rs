@@ -249,6 +249,57 @@ async fn etcd_client_kv_with_options() {
     );
 }
 
+/// A compaction sent to a follower is answered once that follower has applied it, as etcd
+/// answers it: a serializable read of a compacted revision sent to the same member right after
+/// is refused as compacted. The follower applies every entry 300 ms late (the `apply-before`
+/// failpoint's `sleep`), so without that wait it would still serve the old revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_through_a_follower_is_applied_there_before_it_is_answered() {
+    use etcd_client::GetOptions;
+    let mut c = started_cluster().await;
+    let leader = c.wait_leader().await;
+    let follower = (leader + 1) % 3;
+    c.kill(follower).await;
+    let slow = format!("{}=sleep(300)", rkube_store::failpoints::APPLY_BEFORE);
+    c.spawn_server_with_env(
+        follower,
+        &[0, 1, 2],
+        "new",
+        &[],
+        &[("RKUBE_FAILPOINTS", &slow)],
+    )
+    .expect("restart the follower with slow applies");
+    c.wait_converged(&[0, 1, 2]).await;
+    let mut client = etcd_client(&c, &[follower]).await;
+    let old = client
+        .put("/compact/k", "old", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("header")
+        .revision();
+    let head = client
+        .put("/compact/k", "new", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("header")
+        .revision();
+    client.compact(head, None).await.expect("compact");
+    let read = client
+        .get(
+            "/compact/k",
+            Some(GetOptions::new().with_revision(old).with_serializable()),
+        )
+        .await
+        .map(|r| r.kvs().len())
+        .map_err(grpc_status);
+    assert!(
+        matches!(&read, Err(s) if s.message() == "etcdserver: mvcc: required revision has been compacted"),
+        "a serializable read at revision {old}, compacted at {head} through the same follower, gave {read:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_client_txn_compares_branches_and_nesting() {
     use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};

@@ -115,6 +115,11 @@ impl Kv for KvService {
             .await
             .map_err(status)?;
         applied.output.map_err(|e| status(e.into()))?;
+        // The leader answered once it applied the compaction; a follower that forwarded it
+        // waits until it has applied it too, so that a read or watch sent here next sees the
+        // compacted history (etcd answers a compaction only once the member that took it has
+        // applied it).
+        self.0.linearizable_barrier().await.map_err(status)?;
         Ok(Response::new(pb::CompactionResponse {
             header: self.0.header(applied.revision),
         }))
