@@ -18,7 +18,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::spdy::{self, Frame};
 
-pub const PROTOCOL: &str = "v5.channel.k8s.io";
+use rkube_core::upgrade::EXEC_V5 as PROTOCOL;
 const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
@@ -42,14 +42,7 @@ pub fn wants_v5<B>(req: &Request<B>) -> bool {
         .get(hyper::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
-    upgrade
-        && req
-            .headers()
-            .get_all("sec-websocket-protocol")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|p| p.trim() == PROTOCOL)
+    upgrade && rkube_core::upgrade::offers(req.headers(), &[PROTOCOL])
 }
 
 type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
