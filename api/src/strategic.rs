@@ -151,6 +151,12 @@ pub static PATCH_META: &[(&str, &str, &str, &str)] = &[
         "merge",
     ),
     (
+        "io.k8s.api.apps.v1.DaemonSetStatus",
+        "conditions",
+        "type",
+        "merge",
+    ),
+    (
         "io.k8s.api.apps.v1.ReplicaSetStatus",
         "conditions",
         "type",

@@ -29,6 +29,7 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
     ("/registry/pods/", "/api/v1", "pods"),
     ("/registry/replicasets/", "/apis/apps/v1", "replicasets"),
     ("/registry/deployments/", "/apis/apps/v1", "deployments"),
+    ("/registry/daemonsets/", "/apis/apps/v1", "daemonsets"),
     (
         "/registry/controllers/",
         "/api/v1",

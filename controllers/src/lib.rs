@@ -5,6 +5,7 @@
 //! the per-term manager are `rkube_runtime`'s.
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
+//! [`daemonset`] (one pod per eligible node, rolled through ControllerRevisions),
 //! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
 //! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
 //! NotReady/Unknown, taints and evictions), and the leader's [`compaction`] of the store's history.
@@ -15,6 +16,7 @@
 
 pub mod certificates;
 pub mod compaction;
+pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod garbagecollector;

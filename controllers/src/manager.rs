@@ -10,7 +10,7 @@ use rkube_runtime::informer::Informer;
 use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 
 use crate::replicaset;
@@ -78,7 +78,17 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
     crate::deployment::start(
         inf.of("/registry/deployments/").typed::<Deployment>(),
         replicasets,
+        pods.clone(),
+        client.clone(),
+        rx.clone(),
+    );
+    crate::daemonset::start(
+        inf.of("/registry/daemonsets/").typed::<DaemonSet>(),
+        inf.of("/registry/minions/")
+            .typed::<k8s_openapi::api::core::v1::Node>(),
         pods,
+        inf.of("/registry/controllerrevisions/")
+            .typed::<ControllerRevision>(),
         client.clone(),
         rx.clone(),
     );

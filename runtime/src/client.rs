@@ -70,6 +70,11 @@ impl<'c, K: Resource + Serialize + DeserializeOwned> Objects<'c, K> {
         decode(self.client.create(&path, &body).await?)
     }
 
+    /// Reads object `name` from the API (not from a cache).
+    pub async fn get(&self, name: &str) -> Result<K, ApiError> {
+        decode(self.client.get(&self.path(name)).await?)
+    }
+
     /// Replaces the status of `object` (named by its metadata; its resourceVersion is the
     /// precondition).
     pub async fn replace_status(&self, name: &str, object: &K) -> Result<K, ApiError> {

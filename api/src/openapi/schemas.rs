@@ -62,6 +62,7 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("apps", "Deployment") => named::<apps::Deployment>(gen),
         ("apps", "ReplicaSet") => named::<apps::ReplicaSet>(gen),
         ("apps", "ControllerRevision") => named::<apps::ControllerRevision>(gen),
+        ("apps", "DaemonSet") => named::<apps::DaemonSet>(gen),
         ("autoscaling", "Scale") => named::<autoscaling::Scale>(gen),
         ("policy", "Eviction") => named::<policy::Eviction>(gen),
         ("coordination.k8s.io", "Lease") => named::<coordination::Lease>(gen),

@@ -12,6 +12,7 @@ pub mod configmap;
 pub mod csidriver;
 pub mod csinode;
 pub mod csistoragecapacity;
+pub mod daemonset;
 pub mod deployment;
 pub(crate) mod field;
 pub mod ingress;

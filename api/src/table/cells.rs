@@ -88,6 +88,46 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
                 json!(selector_string(o.pointer("/spec/selector"))),
             ]
         }
+        ("apps", "DaemonSet") => {
+            let (c, im) = containers_images(o, "/spec/template/spec/containers");
+            vec![
+                name,
+                json!(i(o, "/status/desiredNumberScheduled")),
+                json!(i(o, "/status/currentNumberScheduled")),
+                json!(i(o, "/status/numberReady")),
+                json!(i(o, "/status/updatedNumberScheduled")),
+                json!(i(o, "/status/numberAvailable")),
+                json!(selector_string(
+                    o.pointer("/spec/template/spec/nodeSelector")
+                )),
+                Value::Null,
+                json!(c),
+                json!(im),
+                json!(selector_string(o.pointer("/spec/selector"))),
+            ]
+        }
+        ("apps", "ControllerRevision") => {
+            // kubectl names the controller by its lower-case kind.group and name.
+            let controller = arr(o, "/metadata/ownerReferences")
+                .iter()
+                .find(|r| r.get("controller") == Some(&json!(true)))
+                .map_or("<none>".to_string(), |r| {
+                    let group = s(r, "/apiVersion").rsplit_once('/').map_or("", |(g, _)| g);
+                    let kind = s(r, "/kind").to_lowercase();
+                    let kind = if group.is_empty() {
+                        kind
+                    } else {
+                        format!("{kind}.{group}")
+                    };
+                    format!("{kind}/{}", s(r, "/name"))
+                });
+            vec![
+                name,
+                json!(controller),
+                json!(i(o, "/revision")),
+                Value::Null,
+            ]
+        }
         ("", "Service") => {
             let mut r = vec![name];
             r.extend(service_row(o));

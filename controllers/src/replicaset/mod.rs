@@ -133,7 +133,7 @@ pub fn start<S: ReplicatedSet>(
 }
 
 /// Counts a pod event against the expectations of the set that controls the pod.
-fn observe<S: Object>(e: &Expectations, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
+pub(crate) fn observe<S: Object>(e: &Expectations, old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>) {
     match (old, new) {
         (None, Some(p)) => {
             if let Some(k) = owner_key::<S>(&p.metadata) {
