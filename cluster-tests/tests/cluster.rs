@@ -17,6 +17,8 @@ mod chaos_k8s;
 mod common;
 #[path = "cluster/controllers.rs"]
 mod controllers;
+#[path = "cluster/daemonsets.rs"]
+mod daemonsets;
 #[path = "cluster/data_dir.rs"]
 mod data_dir;
 #[path = "cluster/deploy.rs"]

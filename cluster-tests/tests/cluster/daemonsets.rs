@@ -1,0 +1,328 @@
+//! DaemonSets on simulated agents, through kubectl: one pod per node, a nodeSelector honoured
+//! as node labels change, a node that joins gets its pod, a template change rolls out
+//! (`kubectl rollout status` returns), `rollout history` lists the ControllerRevisions and
+//! `rollout undo` puts the first template back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
+
+const BOUND: Duration = Duration::from_secs(90);
+
+const NODE_AGENT: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: node-agent
+spec:
+  selector:
+    matchLabels:
+      app: node-agent
+  template:
+    metadata:
+      labels:
+        app: node-agent
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: agent
+        image: rkube.local/busybox:1
+"#;
+
+const SSD_CACHE: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: ssd-cache
+spec:
+  selector:
+    matchLabels:
+      app: ssd-cache
+  template:
+    metadata:
+      labels:
+        app: ssd-cache
+    spec:
+      terminationGracePeriodSeconds: 0
+      nodeSelector:
+        disk: ssd
+      containers:
+      - name: cache
+        image: rkube.local/busybox:1
+"#;
+
+/// The DaemonSet's pods that are not being deleted, by node: (pod, image) on each.
+async fn pods_by_node(k: &Kubectl, app: &str) -> BTreeMap<String, Vec<(String, String)>> {
+    let selector = format!("app={app}");
+    let out = k
+        .run(&["get", "pods", "-l", &selector, "-o",
+               "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.spec.containers[0].image} {.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    let mut by_node: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for line in out.lines() {
+        if let [pod, node, image] = line.split_whitespace().collect::<Vec<_>>()[..] {
+            by_node
+                .entry(node.to_string())
+                .or_default()
+                .push((pod.to_string(), image.to_string()));
+        }
+    }
+    by_node
+}
+
+/// Waits until the DaemonSet runs one pod of `image` on each of `nodes` and none elsewhere.
+async fn wait_placed(k: &Kubectl, app: &str, nodes: &[&str], image: &str) {
+    let what = format!("{app}: one pod of {image} on each of {nodes:?}");
+    let mut last = BTreeMap::new();
+    let placed = tokio::time::timeout(BOUND, async {
+        loop {
+            let by_node = pods_by_node(k, app).await;
+            let ok = by_node.keys().map(String::as_str).eq(nodes.iter().copied())
+                && by_node
+                    .values()
+                    .all(|pods| pods.len() == 1 && pods[0].1 == image);
+            if ok {
+                return;
+            }
+            last = by_node;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        placed.is_ok(),
+        "timed out waiting for {what}; last seen {last:?}"
+    );
+}
+
+async fn rollout_status(k: &Kubectl, ds: &str) {
+    let out = k
+        .run(&[
+            "rollout",
+            "status",
+            &format!("daemonset/{ds}"),
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stdout.contains("successfully rolled out"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// The revision numbers `kubectl rollout history` lists.
+async fn history(k: &Kubectl, ds: &str) -> Vec<String> {
+    let out = k
+        .run(&["rollout", "history", &format!("daemonset/{ds}")])
+        .await
+        .ok();
+    out.lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// A simulated agent joining as `rkube token create --print-join-command` tells.
+async fn join_agent(c: &Cluster, name: &str) -> tokio::process::Child {
+    let out = wait_for("a join command", BOUND, || async {
+        let out = tokio::process::Command::new(rkube_bin())
+            .args(["token", "create", "--print-join-command", "--dir"])
+            .arg(c.path())
+            .output()
+            .await
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    })
+    .await;
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let arg = |flag: &str| {
+        let at = words.iter().position(|w| *w == flag);
+        at.map(|i| words[i + 1].to_string())
+            .unwrap_or_else(|| panic!("no {flag} in the join command {out:?}"))
+    };
+    tokio::process::Command::new(rkube_bin())
+        .args(["agent", "--sim", "--name", name, "--port", "0"])
+        .args(["--server", &arg("--server"), "--token", &arg("--token")])
+        .args([
+            "--discovery-token-ca-cert-hash",
+            &arg("--discovery-token-ca-cert-hash"),
+        ])
+        .arg("--dir")
+        .arg(c.path().join("joins").join(name))
+        .stderr(std::fs::File::create(c.path().join(format!("{name}.log"))).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("rkube agent runs")
+}
+
+#[tokio::test]
+async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions() {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 2,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
+
+    // One pod per node, each pinned to its node by affinity and labelled with its revision.
+    k.run_with_input(&["apply", "-f", "-"], NODE_AGENT)
+        .await
+        .ok();
+    rollout_status(&k, "node-agent").await;
+    wait_placed(
+        &k,
+        "node-agent",
+        &["agent1", "agent2"],
+        "rkube.local/busybox:1",
+    )
+    .await;
+    let table = k.run(&["get", "daemonset", "node-agent"]).await.ok();
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "NAME",
+            "DESIRED",
+            "CURRENT",
+            "READY",
+            "UP-TO-DATE",
+            "AVAILABLE",
+            "NODE",
+            "SELECTOR",
+            "AGE"
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        lines[1][..7],
+        ["node-agent", "2", "2", "2", "2", "2", "<none>"],
+        "{table}"
+    );
+    let pod = k
+        .run(&["get", "pods", "-l", "app=node-agent", "-o", "json"])
+        .await
+        .ok();
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    let first = &pod["items"][0];
+    let node = first["spec"]["nodeName"].as_str().unwrap();
+    assert_eq!(
+        first["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchFields"][0],
+        serde_json::json!({"key": "metadata.name", "operator": "In", "values": [node]})
+    );
+    let tolerations = first["spec"]["tolerations"].to_string();
+    assert!(
+        tolerations.contains("node.kubernetes.io/unreachable")
+            && tolerations.contains("node.kubernetes.io/unschedulable"),
+        "{tolerations}"
+    );
+    let hash = first["metadata"]["labels"]["controller-revision-hash"]
+        .as_str()
+        .expect("the revision's hash label")
+        .to_string();
+    let revisions = k.run(&["get", "controllerrevisions"]).await.ok();
+    assert!(
+        revisions.contains(&format!("node-agent-{hash}"))
+            && revisions.contains("daemonset.apps/node-agent"),
+        "{revisions}"
+    );
+
+    // A nodeSelector: pods only where the label is, following the labels as they change.
+    k.run(&["label", "node", "agent1", "disk=ssd"]).await.ok();
+    k.run_with_input(&["apply", "-f", "-"], SSD_CACHE)
+        .await
+        .ok();
+    wait_placed(&k, "ssd-cache", &["agent1"], "rkube.local/busybox:1").await;
+    let table = k.run(&["get", "daemonset", "ssd-cache"]).await.ok();
+    assert!(table.contains("disk=ssd"), "{table}");
+    k.run(&["label", "node", "agent2", "disk=ssd"]).await.ok();
+    wait_placed(
+        &k,
+        "ssd-cache",
+        &["agent1", "agent2"],
+        "rkube.local/busybox:1",
+    )
+    .await;
+    k.run(&["label", "node", "agent1", "disk-"]).await.ok();
+    wait_placed(&k, "ssd-cache", &["agent2"], "rkube.local/busybox:1").await;
+
+    // A node that joins gets its daemon pod (and no ssd-cache pod: it has no such label).
+    let _agent3 = join_agent(&c, "agent3").await;
+    k.wait_nodes_ready(&["agent3"]).await;
+    wait_placed(
+        &k,
+        "node-agent",
+        &["agent1", "agent2", "agent3"],
+        "rkube.local/busybox:1",
+    )
+    .await;
+    rollout_status(&k, "node-agent").await;
+    wait_placed(&k, "ssd-cache", &["agent2"], "rkube.local/busybox:1").await;
+
+    // A new template rolls out node by node; the history lists both revisions.
+    k.run(&[
+        "set",
+        "image",
+        "daemonset/node-agent",
+        "agent=rkube.local/busybox:2",
+    ])
+    .await
+    .ok();
+    rollout_status(&k, "node-agent").await;
+    wait_placed(
+        &k,
+        "node-agent",
+        &["agent1", "agent2", "agent3"],
+        "rkube.local/busybox:2",
+    )
+    .await;
+    assert_eq!(history(&k, "node-agent").await, ["1", "2"]);
+
+    // Undo goes back to the first template, which becomes revision 3.
+    let undo = k
+        .run(&["rollout", "undo", "daemonset/node-agent"])
+        .await
+        .ok();
+    assert!(undo.contains("rolled back"), "{undo}");
+    rollout_status(&k, "node-agent").await;
+    wait_placed(
+        &k,
+        "node-agent",
+        &["agent1", "agent2", "agent3"],
+        "rkube.local/busybox:1",
+    )
+    .await;
+    assert_eq!(history(&k, "node-agent").await, ["2", "3"]);
+
+    // The controller's events, in Kubernetes' words.
+    wait_for("the DaemonSet's events", BOUND, || async {
+        let out = k
+            .run(&[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=node-agent",
+                "-o",
+                "jsonpath={.items[*].reason}",
+            ])
+            .await
+            .ok();
+        (out.contains("SuccessfulCreate") && out.contains("SuccessfulDelete")).then_some(())
+    })
+    .await;
+}
