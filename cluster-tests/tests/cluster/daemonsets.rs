@@ -326,3 +326,155 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
     })
     .await;
 }
+
+/// A DaemonSet of `app` whose template adds `spec` (YAML lines under the pod spec, indented
+/// by six spaces) and whose DaemonSet spec adds `ds_spec` (indented by two).
+fn daemonset(app: &str, ds_spec: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: {app}\nspec:\n{ds_spec}  \
+         selector:\n    matchLabels:\n      app: {app}\n  template:\n    metadata:\n      \
+         labels:\n        app: {app}\n    spec:\n{spec}      terminationGracePeriodSeconds: 0\n      \
+         containers:\n      - name: c\n        image: rkube.local/busybox:1\n"
+    )
+}
+
+/// Waits until the DaemonSet's status has caught up with its spec.
+async fn wait_observed(k: &Kubectl, ds: &str) {
+    wait_for(
+        &format!("{ds}'s status to observe its generation"),
+        BOUND,
+        || async {
+            let out = k
+                .run(&[
+                    "get",
+                    "daemonset",
+                    ds,
+                    "-o",
+                    "jsonpath={.metadata.generation} {.status.observedGeneration}",
+                ])
+                .await
+                .ok();
+            let parts: Vec<&str> = out.split_whitespace().collect();
+            (parts.len() == 2 && parts[0] == parts[1]).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn taints_cordons_surge_on_delete_and_cascading_deletion() {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 2,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
+    let busybox = |n: u8| format!("rkube.local/busybox:{n}");
+
+    // The control-plane taint keeps daemon pods off, unless they tolerate it.
+    k.run(&[
+        "taint",
+        "node",
+        "agent2",
+        "node-role.kubernetes.io/control-plane:NoSchedule",
+    ])
+    .await
+    .ok();
+    let tolerating =
+        "      tolerations:\n      - key: node-role.kubernetes.io/control-plane\n        \
+                      operator: Exists\n        effect: NoSchedule\n";
+    let apply = |manifest: String| {
+        let k = k.clone();
+        async move {
+            k.run_with_input(&["apply", "-f", "-"], &manifest)
+                .await
+                .ok()
+        }
+    };
+    apply(daemonset("plain", "", "")).await;
+    apply(daemonset("everywhere", "", tolerating)).await;
+    wait_placed(&k, "plain", &["agent1"], &busybox(1)).await;
+    wait_placed(&k, "everywhere", &["agent1", "agent2"], &busybox(1)).await;
+
+    // A cordoned node keeps its daemon pods and gets new ones (they tolerate unschedulable).
+    k.run(&["cordon", "agent1"]).await.ok();
+    apply(daemonset("late", "", "")).await;
+    wait_placed(&k, "late", &["agent1"], &busybox(1)).await;
+    wait_placed(&k, "plain", &["agent1"], &busybox(1)).await;
+    k.run(&["uncordon", "agent1"]).await.ok();
+
+    // maxSurge: the new pod starts beside the old one, which goes once the new one is up.
+    let surge = "  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      \
+                 maxSurge: 1\n      maxUnavailable: 0\n";
+    apply(daemonset("surging", surge, tolerating)).await;
+    wait_placed(&k, "surging", &["agent1", "agent2"], &busybox(1)).await;
+    k.run(&[
+        "set",
+        "image",
+        "daemonset/surging",
+        &format!("c={}", busybox(2)),
+    ])
+    .await
+    .ok();
+    rollout_status(&k, "surging").await;
+    wait_placed(&k, "surging", &["agent1", "agent2"], &busybox(2)).await;
+
+    // OnDelete: a new template waits until a pod is deleted by hand.
+    let on_delete = "  updateStrategy:\n    type: OnDelete\n";
+    apply(daemonset("manual", on_delete, tolerating)).await;
+    wait_placed(&k, "manual", &["agent1", "agent2"], &busybox(1)).await;
+    k.run(&[
+        "set",
+        "image",
+        "daemonset/manual",
+        &format!("c={}", busybox(2)),
+    ])
+    .await
+    .ok();
+    wait_observed(&k, "manual").await;
+    wait_placed(&k, "manual", &["agent1", "agent2"], &busybox(1)).await;
+    let on_agent1 = pods_by_node(&k, "manual").await["agent1"][0].0.clone();
+    k.run(&["delete", "pod", &on_agent1, "--wait=false"])
+        .await
+        .ok();
+    let mixed = tokio::time::timeout(BOUND, async {
+        loop {
+            let by_node = pods_by_node(&k, "manual").await;
+            let image = |node: &str| {
+                by_node
+                    .get(node)
+                    .and_then(|p| p.first())
+                    .map(|p| p.1.clone())
+            };
+            if image("agent1") == Some(busybox(2)) && image("agent2") == Some(busybox(1)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(mixed.is_ok(), "{:?}", pods_by_node(&k, "manual").await);
+
+    // An untolerated NoExecute taint takes the daemon pods off the node.
+    k.run(&["taint", "node", "agent1", "dedicated=db:NoExecute"])
+        .await
+        .ok();
+    wait_placed(&k, "everywhere", &["agent2"], &busybox(1)).await;
+    wait_placed(&k, "plain", &[], &busybox(1)).await;
+
+    // Deleting a DaemonSet deletes its pods and its revisions.
+    k.run(&["delete", "daemonset", "everywhere"]).await.ok();
+    wait_for("everywhere's pods and revisions to go", BOUND, || async {
+        let pods = pods_by_node(&k, "everywhere").await;
+        let revisions = k
+            .run(&["get", "controllerrevisions", "-o", "name"])
+            .await
+            .ok();
+        (pods.is_empty() && !revisions.contains("everywhere-")).then_some(())
+    })
+    .await;
+}

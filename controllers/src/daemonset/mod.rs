@@ -202,12 +202,15 @@ fn min_ready(ds: &DaemonSet) -> i64 {
     )
 }
 
+/// The event that goes with a deletion: (type, reason, message).
+type Note = (&'static str, &'static str, String);
+
 /// What the placing loop does: pods to create (on these nodes) and to delete (with the
-/// warning or note that goes with each, if any).
+/// event that goes with each, if any).
 #[derive(Debug, Default, PartialEq)]
 struct Plan {
     create_on: Vec<String>,
-    delete: Vec<(String, Option<(&'static str, &'static str, String)>)>,
+    delete: Vec<(String, Option<Note>)>,
 }
 
 /// The placing loop over every node (Kubernetes' `podsShouldBeOnNode`): `placements` of the
@@ -582,7 +585,7 @@ impl DaemonSets {
         &self,
         ds: &DaemonSet,
         ds_key: &str,
-        mut delete: Vec<(String, Option<(&'static str, &'static str, String)>)>,
+        mut delete: Vec<(String, Option<Note>)>,
         mut create_on: Vec<String>,
         hash: &str,
     ) {
@@ -722,7 +725,15 @@ mod tests {
         };
         let (t1, t2) = ("2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z");
         // (what the case shows, placement of n1, pods on n1, surge, created on, deleted)
-        let cases: Vec<(&str, Placement, Vec<Arc<Pod>>, bool, &[&str], &[&str])> = vec![
+        type Case<'a> = (
+            &'a str,
+            Placement,
+            Vec<Arc<Pod>>,
+            bool,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: Vec<Case> = vec![
             ("an empty node gets a pod", run, vec![], false, &["n1"], &[]),
             (
                 "one pod is enough",

@@ -207,7 +207,15 @@ mod tests {
     #[test]
     fn the_next_step_of_a_rolling_update() {
         // (what the case shows, nodes, maxSurge, maxUnavailable, deleted, created on)
-        let cases: &[(&str, &[&str], i64, i64, &[&str], &[&str])] = &[
+        type Case<'a> = (
+            &'a str,
+            &'a [&'a str],
+            i64,
+            i64,
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: &[Case] = &[
             ("one at a time", &["O", "O", "O"], 0, 1, &["old0"], &[]),
             (
                 "two at a time",
