@@ -15,9 +15,9 @@ mod history;
 mod placement;
 mod rolling;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -50,7 +50,51 @@ pub struct DaemonSets {
     revisions: Arc<Store<ControllerRevision>>,
     client: LocalClient,
     expectations: Arc<Expectations>,
+    failed_backoff: Backoff,
     recorder: Recorder,
+}
+
+/// How long a DaemonSet waits before it replaces a failed pod on a node again: from 1 s,
+/// doubling with each failure up to 15 minutes, and forgotten after twice that without one
+/// (Kubernetes' failedPodsBackoff).
+#[derive(Default)]
+struct Backoff {
+    /// "<daemonset key>/<node>" -> (delay, when the last failed pod was replaced)
+    entries: std::sync::Mutex<HashMap<String, (Duration, Instant)>>,
+}
+
+impl Backoff {
+    const INITIAL: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(15 * 60);
+
+    fn with<R>(&self, f: impl FnOnce(&mut HashMap<String, (Duration, Instant)>) -> R) -> R {
+        f(&mut self.entries.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// How much longer the node's next failed pod waits, if it does.
+    fn waiting(&self, ds: &str, node: &str) -> Option<Duration> {
+        self.with(|m| {
+            let (delay, since) = m.get(&format!("{ds}/{node}"))?;
+            delay.checked_sub(since.elapsed()).filter(|d| !d.is_zero())
+        })
+    }
+
+    /// A failed pod on the node is replaced now: the next one waits longer.
+    fn next(&self, ds: &str, node: &str) {
+        self.with(|m| {
+            let now = Instant::now();
+            m.retain(|_, (_, since)| now.duration_since(*since) < 2 * Self::MAX);
+            let entry = m
+                .entry(format!("{ds}/{node}"))
+                .or_insert((Duration::ZERO, now));
+            entry.0 = if entry.0.is_zero() {
+                Self::INITIAL
+            } else {
+                (entry.0 * 2).min(Self::MAX)
+            };
+            entry.1 = now;
+        })
+    }
 }
 
 fn selector_of(ds: &DaemonSet) -> Option<LabelSelector> {
@@ -141,6 +185,7 @@ pub fn start(
         recorder: Recorder::new(client.clone(), COMPONENT),
         client,
         expectations,
+        failed_backoff: Backoff::default(),
     });
     controller.run(
         WORKERS,
@@ -211,10 +256,15 @@ type Note = (&'static str, &'static str, String);
 struct Plan {
     create_on: Vec<String>,
     delete: Vec<(String, Option<Note>)>,
+    /// Nodes whose failed pod is deleted now: their next failed pod waits a backoff.
+    failed_on: Vec<String>,
+    /// A failed pod waits out its node's backoff.
+    backing_off: bool,
 }
 
 /// The placing loop over every node (Kubernetes' `podsShouldBeOnNode`): `placements` of the
-/// nodes that exist, `by_node` the pods for each node, `hash` the current revision.
+/// nodes that exist, `by_node` the pods for each node, `hash` the current revision; a failed
+/// pod on a node for which `backing_off` holds is left until later.
 fn plan(
     placements: &BTreeMap<String, Placement>,
     by_node: &ByNode,
@@ -222,6 +272,7 @@ fn plan(
     surge: bool,
     min_ready: i64,
     now: k8s_openapi::jiff::Timestamp,
+    backing_off: &dyn Fn(&str) -> bool,
 ) -> Plan {
     let mut plan = Plan::default();
     for (node, p) in placements {
@@ -237,7 +288,15 @@ fn plan(
                     _ => None,
                 };
                 match ended {
+                    // Kubernetes' guard against a node that keeps failing the pods it is
+                    // given: not every reconcile replaces them.
+                    Some(_) if phase(pod) == "Failed" && backing_off(node) => {
+                        plan.backing_off = true;
+                    }
                     Some((ty, reason, verb)) => {
+                        if phase(pod) == "Failed" {
+                            plan.failed_on.push(node.clone());
+                        }
                         let phase = phase(pod).to_lowercase();
                         let msg = format!(
                             "Found {phase} daemon pod {}/{} on node {node}, will try to {verb} it",
@@ -428,7 +487,9 @@ impl DaemonSets {
         let desired = placements.values().filter(|p| p.should_run).count() as i64;
         let now = crate::pods::now();
         let min_ready = min_ready(ds);
+        let mut retry_failed = None;
         if self.expectations.satisfied(&ds_key) {
+            let backing_off = |node: &str| self.failed_backoff.waiting(&ds_key, node).is_some();
             let plan = plan(
                 &placements,
                 &by_node,
@@ -436,7 +497,17 @@ impl DaemonSets {
                 uses_surge(ds, desired),
                 min_ready,
                 now,
+                &backing_off,
             );
+            for node in &plan.failed_on {
+                self.failed_backoff.next(&ds_key, node);
+            }
+            if plan.backing_off {
+                retry_failed = placements
+                    .keys()
+                    .filter_map(|n| self.failed_backoff.waiting(&ds_key, n))
+                    .min();
+            }
             self.sync_nodes(ds, &ds_key, plan.delete, plan.create_on, &hash)
                 .await;
             if let Some((surge, unavailable)) = rolling_limits(ds, desired) {
@@ -461,10 +532,10 @@ impl DaemonSets {
             .values()
             .flatten()
             .any(|p| is_ready(p) && !is_available(p, min_ready, now));
-        Ok(if min_ready > 0 && waiting {
-            Action::requeue(Duration::from_secs(1))
-        } else {
-            Action::await_change()
+        Ok(match retry_failed {
+            _ if min_ready > 0 && waiting => Action::requeue(Duration::from_secs(1)),
+            Some(after) => Action::requeue(after),
+            None => Action::await_change(),
         })
     }
 
@@ -799,11 +870,45 @@ mod tests {
         for (what, p, pods, surge, create_on, delete) in cases {
             let placements = BTreeMap::from([("n1".to_string(), p)]);
             let by_node = ByNode::from([("n1".to_string(), pods)]);
-            let got = plan(&placements, &by_node, "h", surge, 0, now);
+            let got = plan(&placements, &by_node, "h", surge, 0, now, &|_| false);
             let deleted: Vec<&str> = got.delete.iter().map(|(p, _)| p.as_str()).collect();
             assert_eq!(got.create_on, *create_on, "{what}: created on");
             assert_eq!(deleted, *delete, "{what}: deleted");
         }
+    }
+
+    #[test]
+    fn a_node_that_keeps_failing_pods_waits_longer_each_time() {
+        let b = Backoff::default();
+        assert_eq!(b.waiting("ns/agent", "n1"), None);
+        b.next("ns/agent", "n1");
+        let first = b.waiting("ns/agent", "n1").expect("a first backoff");
+        assert!(first <= Backoff::INITIAL);
+        b.next("ns/agent", "n1");
+        let second = b.waiting("ns/agent", "n1").expect("a second backoff");
+        assert!(second > Backoff::INITIAL && second <= 2 * Backoff::INITIAL);
+        assert_eq!(b.waiting("ns/agent", "n2"), None, "per node");
+        // A failed pod on a backing-off node is left alone, and the plan says so.
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
+        let run = Placement {
+            should_run: true,
+            may_stay: true,
+        };
+        let placements = BTreeMap::from([("n1".to_string(), run)]);
+        let failed = pod("a", "h", "2026-01-01T00:00:00Z", json!({"phase": "Failed"}));
+        let by_node = ByNode::from([("n1".to_string(), vec![failed])]);
+        let waits = plan(&placements, &by_node, "h", false, 0, now, &|_| true);
+        assert!(waits.delete.is_empty() && waits.create_on.is_empty() && waits.backing_off);
+        let goes = plan(&placements, &by_node, "h", false, 0, now, &|_| false);
+        assert_eq!(goes.failed_on, ["n1"]);
+        let note = goes.delete[0].1.as_ref().expect("an event");
+        assert_eq!(
+            (note.1, note.2.as_str()),
+            (
+                "FailedDaemonPod",
+                "Found failed daemon pod ns/a on node n1, will try to kill it"
+            )
+        );
     }
 
     #[test]
