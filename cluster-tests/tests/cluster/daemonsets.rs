@@ -325,6 +325,25 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
         (out.contains("SuccessfulCreate") && out.contains("SuccessfulDelete")).then_some(())
     })
     .await;
+    // `kubectl describe` (terminating pods of the undo may linger a moment in its counts).
+    let wanted = [
+        "Desired Number of Nodes Scheduled: 3",
+        "Number of Nodes Scheduled with Up-to-date Pods: 3",
+        "Pods Status:  3 Running / 0 Waiting / 0 Succeeded / 0 Failed",
+        "SuccessfulDelete",
+    ];
+    let mut described = String::new();
+    let seen = tokio::time::timeout(BOUND, async {
+        loop {
+            described = k.run(&["describe", "daemonset", "node-agent"]).await.ok();
+            if wanted.iter().all(|w| described.contains(w)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "{wanted:?} not all in:\n{described}");
 }
 
 /// A DaemonSet of `app` whose template adds `spec` (YAML lines under the pod spec, indented
