@@ -292,6 +292,16 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
     )
     .await;
     assert_eq!(history(&k, "node-agent").await, ["1", "2"]);
+    let first = k
+        .run(&["rollout", "history", "daemonset/node-agent", "--revision=1"])
+        .await
+        .ok();
+    assert!(first.contains("rkube.local/busybox:1"), "{first}");
+    let explained = k
+        .run(&["explain", "daemonset.spec.updateStrategy.rollingUpdate"])
+        .await
+        .ok();
+    assert!(explained.contains("maxSurge"), "{explained}");
 
     // Undo goes back to the first template, which becomes revision 3.
     let undo = k
