@@ -104,7 +104,7 @@ async fn rollout_status(k: &Kubectl, ds: &str) {
             "rollout",
             "status",
             &format!("daemonset/{ds}"),
-            "--timeout=90s",
+            "--timeout=50s",
         ])
         .await;
     assert!(out.success, "{}{}", out.stdout, out.stderr);
