@@ -3,7 +3,8 @@
 //! IP from the sandbox's network, containerStatuses with state, lastState, restartCount,
 //! imageID, exit codes and reasons), exited containers restarted as restartPolicy says with
 //! back-off (CrashLoopBackOff), images missing and unpullable reported as ErrImagePull /
-//! ImagePullBackOff, and a deleted pod's containers stopped within its grace period.
+//! ImagePullBackOff, a deleted pod's containers stopped within its grace period, and its
+//! projected service account tokens renewed before they expire.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +20,8 @@ use crate::join::Clients;
 use crate::NodeConfig;
 
 const TICK: Duration = Duration::from_secs(1);
+/// How often a pod's projected tokens are checked for renewal.
+const TOKEN_CHECK: Duration = Duration::from_secs(10);
 
 fn rfc3339(nanos: i64) -> Value {
     if nanos <= 0 {
@@ -137,6 +140,7 @@ pub async fn worker(
     let mut last_status = Value::Null;
     let mut stop_grace: Option<i64> = None;
     let mut tick = tokio::time::interval(TICK);
+    let mut token_check = Instant::now() + TOKEN_CHECK;
     loop {
         if pod.pointer("/metadata/deletionTimestamp").is_some() {
             // preStop hooks once, within the grace period; then SIGTERM with what is left of
@@ -171,6 +175,16 @@ pub async fn worker(
         }
         let phase = s(&pod, "/status/phase");
         if phase != "Succeeded" && phase != "Failed" {
+            if Instant::now() >= token_check {
+                token_check = Instant::now() + TOKEN_CHECK;
+                crate::projected::renew_due(
+                    &clients.get(),
+                    &pod,
+                    &cri.volume_root(),
+                    std::time::SystemTime::now(),
+                )
+                .await;
+            }
             let mut w = Work {
                 cri: &cri,
                 client: clients.get(),

@@ -20,6 +20,7 @@ pub mod node;
 pub mod pods;
 pub mod podspec;
 pub mod probe;
+pub mod projected;
 pub mod proxy;
 pub mod server;
 pub mod spdy;

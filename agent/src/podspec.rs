@@ -1,13 +1,15 @@
-//! What a container gets besides its image: volumes (emptyDir, hostPath, configMap, secret)
-//! made on the node and mounted, and environment variables — literal values, keys of
-//! ConfigMaps and Secrets (`valueFrom`, `envFrom`) and the downward API's pod fields. The node
+//! What a container gets besides its image: volumes (emptyDir, hostPath, configMap, secret,
+//! and projected ones through [`crate::projected`]) made on the node and mounted, and
+//! environment variables — the `kubernetes` Service's address (as the kubelet gives every
+//! container), literal values, keys of ConfigMaps and Secrets (`valueFrom`, `envFrom`) and the
+//! downward API's pod fields. The node
 //! reads only the ConfigMaps and Secrets its own pods use (the Node authorizer allows exactly
 //! those).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use rkube_core::json::str_at as s;
@@ -23,7 +25,7 @@ fn arr<'a>(v: &'a Value, p: &str) -> Vec<&'a Value> {
 }
 
 /// A ConfigMap's or Secret's keys, decoded.
-async fn object_data(
+pub(crate) async fn object_data(
     client: &kube::Client,
     ns: &str,
     kind: &str,
@@ -144,6 +146,11 @@ pub async fn volumes(
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::rename(&tmp, &dir)?;
             dir
+        } else if v.get("projected").is_some() {
+            crate::projected::project(client, pod, v, &dir)
+                .await
+                .with_context(|| format!("MountVolume.SetUp failed for volume {name:?}"))?;
+            dir
         } else {
             let kind = v
                 .as_object()
@@ -181,7 +188,7 @@ pub fn mounts(container: &Value, volumes: &HashMap<String, PathBuf>) -> Result<V
 }
 
 /// A downward API field of the pod.
-fn field(pod: &Value, path: &str, pod_ip: &str) -> Result<String> {
+pub(crate) fn field(pod: &Value, path: &str, pod_ip: &str) -> Result<String> {
     Ok(match path {
         "metadata.name" => s(pod, "/metadata/name").into(),
         "metadata.namespace" => s(pod, "/metadata/namespace").into(),
@@ -204,7 +211,81 @@ fn field(pod: &Value, path: &str, pod_ip: &str) -> Result<String> {
     })
 }
 
-/// The container's environment, in Kubernetes' order: envFrom first, then env (later wins).
+/// Five random characters (a generated name's suffix).
+pub(crate) fn random_suffix() -> String {
+    use rand::Rng;
+    const CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::thread_rng();
+    (0..5)
+        .map(|_| CHARS[rng.gen_range(0..CHARS.len())] as char)
+        .collect()
+}
+
+/// The variables of a Service as the kubelet writes them (`<NAME>_SERVICE_HOST`, `_PORT`, a
+/// `_SERVICE_PORT_<PORT NAME>` per named port, and Docker links' `<NAME>_PORT*`), for a
+/// Service with a cluster IP.
+pub fn service_env(service: &k8s_openapi::api::core::v1::Service) -> Vec<(String, String)> {
+    let spec = service.spec.clone().unwrap_or_default();
+    let ip = spec.cluster_ip.unwrap_or_default();
+    let ports = spec.ports.unwrap_or_default();
+    if ip.is_empty() || ip == "None" || ports.is_empty() {
+        return Vec::new();
+    }
+    let upper = |s: &str| s.to_uppercase().replace('-', "_");
+    let prefix = upper(service.metadata.name.as_deref().unwrap_or(""));
+    let mut out = vec![
+        (format!("{prefix}_SERVICE_HOST"), ip.clone()),
+        (format!("{prefix}_SERVICE_PORT"), ports[0].port.to_string()),
+    ];
+    for p in &ports {
+        if let Some(n) = p.name.as_deref().filter(|n| !n.is_empty()) {
+            out.push((
+                format!("{prefix}_SERVICE_PORT_{}", upper(n)),
+                p.port.to_string(),
+            ));
+        }
+    }
+    let proto = |p: &k8s_openapi::api::core::v1::ServicePort| {
+        p.protocol.clone().unwrap_or_else(|| "TCP".into())
+    };
+    out.push((
+        format!("{prefix}_PORT"),
+        format!(
+            "{}://{ip}:{}",
+            proto(&ports[0]).to_lowercase(),
+            ports[0].port
+        ),
+    ));
+    for p in &ports {
+        let pr = proto(p);
+        let base = format!("{prefix}_PORT_{}_{}", p.port, pr.to_uppercase());
+        out.push((
+            base.clone(),
+            format!("{}://{ip}:{}", pr.to_lowercase(), p.port),
+        ));
+        out.push((format!("{base}_PROTO"), pr.to_lowercase()));
+        out.push((format!("{base}_PORT"), p.port.to_string()));
+        out.push((format!("{base}_ADDR"), ip.clone()));
+    }
+    out
+}
+
+/// The `kubernetes` Service's variables, which the kubelet gives every container whatever
+/// its pod's `enableServiceLinks` (in-cluster clients find the API by them); none when the
+/// Service cannot be read.
+async fn kubernetes_service_env(client: &kube::Client) -> Vec<(String, String)> {
+    let api = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client.clone(), "default");
+    match api.get("kubernetes").await {
+        Ok(svc) => service_env(&svc),
+        Err(e) => {
+            tracing::warn!(error = %crate::join::describe(&e), "reading the kubernetes Service failed; containers start without KUBERNETES_SERVICE_HOST");
+            Vec::new()
+        }
+    }
+}
+
+/// The container's environment, in Kubernetes' order: the `kubernetes` Service's variables,
+/// then envFrom, then env (later wins).
 pub async fn env(
     client: &kube::Client,
     pod: &Value,
@@ -212,7 +293,7 @@ pub async fn env(
     pod_ip: &str,
 ) -> Result<Vec<pb::KeyValue>> {
     let ns = s(pod, "/metadata/namespace");
-    let mut out: Vec<(String, String)> = Vec::new();
+    let mut out: Vec<(String, String)> = kubernetes_service_env(client).await;
     let set = |k: String, v: String, out: &mut Vec<(String, String)>| {
         out.retain(|(x, _)| *x != k);
         out.push((k, v));
@@ -279,4 +360,36 @@ pub async fn env(
         .into_iter()
         .map(|(key, value)| pb::KeyValue { key, value })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubernetes_service_variables_are_the_kubelet_s() {
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kubernetes", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.1",
+                     "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}}))
+        .unwrap();
+        let env: HashMap<String, String> = service_env(&svc).into_iter().collect();
+        let want = [
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBERNETES_SERVICE_PORT_HTTPS", "443"),
+            ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP", "tcp://10.96.0.1:443"),
+            ("KUBERNETES_PORT_443_TCP_PROTO", "tcp"),
+            ("KUBERNETES_PORT_443_TCP_PORT", "443"),
+            ("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1"),
+        ];
+        assert_eq!(env.len(), want.len(), "{env:?}");
+        for (k, v) in want {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let mut headless = svc.clone();
+        headless.spec.as_mut().unwrap().cluster_ip = Some("None".into());
+        assert!(service_env(&headless).is_empty());
+    }
 }

@@ -89,11 +89,12 @@ pub fn default_pod_spec(spec: &mut Map<String, Value>) {
         }
     }
     for v in each_in(spec, "volumes") {
-        for (kind, field) in [("secret", "defaultMode"), ("configMap", "defaultMode")] {
+        for kind in ["secret", "configMap", "downwardAPI"] {
             if let Some(src) = v.get_mut(kind).and_then(Value::as_object_mut) {
-                default(src, field, json!(420));
+                default(src, "defaultMode", json!(420));
             }
         }
+        crate::serviceaccount::default_projected(v);
     }
 }
 

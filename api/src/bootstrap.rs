@@ -1,5 +1,6 @@
 //! What the API server keeps true on its own while its member leads: the namespaces that exist
-//! from the start, a `default` ServiceAccount in every namespace, the end of a namespace's
+//! from the start, a `default` ServiceAccount in every namespace, the `kubernetes` Service and
+//! its Endpoints (an address per member), the end of a namespace's
 //! deletion (its contents go, then the namespace), the default RBAC policy, and the rules of
 //! aggregated ClusterRoles.
 //!
@@ -38,6 +39,9 @@ impl Api {
                 if let Err(e) = self.ensure_kubernetes_service().await {
                     tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
                 }
+                if let Err(e) = self.reconcile_kubernetes_endpoints().await {
+                    tracing::debug!(error = %e, "the kubernetes Service's endpoints upkeep failed; retrying");
+                }
                 if let Err(e) = self.ensure_dns_service().await {
                     tracing::debug!(error = %e, "creating the kube-dns Service failed; retrying");
                 }
@@ -63,7 +67,7 @@ impl Api {
         });
     }
 
-    async fn create_if_missing(
+    pub(crate) async fn create_if_missing(
         &self,
         target: Target,
         object: Value,
@@ -198,6 +202,114 @@ impl Api {
             }),
         )
         .await
+    }
+
+    /// The `kubernetes` Service's core Endpoints, as kube-apiserver's endpoint reconciler keeps
+    /// them: an address per member serving the API, from the EndpointSlices the members publish
+    /// for themselves ([`crate::dns::publish_member`]). The slices (the DNS ones too) of members
+    /// that have left the cluster are deleted first, so the Service stops sending pods to them.
+    async fn reconcile_kubernetes_endpoints(&self) -> Result<(), crate::error::ApiError> {
+        let slices = resources::find("discovery.k8s.io", "v1", "endpointslices").expect("served");
+        let endpoints = resources::find("", "v1", "endpoints").expect("served");
+        // Member names, when every member has published its own (a joining one publishes it
+        // as it starts).
+        let members: Option<std::collections::BTreeSet<String>> =
+            rkube_store::server::etcd::cluster::member_list(&self.node)
+                .ok()
+                .map(|ms| ms.into_iter().map(|m| m.name).collect())
+                .filter(|names: &std::collections::BTreeSet<String>| !names.contains(""));
+        let mut by_port: std::collections::BTreeMap<i64, Vec<String>> = Default::default();
+        for ns in ["default", "kube-system"] {
+            let prefix = slices.prefix(Some(ns));
+            let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+            let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+            for kv in kvs {
+                let slice = crate::storage::decode(&kv)?.object;
+                let labels = slice.pointer("/metadata/labels");
+                let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+                if label("endpointslice.kubernetes.io/managed-by")
+                    != Some(crate::dns::MEMBER_MANAGER)
+                {
+                    continue;
+                }
+                let service = label("kubernetes.io/service-name").unwrap_or("");
+                let name = slice
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let member = name.strip_prefix(&format!("{service}-")).unwrap_or("");
+                if members.as_ref().is_some_and(|m| !m.contains(member)) {
+                    let t = Target::new(slices, Some(ns.to_string()), Some(name.to_string()));
+                    match self
+                        .delete_object(&t, &Query::default(), None, Fence::Any)
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(e) if e.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                    continue;
+                }
+                if (ns, service) != ("default", "kubernetes") {
+                    continue;
+                }
+                let port = slice
+                    .pointer("/ports/0/port")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                for ep in slice
+                    .get("endpoints")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(ip) = ep.pointer("/addresses/0").and_then(Value::as_str) {
+                        by_port.entry(port).or_default().push(ip.to_string());
+                    }
+                }
+            }
+        }
+        let subsets: Vec<Value> = by_port
+            .into_iter()
+            .map(|(port, mut ips)| {
+                ips.sort();
+                ips.dedup();
+                json!({"addresses": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+                       "ports": [{"name": "https", "port": port, "protocol": "TCP"}]})
+            })
+            .collect();
+        let key = endpoints.key(Some("default"), "kubernetes");
+        match self.store.get(&key, Freshness::Latest).await? {
+            None if subsets.is_empty() => Ok(()),
+            None => {
+                self.create_if_missing(
+                    Target::new(endpoints, Some("default".into()), None),
+                    json!({"metadata": {"name": "kubernetes", "namespace": "default",
+                                        "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+                           "subsets": subsets}),
+                )
+                .await
+            }
+            Some(current) => {
+                let wanted = (!subsets.is_empty()).then_some(Value::Array(subsets));
+                if current.object.get("subsets") == wanted.as_ref() {
+                    return Ok(());
+                }
+                let mut updated = current.object.clone();
+                match wanted {
+                    Some(w) => updated["subsets"] = w,
+                    None => {
+                        if let Some(o) = updated.as_object_mut() {
+                            o.remove("subsets");
+                        }
+                    }
+                }
+                self.store
+                    .put_if(&key, &updated, current.revision, Fence::Any)
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// The cluster DNS Service, `kube-system/kube-dns`, on the tenth address of the service

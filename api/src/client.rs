@@ -360,4 +360,79 @@ mod tests {
         assert_eq!(names, vec!["y"]);
         f.stop().await;
     }
+
+    /// ServiceAccount admission through the verbs: a new pod runs as `default` with the token
+    /// volume mounted, a pod naming a missing ServiceAccount is forbidden, automounting can be
+    /// turned off by the ServiceAccount; a token bound to a pod authenticates as its
+    /// ServiceAccount with the pod in its claims, and stops when the pod is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pods_get_a_bound_token_volume_and_the_token_dies_with_the_pod() {
+        let f = Fixture::start().await;
+        let client = f.client(admin());
+        const PODS: &str = "/api/v1/namespaces/default/pods";
+        let web = client.create(PODS, &pod("web")).await.unwrap();
+        assert_eq!(web["spec"]["serviceAccountName"], "default");
+        let volume = &web["spec"]["volumes"][0];
+        let name = volume["name"].as_str().unwrap();
+        assert!(
+            name.starts_with("kube-api-access-") && name.len() == 21,
+            "{name}"
+        );
+        assert_eq!(
+            volume["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"],
+            3607
+        );
+        assert_eq!(
+            web["spec"]["containers"][0]["volumeMounts"][0],
+            json!({"name": name, "readOnly": true, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"})
+        );
+
+        let mut lost = pod("lost");
+        lost["spec"]["serviceAccountName"] = json!("nobody");
+        let e = client.create(PODS, &lost).await.unwrap_err();
+        assert_eq!((e.code, e.reason), (403, "Forbidden"));
+        assert_eq!(
+            e.message,
+            "pods \"lost\" is forbidden: error looking up service account default/nobody: serviceaccount \"nobody\" not found"
+        );
+        client
+            .create(
+                "/api/v1/namespaces/default/serviceaccounts",
+                &json!({"metadata": {"name": "quiet"}, "automountServiceAccountToken": false}),
+            )
+            .await
+            .unwrap();
+        let mut quiet = pod("quiet");
+        quiet["spec"]["serviceAccountName"] = json!("quiet");
+        let quiet = client.create(PODS, &quiet).await.unwrap();
+        assert!(quiet["spec"].get("volumes").is_none(), "{quiet}");
+        assert!(quiet["spec"]["containers"][0].get("volumeMounts").is_none());
+
+        let answer = client
+            .create(
+                "/api/v1/namespaces/default/serviceaccounts/default/token",
+                &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                        "spec": {"expirationSeconds": 3607, "boundObjectRef":
+                            {"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": web["metadata"]["uid"]}}}),
+            )
+            .await
+            .unwrap();
+        let token = answer["status"]["token"].as_str().unwrap();
+        let user = f.api.authenticate_token(token).await.unwrap();
+        assert_eq!(user.name, "system:serviceaccount:default:default");
+        assert_eq!(
+            user.extra["authentication.kubernetes.io/pod-name"],
+            vec!["web".to_string()]
+        );
+        client
+            .delete(
+                &format!("{PODS}/web"),
+                Some(&json!({"gracePeriodSeconds": 0})),
+            )
+            .await
+            .unwrap();
+        let e = f.api.authenticate_token(token).await.unwrap_err();
+        assert_eq!(e.code, 401);
+        f.stop().await;
+    }
 }

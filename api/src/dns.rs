@@ -430,6 +430,9 @@ mod tests {
     }
 }
 
+/// Who manages the EndpointSlices a member publishes for itself.
+pub const MEMBER_MANAGER: &str = "rkube-server";
+
 /// Publishes where this member serves the Kubernetes API (and DNS): its own EndpointSlices for
 /// the `default/kubernetes` and `kube-system/kube-dns` Services (`<service>-<member>`), which
 /// have no selector, so that Services carry pods' traffic to every member. Addresses no pod can
@@ -459,7 +462,7 @@ pub async fn publish_member(
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": name, "namespace": ns,
                          "labels": {"kubernetes.io/service-name": service,
-                                    "endpointslice.kubernetes.io/managed-by": "rkube-server"}},
+                                    "endpointslice.kubernetes.io/managed-by": MEMBER_MANAGER}},
             "addressType": if addr.is_ipv4() { "IPv4" } else { "IPv6" },
             "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
             "ports": ports.iter().map(|(n, p)| serde_json::json!({"name": n, "port": addr.port(), "protocol": p})).collect::<Vec<_>>(),

@@ -37,6 +37,7 @@ pub mod rbac;
 pub mod resources;
 mod reviews;
 pub mod server;
+pub mod serviceaccount;
 pub mod services;
 pub mod status_page;
 pub mod storage;

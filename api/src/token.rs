@@ -229,6 +229,32 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn bound_claims_are_kubernetes_shape() {
+        let key = test_key();
+        let (token, _) = key.issue(grant(ISSUER, 1_000, 3607)).unwrap();
+        let payload = token.split('.').nth(1).unwrap();
+        use base64::Engine;
+        let claims: serde_json::Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(payload)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            claims["kubernetes.io"],
+            serde_json::json!({"namespace": "dev",
+                "pod": {"name": "web", "uid": "p-1"},
+                "serviceaccount": {"name": "ci", "uid": "u-1"}})
+        );
+        assert_eq!(claims["sub"], "system:serviceaccount:dev:ci");
+        assert_eq!(claims["aud"], serde_json::json!([ISSUER]));
+        assert_eq!(
+            (claims["iat"].as_i64(), claims["exp"].as_i64()),
+            (Some(1_000), Some(4_607))
+        );
+    }
+
+    #[test]
     fn bad_tokens_are_refused() {
         let key = test_key();
         let (expired, _) = key.issue(grant(ISSUER, now() - 7200, 3600)).unwrap();

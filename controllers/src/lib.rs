@@ -8,7 +8,8 @@
 //! [`daemonset`] (one pod per eligible node, rolled through ControllerRevisions),
 //! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
 //! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
-//! NotReady/Unknown, taints and evictions), and the leader's [`compaction`] of the store's history.
+//! NotReady/Unknown, taints and evictions), [`rootcacert`] (the cluster CA in every
+//! namespace), and the leader's [`compaction`] of the store's history.
 
 // ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
 // hot.
@@ -26,6 +27,7 @@ pub mod nodelifecycle;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;
+pub mod rootcacert;
 
 pub use manager::{start, Settings};
 

@@ -11,7 +11,7 @@ use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Pod, ReplicationController};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ReplicationController};
 
 use crate::replicaset;
 
@@ -27,6 +27,9 @@ pub struct Settings {
     /// Addresses for LoadBalancer Services (`--load-balancer-ip-range`); None: they stay
     /// pending.
     pub load_balancer_pool: Option<crate::loadbalancer::Pool>,
+    /// The CA the API serves with (PEM), published in every namespace as `kube-root-ca.crt`;
+    /// None: not published.
+    pub root_ca: Option<String>,
 }
 
 /// Runs the controllers, then `hooks` (the scheduler), during every term this member leads.
@@ -51,6 +54,7 @@ impl Default for Settings {
             compaction_interval: Duration::from_secs(300),
             certificates: None,
             load_balancer_pool: None,
+            root_ca: None,
         }
     }
 }
@@ -125,6 +129,15 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
             certs,
         )
         .run(rx.clone());
+    }
+    if let Some(ca) = settings.root_ca.clone() {
+        crate::rootcacert::start(
+            inf.of("/registry/namespaces/").typed::<Namespace>(),
+            inf.of("/registry/configmaps/").typed::<ConfigMap>(),
+            client.clone(),
+            ca,
+            rx.clone(),
+        );
     }
     if let Some(pool) = settings.load_balancer_pool.clone() {
         crate::loadbalancer::run(

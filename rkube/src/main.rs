@@ -594,6 +594,13 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         compaction_interval: args.compaction_interval,
         certificates: certificate_settings(&args)?,
         load_balancer_pool: args.load_balancer_ip_range.clone(),
+        root_ca: match args.listen_api {
+            Some(_) => Some(
+                std::fs::read_to_string(args.pki.join(rkube_pki::CA_CERT_FILE))
+                    .context("reading the cluster CA certificate")?,
+            ),
+            None => None,
+        },
     };
     let cfg = server_config(args)?;
     let kubelet_client_dir = cfg.pki_dir.clone();

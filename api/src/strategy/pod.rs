@@ -1,5 +1,5 @@
-//! Pods: spec defaults and the admission of a new pod (LimitRange, priority, default
-//! tolerations, QoS class), a spec that is fixed once created, and graceful deletion.
+//! Pods: spec defaults and the admission of a new pod (LimitRange, ServiceAccount and its token
+//! volume, priority, default tolerations, QoS class), a spec that is fixed once created, and graceful deletion.
 
 use serde_json::{json, Value};
 
@@ -40,6 +40,7 @@ impl Strategy for Pod {
                 .namespace_objects("limitranges", t.namespace().unwrap_or(""))
                 .await?;
             crate::limitrange::admit(pod, &ranges)?;
+            crate::serviceaccount::admit_pod(api, t, pod).await?;
             super::runtimeclass::admit_pod(api, pod).await?;
             admit_priority(api, pod).await?;
             default_tolerations(pod);
