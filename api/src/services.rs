@@ -66,6 +66,19 @@ impl ServiceNet {
         Ipv4Addr::from(self.base + 1)
     }
 
+    /// The names and address by which pods reach the API through the `kubernetes` Service,
+    /// which the API's certificate must carry (kubeadm's): its ClusterIP and
+    /// `kubernetes.default.svc.<domain>` with its shorter forms.
+    pub fn api_sans(&self, domain: &str) -> Vec<String> {
+        vec![
+            self.first().to_string(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            format!("kubernetes.default.svc.{domain}"),
+        ]
+    }
+
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         let v = u32::from(ip);
         v > self.base && v < self.base + self.size() - 1

@@ -3,6 +3,8 @@
 # tests and for `ctr images import`, since no image can be pulled here:
 #   OUT/busybox.tar  rkube.local/busybox:1  (every busybox applet on PATH; CMD sh)
 #   OUT/pause.tar    rkube.local/pause:1    (a sandbox process that sleeps until stopped)
+#   OUT/kubectl.tar  rkube.local/kubectl:1  (busybox and the host's kubectl, when that is a static
+#                                            binary: a client for pods that use the API)
 # Usage: build-busybox.sh OUT
 set -euo pipefail
 OUT=${1:?usage: build-busybox.sh OUT}
@@ -52,3 +54,11 @@ image rkube.local/busybox:1 '{"Env":["PATH=/bin"],"Cmd":["sh"]}' "$OUT/busybox.t
 image rkube.local/pause:1 \
   '{"Env":["PATH=/bin"],"Entrypoint":["/bin/sh","-c","trap \"exit 0\" TERM INT; sleep 2147483647 & wait"]}' \
   "$OUT/pause.tar"
+
+# kubectl (a Go binary) runs in the image only when it is statically linked.
+KUBECTL=${KUBECTL:-$(command -v kubectl || true)}
+if [ -n "$KUBECTL" ] && file -L "$KUBECTL" | grep -q 'statically linked'; then
+  cp "$(readlink -f "$KUBECTL")" "$WORK/rootfs/bin/kubectl"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$WORK/rootfs" -cf "$WORK/layer.tar" .
+  image rkube.local/kubectl:1 '{"Env":["PATH=/bin","HOME=/tmp"],"Cmd":["sh"]}' "$OUT/kubectl.tar"
+fi

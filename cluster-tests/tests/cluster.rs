@@ -45,6 +45,8 @@ mod recovery;
 mod replication;
 #[path = "cluster/scheduler.rs"]
 mod scheduler;
+#[path = "cluster/service_accounts.rs"]
+mod service_accounts;
 #[path = "cluster/services.rs"]
 mod services;
 #[path = "cluster/snapshots.rs"]

@@ -522,6 +522,8 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         }
         args.cert_sans.push(vip.ip().to_string());
     }
+    let in_cluster = args.service_cluster_ip_range.api_sans(&args.cluster_domain);
+    args.cert_sans.extend(in_cluster);
     let advertise = args.advertise_api_url.clone();
     let sans = args.cert_sans.clone();
     let member = init::Member {

@@ -13,6 +13,9 @@ pub(super) fn write_pki(dir: &Path, cluster: &LocalCluster) -> Result<()> {
     pki::init_ca(&pki_dir)?;
     pki::init_service_account_key(&pki_dir)?;
     let mut sans = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    // Pods reach the API through the `kubernetes` Service (the servers' default range and
+    // cluster domain).
+    sans.extend(rkube_api::services::ServiceNet::default().api_sans("cluster.local"));
     if let Some(net) = &cluster.network {
         sans.push(net.host_ip());
     }
