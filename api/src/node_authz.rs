@@ -2,7 +2,8 @@
 //! `system:node:<name>` in group `system:nodes`) may do. A node reads what every node reads
 //! (nodes, pods, services, endpoints), writes events, its certificate requests and its Lease;
 //! it may read a Secret, ConfigMap or PersistentVolumeClaim only when a pod bound to it uses
-//! that object; and it may change only its own Node and the pods bound to it.
+//! that object; it may change only its own Node and the pods bound to it; and it gets service
+//! account tokens only bound to a pod it runs as that service account.
 
 use serde_json::Value;
 
@@ -236,6 +237,85 @@ impl crate::handler::Api {
     }
 }
 
+/// NodeRestriction of a TokenRequest (`serviceaccounts/<name>/token`) from a node: the token
+/// must be bound to a pod (by uid) that runs on that node as that ServiceAccount, so a node
+/// can get tokens only for what it runs. Kubernetes' messages.
+pub(crate) fn token_restriction(
+    node: &str,
+    namespace: &str,
+    service_account: &str,
+    request: &Value,
+    pod: Option<&Value>,
+) -> Result<(), ApiError> {
+    let deny = |why: String| {
+        Err(ApiError::forbidden(format!(
+            "serviceaccounts \"{service_account}\" is forbidden: {why}"
+        )))
+    };
+    let Some(bound) = request
+        .pointer("/spec/boundObjectRef")
+        .filter(|b| !b.is_null())
+    else {
+        return deny("node requested token not bound to a pod".into());
+    };
+    let kind = bound.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "Pod" {
+        return deny(format!("node requested token bound to a {kind}"));
+    }
+    let uid = bound.get("uid").and_then(Value::as_str).unwrap_or("");
+    if uid.is_empty() {
+        return deny("node requested token with a pod binding without a uid".into());
+    }
+    let name = bound.get("name").and_then(Value::as_str).unwrap_or("");
+    let Some(pod) = pod else {
+        return Err(ApiError::not_found("", "pods", name));
+    };
+    let s = |p: &str| pod.pointer(p).and_then(Value::as_str).unwrap_or("");
+    if s("/metadata/uid") != uid {
+        return deny(format!("the UID in the bound object reference ({uid}) does not match the UID in record. The object might have been deleted and then recreated"));
+    }
+    if s("/spec/nodeName") != node {
+        return deny("node requested token bound to a pod scheduled on a different node".into());
+    }
+    let pod_sa = match s("/spec/serviceAccountName") {
+        "" => "default",
+        sa => sa,
+    };
+    if pod_sa != service_account || s("/metadata/namespace") != namespace {
+        return deny(format!(
+            "node requested token bound to a pod that does not run as service account {namespace}/{service_account}"
+        ));
+    }
+    Ok(())
+}
+
+impl crate::handler::Api {
+    /// [`token_restriction`] with the pod the request names, read from the store.
+    pub(crate) async fn node_token_restriction(
+        &self,
+        node: &str,
+        t: &crate::handler::Target,
+        request: &Value,
+    ) -> Result<(), ApiError> {
+        let ns = t.namespace().unwrap_or("");
+        let pod = match request
+            .pointer("/spec/boundObjectRef/name")
+            .and_then(Value::as_str)
+        {
+            Some(name) if !name.is_empty() => {
+                let res = crate::resources::find("", "v1", "pods")
+                    .ok_or_else(|| ApiError::internal("pods are served"))?;
+                self.store
+                    .get(&res.key(Some(ns), name), Freshness::Latest)
+                    .await?
+                    .map(|s| s.object)
+            }
+            _ => None,
+        };
+        token_restriction(node, ns, t.object_name(), request, pod.as_ref())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +367,79 @@ mod tests {
             "",
             "default"
         )));
+    }
+
+    #[test]
+    fn a_node_gets_tokens_only_for_its_own_pods() {
+        let pod = json!({"metadata": {"name": "web", "namespace": "dev", "uid": "u1"},
+                         "spec": {"nodeName": "n1", "serviceAccountName": "ci"}});
+        let request = |bound: Value| json!({"spec": {"boundObjectRef": bound}});
+        let web = json!({"kind": "Pod", "apiVersion": "v1", "name": "web", "uid": "u1"});
+        // (node, service account, request, pod found, the refusal's end or None)
+        let cases = [
+            ("n1", "ci", request(web.clone()), true, None),
+            (
+                "n2",
+                "ci",
+                request(web.clone()),
+                true,
+                Some("bound to a pod scheduled on a different node"),
+            ),
+            (
+                "n1",
+                "default",
+                request(web.clone()),
+                true,
+                Some("does not run as service account dev/default"),
+            ),
+            (
+                "n1",
+                "ci",
+                json!({"spec": {}}),
+                true,
+                Some("node requested token not bound to a pod"),
+            ),
+            (
+                "n1",
+                "ci",
+                request(json!({"kind": "Pod", "name": "web"})),
+                true,
+                Some("a pod binding without a uid"),
+            ),
+            (
+                "n1",
+                "ci",
+                request(json!({"kind": "Secret", "name": "s", "uid": "x"})),
+                true,
+                Some("node requested token bound to a Secret"),
+            ),
+            (
+                "n1",
+                "ci",
+                request(json!({"kind": "Pod", "name": "web", "uid": "old"})),
+                true,
+                Some("might have been deleted and then recreated"),
+            ),
+        ];
+        for (node, sa, req, found, want) in cases {
+            let got = token_restriction(node, "dev", sa, &req, found.then_some(&pod));
+            match want {
+                None => assert!(got.is_ok(), "{req}: {got:?}"),
+                Some(end) => {
+                    let e = got.unwrap_err();
+                    assert_eq!(e.code, 403);
+                    assert!(
+                        e.message
+                            .starts_with(&format!("serviceaccounts \"{sa}\" is forbidden: ")),
+                        "{}",
+                        e.message
+                    );
+                    assert!(e.message.ends_with(end), "{}", e.message);
+                }
+            }
+        }
+        let missing = token_restriction("n1", "dev", "ci", &request(web), None).unwrap_err();
+        assert_eq!(missing.code, 404);
     }
 
     #[test]

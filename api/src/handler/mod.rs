@@ -571,6 +571,9 @@ impl Api {
                 Answer::Json(201, self.answer_create(user, t, q, object, fence).await?)
             }
             (Verb::Create(object), true, Some("token")) => {
+                if let Some(node) = crate::node_authz::node_of(user) {
+                    self.node_token_restriction(node, t, &object).await?;
+                }
                 Answer::Json(201, self.token_request(t, object).await?)
             }
             (Verb::Create(mut object), false, None) => {

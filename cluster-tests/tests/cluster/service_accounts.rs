@@ -4,8 +4,8 @@
 //! kubectl inside it (the host's static kubectl in an image built here) finds the API with its
 //! in-cluster config, through the Service's ClusterIP, and may do what its Role allows and
 //! nothing else. `kube-root-ca.crt` is in every namespace and comes back when deleted; the
-//! `kubernetes` Service has an address per member in its core Endpoints; the pod's token stops
-//! working once the pod is gone.
+//! `kubernetes` Service has an address per member in its core Endpoints; a node's agent gets
+//! tokens only bound to its pods; the pod's token stops working once the pod is gone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,17 +25,39 @@ fn server_url(k: &Kubectl) -> String {
         .expect("the kubeconfig names a server")
 }
 
-/// kubectl on this machine with only a bearer token (no kubeconfig's certificate).
-fn with_token(k: &Kubectl, dir: &Path, token: &str) -> Vec<String> {
-    vec![
+/// kubectl's flags to reach the cluster with `credential` flags instead of the kubeconfig's.
+fn as_other(k: &Kubectl, dir: &Path, credential: &[String]) -> Vec<String> {
+    let mut args = vec![
         "--kubeconfig=/dev/null".into(),
         format!("--server={}", server_url(k)),
         format!(
             "--certificate-authority={}",
             dir.join("pki").join("ca.crt").display()
         ),
-        format!("--token={token}"),
-    ]
+    ];
+    args.extend_from_slice(credential);
+    args
+}
+
+/// kubectl on this machine with only a bearer token.
+fn with_token(k: &Kubectl, dir: &Path, token: &str) -> Vec<String> {
+    as_other(k, dir, &[format!("--token={token}")])
+}
+
+/// kubectl on this machine as a node's agent (its client certificate).
+fn as_node(k: &Kubectl, dir: &Path, node: &str) -> Vec<String> {
+    let pem = dir
+        .join("agents")
+        .join(node)
+        .join("kubelet-client-current.pem");
+    as_other(
+        k,
+        dir,
+        &[
+            format!("--client-certificate={}", pem.display()),
+            format!("--client-key={}", pem.display()),
+        ],
+    )
 }
 
 #[tokio::test]
@@ -220,6 +242,45 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
         elsewhere.contains(r#"configmaps is forbidden: User "system:serviceaccount:team:reader" cannot list resource "configmaps" in API group "" in the namespace "default""#),
         "{elsewhere}"
     );
+
+    // A node gets tokens only bound to a pod it runs (NodeRestriction).
+    let uid = k
+        .run(&[
+            "get",
+            "pod",
+            "client",
+            "-n",
+            "team",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .await
+        .ok();
+    let node_token = |extra: &[&str]| {
+        let mut args = as_node(&k, c.path(), "agent1");
+        args.extend(["create", "token", "reader", "-n", "team"].map(String::from));
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let k = &k;
+        async move {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            k.run(&refs).await
+        }
+    };
+    let unbound = node_token(&[]).await.err();
+    assert!(
+        unbound.contains(
+            r#"serviceaccounts "reader" is forbidden: node requested token not bound to a pod"#
+        ),
+        "{unbound}"
+    );
+    let bound = node_token(&[
+        "--bound-object-kind=Pod",
+        "--bound-object-name=client",
+        &format!("--bound-object-uid={uid}"),
+    ])
+    .await
+    .ok();
+    assert_eq!(bound.trim().split('.').count(), 3, "a JWT: {bound}");
 
     // The token is bound to the pod: it works from here too, until the pod is gone.
     let token = exec(&["cat", &format!("{TOKEN_DIR}/token")]).await.ok();
