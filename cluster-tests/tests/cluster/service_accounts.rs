@@ -4,14 +4,16 @@
 //! kubectl inside it (the host's static kubectl in an image built here) finds the API with its
 //! in-cluster config, through the Service's ClusterIP, and may do what its Role allows and
 //! nothing else. `kube-root-ca.crt` is in every namespace and comes back when deleted; the
-//! `kubernetes` Service has an address per member in its core Endpoints; a node's agent gets
-//! tokens only bound to its pods; the pod's token stops working once the pod is gone.
+//! `kubernetes` Service has an address per member in its core Endpoints, and a member removed
+//! from the cluster leaves them; a node's agent gets tokens only bound to its pods; the pod's
+//! token stops working once the pod is gone.
 
 use std::path::Path;
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
+use cluster_tests::{rkube_bin, wait_for, Cluster, ClusterClient, Options};
+use rkube_store::proto::etcdserverpb as pb;
 
 const BOUND: Duration = Duration::from_secs(90);
 const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -304,4 +306,43 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
         refused.contains("error: You must be logged in to the server (Unauthorized)"),
         "{refused}"
     );
+
+    // A member removed from the cluster is no longer an endpoint of the kubernetes Service.
+    let removed = c.members[2].name.clone();
+    ClusterClient::new(c.channel(0))
+        .member_remove(pb::MemberRemoveRequest { id: c.id_of(2) })
+        .await
+        .expect("member remove");
+    wait_for(
+        &format!("{removed} out of the kubernetes Service's endpoints"),
+        BOUND,
+        || async {
+            let subsets = k
+                .run(&[
+                    "get",
+                    "endpoints",
+                    "kubernetes",
+                    "-o",
+                    "jsonpath={range .subsets[*]}{.addresses[0].ip}:{.ports[0].port}{\" \"}{end}",
+                ])
+                .await
+                .stdout;
+            let slices = k
+                .run(&[
+                    "get",
+                    "endpointslices",
+                    "-l",
+                    "kubernetes.io/service-name=kubernetes",
+                    "-o",
+                    "name",
+                ])
+                .await
+                .stdout;
+            (subsets.split_whitespace().count() == 2
+                && slices.lines().count() == 2
+                && !slices.contains(&format!("kubernetes-{removed}")))
+            .then_some(())
+        },
+    )
+    .await;
 }
