@@ -28,9 +28,12 @@ impl Api {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut ticks: u64 = 0;
             let mut policy_done = false;
+            let mut members = MemberLeases::default();
             loop {
                 tick.tick().await;
                 if !self.node.is_leader() {
+                    // A later term watches the members' Leases afresh.
+                    members = MemberLeases::default();
                     continue;
                 }
                 if let Err(e) = self.reconcile_namespaces().await {
@@ -39,7 +42,7 @@ impl Api {
                 if let Err(e) = self.ensure_kubernetes_service().await {
                     tracing::debug!(error = %e, "creating the kubernetes Service failed; retrying");
                 }
-                if let Err(e) = self.reconcile_kubernetes_endpoints().await {
+                if let Err(e) = self.reconcile_kubernetes_endpoints(&mut members).await {
                     tracing::debug!(error = %e, "the kubernetes Service's endpoints upkeep failed; retrying");
                 }
                 if let Err(e) = self.ensure_dns_service().await {
@@ -204,11 +207,16 @@ impl Api {
         .await
     }
 
-    /// The `kubernetes` Service's core Endpoints, as kube-apiserver's endpoint reconciler keeps
+    /// The `kubernetes` Service's core Endpoints, as kube-apiserver's lease reconciler keeps
     /// them: an address per member serving the API, from the EndpointSlices the members publish
     /// for themselves ([`crate::dns::publish_member`]). The slices (the DNS ones too) of members
-    /// that have left the cluster are deleted first, so the Service stops sending pods to them.
-    async fn reconcile_kubernetes_endpoints(&self) -> Result<(), crate::error::ApiError> {
+    /// whose Lease has not been renewed for [`crate::dns::MEMBER_LEASE_SECONDS`] (as this leader
+    /// saw it: no clock is compared) or that have left the cluster are deleted first, so the
+    /// Services stop sending pods to them; a member that comes back publishes them again.
+    async fn reconcile_kubernetes_endpoints(
+        &self,
+        leases: &mut MemberLeases,
+    ) -> Result<(), crate::error::ApiError> {
         let slices = resources::find("discovery.k8s.io", "v1", "endpointslices").expect("served");
         let endpoints = resources::find("", "v1", "endpoints").expect("served");
         // Member names, when every member has published its own (a joining one publishes it
@@ -218,6 +226,24 @@ impl Api {
                 .ok()
                 .map(|ms| ms.into_iter().map(|m| m.name).collect())
                 .filter(|names: &std::collections::BTreeSet<String>| !names.contains(""));
+        let lease_res = resources::find("coordination.k8s.io", "v1", "leases").expect("served");
+        let prefix = lease_res.prefix(Some("kube-system"));
+        let end = rkube_store::mvcc::types::prefix_end(prefix.as_bytes());
+        let (kvs, _, _) = self.store.range(&prefix, &end, 0, Freshness::Any).await?;
+        let mut seen = Vec::new();
+        for kv in kvs {
+            let lease = crate::storage::decode(&kv)?;
+            let name = lease
+                .object
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if let Some(member) = name.strip_prefix(crate::dns::MEMBER_LEASE_PREFIX) {
+                seen.push((member.to_string(), lease.revision));
+            }
+        }
+        let now = std::time::Instant::now();
+        leases.observe(&seen, now);
         let mut by_port: std::collections::BTreeMap<i64, Vec<String>> = Default::default();
         for ns in ["default", "kube-system"] {
             let prefix = slices.prefix(Some(ns));
@@ -238,7 +264,8 @@ impl Api {
                     .and_then(Value::as_str)
                     .unwrap_or("");
                 let member = name.strip_prefix(&format!("{service}-")).unwrap_or("");
-                if members.as_ref().is_some_and(|m| !m.contains(member)) {
+                let gone = members.as_ref().is_some_and(|m| !m.contains(member));
+                if gone || !leases.alive(member, now) {
                     let t = Target::new(slices, Some(ns.to_string()), Some(name.to_string()));
                     match self
                         .delete_object(&t, &Query::default(), None, Fence::Any)
@@ -445,5 +472,61 @@ impl Api {
             }
         }
         Ok(())
+    }
+}
+
+/// When this leader last saw each member's Lease change: a member whose Lease has not changed
+/// for [`crate::dns::MEMBER_LEASE_SECONDS`] is down. Times are this member's own monotonic
+/// clock, so members' clocks need not agree; a member is given that long from the moment this
+/// leader first sees its Lease.
+#[derive(Debug, Default)]
+pub(crate) struct MemberLeases {
+    seen: std::collections::HashMap<String, (i64, std::time::Instant)>,
+}
+
+impl MemberLeases {
+    /// Takes in the members' Leases (member, revision) as they are now.
+    pub(crate) fn observe(&mut self, leases: &[(String, i64)], now: std::time::Instant) {
+        self.seen
+            .retain(|member, _| leases.iter().any(|(m, _)| m == member));
+        for (member, revision) in leases {
+            match self.seen.get(member) {
+                Some((r, _)) if r == revision => {}
+                _ => {
+                    self.seen.insert(member.clone(), (*revision, now));
+                }
+            }
+        }
+    }
+
+    /// Whether the member's Lease changed recently enough.
+    pub(crate) fn alive(&self, member: &str, now: std::time::Instant) -> bool {
+        self.seen.get(member).is_some_and(|(_, at)| {
+            now.duration_since(*at) < Duration::from_secs(crate::dns::MEMBER_LEASE_SECONDS)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_is_down_once_its_lease_stops_changing() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut m = MemberLeases::default();
+        m.observe(&[("n1".into(), 10), ("n2".into(), 11)], at(0));
+        assert!(m.alive("n1", at(0)) && m.alive("n2", at(0)));
+        assert!(!m.alive("n3", at(0)), "no Lease: not serving");
+        // n1 renews, n2 does not.
+        m.observe(&[("n1".into(), 20), ("n2".into(), 11)], at(10));
+        m.observe(&[("n1".into(), 30), ("n2".into(), 11)], at(16));
+        assert!(m.alive("n1", at(16)));
+        assert!(!m.alive("n2", at(16)), "unchanged for 16 s");
+        // n2 comes back; n1's Lease is deleted.
+        m.observe(&[("n2".into(), 40)], at(17));
+        assert!(m.alive("n2", at(17)));
+        assert!(!m.alive("n1", at(17)));
     }
 }

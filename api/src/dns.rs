@@ -432,11 +432,21 @@ mod tests {
 
 /// Who manages the EndpointSlices a member publishes for itself.
 pub const MEMBER_MANAGER: &str = "rkube-server";
+/// The prefix of the Lease each member renews in kube-system while it serves the API
+/// (kube-apiserver's identity leases are named so).
+pub const MEMBER_LEASE_PREFIX: &str = "kube-apiserver-";
+/// How often a member renews its Lease and checks its EndpointSlices.
+pub const MEMBER_RENEW: Duration = Duration::from_secs(5);
+/// How long a member's Lease may go unrenewed before its endpoints are taken out (the
+/// master lease TTL of kube-apiserver's lease reconciler).
+pub const MEMBER_LEASE_SECONDS: u64 = 15;
 
-/// Publishes where this member serves the Kubernetes API (and DNS): its own EndpointSlices for
-/// the `default/kubernetes` and `kube-system/kube-dns` Services (`<service>-<member>`), which
-/// have no selector, so that Services carry pods' traffic to every member. Addresses no pod can
-/// reach (loopback, unspecified) are not published. Retries until the namespaces exist.
+/// Publishes where this member serves the Kubernetes API (and DNS), for as long as it runs:
+/// its Lease `kube-system/kube-apiserver-<member>`, renewed every [`MEMBER_RENEW`], and its
+/// own EndpointSlices for the `default/kubernetes` and `kube-system/kube-dns` Services
+/// (`<service>-<member>`), which have no selector, so that Services carry pods' traffic to
+/// every member; a slice deleted meanwhile (the leader takes out members whose Lease stopped)
+/// is made again. Addresses no pod can reach (loopback, unspecified) are not published.
 pub async fn publish_member(
     client: Client,
     member: String,
@@ -444,51 +454,103 @@ pub async fn publish_member(
     dns: Option<SocketAddr>,
 ) {
     let reachable = |a: &SocketAddr| !a.ip().is_loopback() && !a.ip().is_unspecified();
-    let mut slices = Vec::new();
+    let mut wanted = Vec::new();
     if reachable(&api) {
-        slices.push(("default", "kubernetes", api, vec![("https", "TCP")]));
+        wanted.push(("default", "kubernetes", api, vec![("https", "TCP")]));
     }
     if let Some(dns) = dns.filter(reachable) {
-        slices.push((
+        wanted.push((
             "kube-system",
             "kube-dns",
             dns,
             vec![("dns", "UDP"), ("dns-tcp", "TCP")],
         ));
     }
-    for (ns, service, addr, ports) in slices {
-        let name = format!("{service}-{member}");
-        let slice = serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": name, "namespace": ns,
-                         "labels": {"kubernetes.io/service-name": service,
-                                    "endpointslice.kubernetes.io/managed-by": MEMBER_MANAGER}},
-            "addressType": if addr.is_ipv4() { "IPv4" } else { "IPv6" },
-            "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
-            "ports": ports.iter().map(|(n, p)| serde_json::json!({"name": n, "port": addr.port(), "protocol": p})).collect::<Vec<_>>(),
-        });
-        let path = format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices");
-        for attempt in 0u32.. {
-            let done = match client.create(&path, &slice).await {
-                Ok(_) => true,
-                Err(e) if e.code == 409 => match client.get(&format!("{path}/{name}")).await {
-                    Ok(current) => {
-                        let mut update = slice.clone();
-                        update["metadata"]["resourceVersion"] =
-                            current["metadata"]["resourceVersion"].clone();
-                        client
-                            .update(&format!("{path}/{name}"), &update)
-                            .await
-                            .is_ok()
-                    }
-                    Err(_) => false,
-                },
-                Err(_) => false,
-            };
-            if done {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt.min(10) + 1))).await;
+    let slices: Vec<(String, Value)> = wanted
+        .into_iter()
+        .map(|(ns, service, addr, ports)| {
+            let name = format!("{service}-{member}");
+            let slice = serde_json::json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": ns,
+                             "labels": {"kubernetes.io/service-name": service,
+                                        "endpointslice.kubernetes.io/managed-by": MEMBER_MANAGER}},
+                "addressType": if addr.is_ipv4() { "IPv4" } else { "IPv6" },
+                "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
+                "ports": ports.iter().map(|(n, p)| serde_json::json!({"name": n, "port": addr.port(), "protocol": p})).collect::<Vec<_>>(),
+            });
+            (format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{name}"), slice)
+        })
+        .collect();
+    let lease_path = format!(
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{MEMBER_LEASE_PREFIX}{member}"
+    );
+    let mut tick = tokio::time::interval(MEMBER_RENEW);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = renew_lease(&client, &lease_path, &member).await {
+            tracing::debug!(error = %e, "renewing this member's Lease failed; retrying");
+            continue;
         }
+        for (path, slice) in &slices {
+            if let Err(e) = ensure(&client, path, slice).await {
+                tracing::debug!(error = %e, path, "publishing this member's endpoints failed; retrying");
+            }
+        }
+    }
+}
+
+async fn renew_lease(
+    client: &Client,
+    path: &str,
+    member: &str,
+) -> Result<(), crate::error::ApiError> {
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let spec = serde_json::json!({"holderIdentity": member,
+        "leaseDurationSeconds": MEMBER_LEASE_SECONDS, "renewTime": now});
+    match client.get(path).await {
+        Ok(mut lease) => {
+            lease["spec"] = spec;
+            client.update(path, &lease).await.map(|_| ())
+        }
+        Err(e) if e.code == 404 => {
+            let (collection, name) = path.rsplit_once('/').unwrap_or((path, ""));
+            let lease = serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": "kube-system",
+                             "labels": {"apiserver.kubernetes.io/identity": "kube-apiserver",
+                                        "kubernetes.io/hostname": member}},
+                "spec": spec,
+            });
+            client.create(collection, &lease).await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates the slice at `path`, or puts back what it should hold when it was changed.
+async fn ensure(client: &Client, path: &str, slice: &Value) -> Result<(), crate::error::ApiError> {
+    match client.get(path).await {
+        Ok(current) => {
+            let same = ["addressType", "endpoints", "ports"]
+                .iter()
+                .all(|f| current.get(*f) == slice.get(*f));
+            if same {
+                return Ok(());
+            }
+            let mut update = slice.clone();
+            update["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+            client.update(path, &update).await.map(|_| ())
+        }
+        Err(e) if e.code == 404 => {
+            let collection = path.rsplit_once('/').map(|(c, _)| c).unwrap_or(path);
+            match client.create(collection, slice).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.code == 409 => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
     }
 }

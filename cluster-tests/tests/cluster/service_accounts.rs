@@ -4,8 +4,8 @@
 //! kubectl inside it (the host's static kubectl in an image built here) finds the API with its
 //! in-cluster config, through the Service's ClusterIP, and may do what its Role allows and
 //! nothing else. `kube-root-ca.crt` is in every namespace and comes back when deleted; the
-//! `kubernetes` Service has an address per member in its core Endpoints, and a member removed
-//! from the cluster leaves them; a node's agent gets tokens only bound to its pods; the pod's
+//! `kubernetes` Service has an address per member in its core Endpoints, which a member leaves
+//! while it is down and when it is removed from the cluster; a node's agent gets tokens only bound to its pods; the pod's
 //! token stops working once the pod is gone.
 
 use std::path::Path;
@@ -62,6 +62,22 @@ fn as_node(k: &Kubectl, dir: &Path, node: &str) -> Vec<String> {
     )
 }
 
+/// The addresses (ip:port) in the kubernetes Service's core Endpoints.
+async fn kubernetes_endpoints(k: &Kubectl) -> Vec<String> {
+    k.run(&[
+        "get",
+        "endpoints",
+        "kubernetes",
+        "-o",
+        "jsonpath={range .subsets[*]}{.addresses[0].ip}:{.ports[0].port}{\" \"}{end}",
+    ])
+    .await
+    .stdout
+    .split_whitespace()
+    .map(str::to_string)
+    .collect()
+}
+
 #[tokio::test]
 async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows() {
     let images = tempfile::tempdir().unwrap();
@@ -109,19 +125,45 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
         .ok();
     assert_eq!(cluster_ip, "10.96.0.1");
     wait_for("an endpoint per member", BOUND, || async {
-        let out = k
-            .run(&[
-                "get",
-                "endpoints",
-                "kubernetes",
-                "-o",
-                "jsonpath={range .subsets[*]}{.addresses[0].ip}:{.ports[0].port}{\" \"}{end}",
-            ])
-            .await
-            .stdout;
-        (out.split_whitespace().count() == 3).then_some(())
+        (kubernetes_endpoints(&k).await.len() == 3).then_some(())
     })
     .await;
+    // The members renew their Leases; their slices are written only when they change.
+    let slice_versions = || async {
+        k.run(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=kubernetes",
+            "-o",
+            "jsonpath={.items[*].metadata.resourceVersion}",
+        ])
+        .await
+        .ok()
+    };
+    let lease_version = || async {
+        k.run(&[
+            "get",
+            "lease",
+            "-n",
+            "kube-system",
+            "kube-apiserver-n1",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+        .await
+        .stdout
+    };
+    let slices_before = slice_versions().await;
+    let mut lease = lease_version().await;
+    for renewal in ["a renewal of n1's Lease", "another renewal of n1's Lease"] {
+        lease = wait_for(renewal, BOUND, || async {
+            let now = lease_version().await;
+            (!now.is_empty() && now != lease).then_some(now)
+        })
+        .await;
+    }
+    assert_eq!(slice_versions().await, slices_before);
 
     // A namespace with a ServiceAccount that may read ConfigMaps there, and nothing else.
     let setup = r#"{"apiVersion":"v1","kind":"List","items":[
@@ -307,26 +349,34 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
         "{refused}"
     );
 
-    // A member removed from the cluster is no longer an endpoint of the kubernetes Service.
-    let removed = c.members[2].name.clone();
-    ClusterClient::new(c.channel(0))
-        .member_remove(pb::MemberRemoveRequest { id: c.id_of(2) })
+    // A member that stops is taken out of the endpoints once its Lease runs out (15 s), and
+    // is back when it is.
+    let leader = c.wait_leader().await;
+    let victim = if leader == 0 { 1 } else { 0 };
+    c.kill(victim).await;
+    wait_for("the stopped member out of the endpoints", BOUND, || async {
+        (kubernetes_endpoints(&k).await.len() == 2).then_some(())
+    })
+    .await;
+    c.restart_missing().await.expect("the member restarts");
+    wait_for("the member back in the endpoints", BOUND, || async {
+        (kubernetes_endpoints(&k).await.len() == 3).then_some(())
+    })
+    .await;
+
+    // A member removed from the cluster (a follower: the kubeconfig's endpoint stays where it
+    // is) is no longer an endpoint of the kubernetes Service.
+    let leader = c.wait_leader().await;
+    let gone = (0..3).rev().find(|i| *i != leader).expect("a follower");
+    let removed = c.members[gone].name.clone();
+    ClusterClient::new(c.channel(leader))
+        .member_remove(pb::MemberRemoveRequest { id: c.id_of(gone) })
         .await
         .expect("member remove");
     wait_for(
         &format!("{removed} out of the kubernetes Service's endpoints"),
         BOUND,
         || async {
-            let subsets = k
-                .run(&[
-                    "get",
-                    "endpoints",
-                    "kubernetes",
-                    "-o",
-                    "jsonpath={range .subsets[*]}{.addresses[0].ip}:{.ports[0].port}{\" \"}{end}",
-                ])
-                .await
-                .stdout;
             let slices = k
                 .run(&[
                     "get",
@@ -338,7 +388,7 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
                 ])
                 .await
                 .stdout;
-            (subsets.split_whitespace().count() == 2
+            (kubernetes_endpoints(&k).await.len() == 2
                 && slices.lines().count() == 2
                 && !slices.contains(&format!("kubernetes-{removed}")))
             .then_some(())
