@@ -8,8 +8,8 @@
 //! the old files or the new ones, never a mix, and the directory itself (what the container
 //! runtime bind-mounts) never changes.
 //!
-//! A token is renewed once 80% of its lifetime has passed, as the kubelet's token manager does;
-//! when that is is read from the token itself (its `iat` and `exp` claims), so an agent that
+//! A token is renewed once 80% of its lifetime has passed, as the kubelet's token manager does.
+//! Its lifetime is read from the token itself (its `iat` and `exp` claims), so an agent that
 //! restarts renews the tokens of the pods it adopts on time.
 
 use std::collections::BTreeMap;
@@ -86,7 +86,11 @@ async fn object_files(
                 );
             }
             None if optional => {}
-            None => bail!("configmap references non-existent config key: {key}"),
+            // The kubelet's words.
+            None if kind == "configMap" => {
+                bail!("configmap references non-existent config key: {key}")
+            }
+            None => bail!("references non-existent secret key: {key}"),
         }
     }
     Ok(())
