@@ -3,10 +3,11 @@
 //! `kube-api-access-*` volume and the `kubernetes` Service's address in its environment, so a
 //! kubectl inside it (the host's static kubectl in an image built here) finds the API with its
 //! in-cluster config, through the Service's ClusterIP, and may do what its Role allows and
-//! nothing else. `kube-root-ca.crt` is in every namespace and comes back when deleted; the
-//! `kubernetes` Service has an address per member in its core Endpoints, which a member leaves
-//! while it is down and when it is removed from the cluster; a node's agent gets tokens only bound to its pods; the pod's
-//! token stops working once the pod is gone.
+//! nothing else; the agent renews the token when it is due. `kube-root-ca.crt` is in every
+//! namespace and comes back when deleted; the `kubernetes` Service has an address per member in
+//! its core Endpoints, which a member leaves while it is down and when it is removed from the
+//! cluster; a node's agent gets tokens only bound to its pods; the pod's token stops working
+//! once the pod is gone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -325,6 +326,41 @@ async fn a_pod_uses_the_api_with_its_service_account_and_only_as_its_role_allows
     .await
     .ok();
     assert_eq!(bound.trim().split('.').count(), 3, "a JWT: {bound}");
+
+    // The agent renews a token once 80% of its life has passed. A token file that says it was
+    // issued an hour ago (its claims only: the agent reads them to time the renewal) is
+    // replaced by a fresh token within the agent's check, and the container sees the new one.
+    let volume = c
+        .path()
+        .join("agents/agent1/volumes")
+        .join(&uid)
+        .join("volumes")
+        .join(words[0]);
+    let current = volume.join("..data").join("token");
+    assert!(current.exists(), "{}", current.display());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let b64 = |v: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v)
+    };
+    let aged = format!(
+        "{}.{}.old",
+        b64(r#"{"alg":"ES256","typ":"JWT"}"#),
+        b64(&format!(r#"{{"iat":{},"exp":{}}}"#, now - 3600, now + 7))
+    );
+    std::fs::write(&current, &aged).unwrap();
+    assert_eq!(
+        exec(&["cat", &format!("{TOKEN_DIR}/token")]).await.ok(),
+        aged
+    );
+    wait_for("the aged token renewed", BOUND, || async {
+        let seen = exec(&["cat", &format!("{TOKEN_DIR}/token")]).await.stdout;
+        (!seen.is_empty() && seen != aged).then_some(())
+    })
+    .await;
 
     // The token is bound to the pod: it works from here too, until the pod is gone.
     let token = exec(&["cat", &format!("{TOKEN_DIR}/token")]).await.ok();
