@@ -289,6 +289,9 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
             match start(&shared, &pod).await {
                 Ok(()) => {
                     started = true;
+                    if let Some(end) = simulated_end(&pod) {
+                        tokio::spawn(finish(shared.clone(), pod.clone(), end));
+                    }
                     break;
                 }
                 Err(e) => {
@@ -366,6 +369,96 @@ async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
     )
     .await?;
     Ok(())
+}
+
+/// The annotation that gives a simulated pod's containers their exit code (default 0).
+pub const SIM_EXIT_CODE: &str = "sim.rkube.io/exit-code";
+/// The annotation that gives how long a simulated pod's containers run before they exit
+/// (seconds; default 0).
+pub const SIM_RUN_SECONDS: &str = "sim.rkube.io/run-seconds";
+
+/// How a simulated pod ends: (seconds it runs, exit code), for pods that run to completion
+/// (restartPolicy Never or OnFailure) and are a Job's or carry [`SIM_EXIT_CODE`], as kwok's
+/// pod-complete stage finishes them. Other pods run until deleted; so does a pod that
+/// fails under OnFailure (its container would be restarted for ever).
+fn simulated_end(pod: &Value) -> Option<(u64, i32)> {
+    let annotation = |k: &str| {
+        pod.pointer("/metadata/annotations")
+            .and_then(|a| a.get(k))
+            .and_then(Value::as_str)
+    };
+    let policy = s(pod, "/spec/restartPolicy");
+    let of_job = pod
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|r| s(r, "/kind") == "Job" && r.get("controller") == Some(&json!(true)));
+    let code = annotation(SIM_EXIT_CODE);
+    if !matches!(policy, "Never" | "OnFailure") || !(of_job || code.is_some()) {
+        return None;
+    }
+    let code: i32 = code.and_then(|c| c.parse().ok()).unwrap_or(0);
+    if code != 0 && policy == "OnFailure" {
+        return None;
+    }
+    let secs = annotation(SIM_RUN_SECONDS)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some((secs, code))
+}
+
+/// After `secs`, the simulated pod's containers exit with `code`: the pod is Succeeded or
+/// Failed, as the kubelet reports it.
+async fn finish(shared: Arc<Shared>, pod: Value, (secs, code): (u64, i32)) {
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (ns, name, uid) = (
+        s(&pod, "/metadata/namespace"),
+        s(&pod, "/metadata/name"),
+        s(&pod, "/metadata/uid"),
+    );
+    let t = now();
+    let reason = if code == 0 { "Completed" } else { "Error" };
+    let statuses: Vec<Value> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let image = s(c, "/image");
+            json!({"name": s(c, "/name"), "image": image, "imageID": format!("sim://{image}"),
+                   "containerID": format!("sim://{uid}/{}", s(c, "/name")),
+                   "ready": false, "started": false, "restartCount": 0, "lastState": {},
+                   "state": {"terminated": {"exitCode": code, "reason": reason,
+                       "startedAt": t, "finishedAt": t,
+                       "containerID": format!("sim://{uid}/{}", s(c, "/name"))}}})
+        })
+        .collect();
+    let not_ready = |ty: &str| {
+        json!({"type": ty, "status": "False", "reason": "PodCompleted",
+        "lastProbeTime": null, "lastTransitionTime": t})
+    };
+    let status = json!({
+        "phase": if code == 0 { "Succeeded" } else { "Failed" },
+        "conditions": [not_ready("Ready"), not_ready("ContainersReady")],
+        "containerStatuses": statuses,
+    });
+    let api: Api<Pod> = Api::namespaced(shared.clients.get(), ns);
+    // Conditions merge by type (strategic merge), as the kubelet's status patch does.
+    let patch = Patch::Strategic(json!({"status": status}));
+    for _ in 0..5 {
+        match api
+            .patch_status(name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                tracing::warn!(pod = name, error = %e, "reporting the pod finished failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }
 
 /// A pod being deleted: stop its containers (a `Killing` event each), report them

@@ -207,6 +207,16 @@ pub(crate) fn field(pod: &Value, path: &str, pod_ip: &str) -> Result<String> {
                 .unwrap_or("")
                 .into()
         }
+        p if p.starts_with("metadata.annotations['") => {
+            let key = p
+                .trim_start_matches("metadata.annotations['")
+                .trim_end_matches("']");
+            pod.pointer("/metadata/annotations")
+                .and_then(|a| a.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into()
+        }
         other => bail!("fieldRef {other:?} is not supported"),
     })
 }

@@ -175,6 +175,12 @@ pub static RESOURCES: &[Resource] = &[
     res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true,
          short: [], cat: [], sub: [], storage: "controllerrevisions", verbs: ALL_VERBS,
          spec: false),
+    // batch/v1
+    res!("batch", "v1", "Job", "jobs", "job", true, short: [], cat: ["all"], sub: ["status"],
+         storage: "jobs", verbs: ALL_VERBS, spec: true, strategy: &strategy::job::Job),
+    res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, short: ["cj"], cat: ["all"],
+         sub: ["status"], storage: "cronjobs", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::cronjob::CronJob),
     // coordination.k8s.io/v1
     res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, short: [], cat: [],
          sub: [], storage: "leases", verbs: ALL_VERBS, spec: false),

@@ -29,6 +29,8 @@ mod etcd_client;
 mod etcdctl;
 #[path = "cluster/failover.rs"]
 mod failover;
+#[path = "cluster/jobs.rs"]
+mod jobs;
 #[path = "cluster/kube_client.rs"]
 mod kube_client;
 #[path = "cluster/kubectl.rs"]

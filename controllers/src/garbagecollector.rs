@@ -46,6 +46,8 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
         "endpointslices",
     ),
     ("/registry/services/endpoints/", "/api/v1", "endpoints"),
+    ("/registry/jobs/", "/apis/batch/v1", "jobs"),
+    ("/registry/cronjobs/", "/apis/batch/v1", "cronjobs"),
     ("/registry/configmaps/", "/api/v1", "configmaps"),
     ("/registry/secrets/", "/api/v1", "secrets"),
     // Nodes own their Leases in kube-node-lease.

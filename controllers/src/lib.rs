@@ -6,8 +6,8 @@
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`daemonset`] (one pod per eligible node, rolled through ControllerRevisions),
-//! [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
-//! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
+//! [`job`] and [`cronjob`], [`endpoints`] (Endpoints and EndpointSlices of Services),
+//! [`garbagecollector`] (owner references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
 //! NotReady/Unknown, taints and evictions), [`rootcacert`] (the cluster CA in every
 //! namespace), and the leader's [`compaction`] of the store's history.
 
@@ -17,10 +17,12 @@
 
 pub mod certificates;
 pub mod compaction;
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod endpoints;
 pub mod garbagecollector;
+pub mod job;
 pub mod loadbalancer;
 pub mod manager;
 pub mod nodelifecycle;

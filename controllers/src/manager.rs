@@ -11,6 +11,7 @@ use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ReplicationController};
 
 use crate::replicaset;
@@ -90,9 +91,17 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         inf.of("/registry/daemonsets/").typed::<DaemonSet>(),
         inf.of("/registry/minions/")
             .typed::<k8s_openapi::api::core::v1::Node>(),
-        pods,
+        pods.clone(),
         inf.of("/registry/controllerrevisions/")
             .typed::<ControllerRevision>(),
+        client.clone(),
+        rx.clone(),
+    );
+    let jobs = inf.of("/registry/jobs/").typed::<Job>();
+    crate::job::start(jobs.clone(), pods.clone(), client.clone(), rx.clone());
+    crate::cronjob::start(
+        inf.of("/registry/cronjobs/").typed::<CronJob>(),
+        jobs,
         client.clone(),
         rx.clone(),
     );

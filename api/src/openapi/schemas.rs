@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::{
     apps::v1 as apps, authentication::v1 as authentication, authorization::v1 as authorization,
-    autoscaling::v1 as autoscaling, certificates::v1 as certificates,
+    autoscaling::v1 as autoscaling, batch::v1 as batch, certificates::v1 as certificates,
     coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
     events::v1 as events, networking::v1 as networking, node::v1 as node, policy::v1 as policy,
     rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
@@ -65,6 +65,8 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("apps", "DaemonSet") => named::<apps::DaemonSet>(gen),
         ("autoscaling", "Scale") => named::<autoscaling::Scale>(gen),
         ("policy", "Eviction") => named::<policy::Eviction>(gen),
+        ("batch", "Job") => named::<batch::Job>(gen),
+        ("batch", "CronJob") => named::<batch::CronJob>(gen),
         ("coordination.k8s.io", "Lease") => named::<coordination::Lease>(gen),
         ("discovery.k8s.io", "EndpointSlice") => named::<discovery::EndpointSlice>(gen),
         ("events.k8s.io", "Event") => named::<events::Event>(gen),

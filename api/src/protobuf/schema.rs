@@ -242,6 +242,7 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
             f(11, "hostNetwork", Bool),
             f(12, "hostPID", Bool),
             f(13, "hostIPC", Bool),
+            f(14, "securityContext", Msg("PodSecurityContext")),
             f(16, "hostname", Str),
             f(17, "subdomain", Str),
             f(19, "schedulerName", Str),
@@ -286,6 +287,43 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
     (
         "ResourceRequirements",
         &[f(1, "limits", MapQuantity), f(2, "requests", MapQuantity)],
+    ),
+    (
+        "PodSecurityContext",
+        &[
+            p(2, "runAsUser", Int),
+            p(3, "runAsNonRoot", Bool),
+            p(5, "fsGroup", Int),
+            p(6, "runAsGroup", Int),
+            p(9, "fsGroupChangePolicy", Str),
+        ],
+    ),
+    (
+        "Job",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("JobSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "JobSpec",
+        &[
+            p(1, "parallelism", Int),
+            p(2, "completions", Int),
+            p(3, "activeDeadlineSeconds", Int),
+            f(4, "selector", Msg("LabelSelector")),
+            p(5, "manualSelector", Bool),
+            f(6, "template", Msg("PodTemplateSpec")),
+            p(7, "backoffLimit", Int),
+            p(8, "ttlSecondsAfterFinished", Int),
+            p(9, "completionMode", Str),
+            p(10, "suspend", Bool),
+            p(12, "backoffLimitPerIndex", Int),
+            p(13, "maxFailedIndexes", Int),
+            p(14, "podReplacementPolicy", Str),
+            p(15, "managedBy", Str),
+        ],
     ),
     (
         "PriorityClass",

@@ -9,6 +9,7 @@
 
 pub mod certificatesigningrequest;
 pub mod configmap;
+pub mod cronjob;
 pub mod csidriver;
 pub mod csinode;
 pub mod csistoragecapacity;
@@ -17,6 +18,7 @@ pub mod deployment;
 pub(crate) mod field;
 pub mod ingress;
 pub mod ingressclass;
+pub mod job;
 pub mod namespace;
 pub mod networkpolicy;
 pub mod node;

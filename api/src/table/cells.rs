@@ -311,6 +311,10 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
                 json!(healthy.map_or("", |c| s(c, "/error"))),
             ]
         }
+        ("batch", kind) => match super::batch::batch_row(kind, o, now) {
+            Some(rest) => std::iter::once(name).chain(rest).collect(),
+            None => vec![name, Value::Null],
+        },
         (group, kind) => match stored_row(group, kind, o) {
             Some(rest) => std::iter::once(name).chain(rest).collect(),
             None => vec![name, Value::Null],

@@ -7,6 +7,12 @@ pub(super) type Columns = &'static [(&'static str, &'static str, u8)];
 /// The columns of a kind (name, type, priority), without the leading Name column when the
 /// kind's printer does not start with it (events).
 pub(super) fn columns(res: &Resource) -> Columns {
+    if let Some(c) = (res.group == "batch")
+        .then(|| super::batch::batch_columns(res.kind))
+        .flatten()
+    {
+        return c;
+    }
     match (res.group, res.kind) {
         ("", "Pod") => &[
             ("Name", "string", 0),

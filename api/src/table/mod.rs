@@ -4,9 +4,10 @@
 //!
 //! `columns.rs` holds each kind's columns, `cells.rs` fills a row's cells by kind (the longer
 //! Pod, Service and Node rows in `rows.rs`, those of the kinds stored for other programs in
-//! `stored.rs`), and `format.rs` writes durations, ages, selectors
+//! `stored.rs`, Jobs' and CronJobs' in `batch.rs`), and `format.rs` writes durations, ages, selectors
 //! and `<none>` as kubectl does.
 
+mod batch;
 mod cells;
 mod columns;
 mod format;

@@ -81,8 +81,6 @@ const NOT_YET: &[&str] = &[
     ".apiregistration.k8s.io",
     ".flowcontrol.apiserver.k8s.io",
     "statefulsets.apps",
-    "jobs.batch",
-    "cronjobs.batch",
     "horizontalpodautoscalers.autoscaling",
     "poddisruptionbudgets.policy",
     "persistentvolumes",

@@ -1,0 +1,336 @@
+//! Jobs and CronJobs as a user runs them with kubectl, on a simulated node whose pods run to
+//! completion (a Job's pods end at once, with the exit code of their `sim.rkube.io/exit-code`
+//! annotation, 0 unless it says otherwise): a Job of three completions two at a time
+//! completes; a failing Job stops at its backoff limit; an Indexed Job runs each index once; a
+//! CronJob starts a Job every minute and keeps only its history limit of them, and
+//! `kubectl create job --from=cronjob/...` starts one by hand.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{wait_for, Cluster, Options};
+
+async fn cluster_with_a_node() -> (Cluster, Kubectl) {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 1,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1"]).await;
+    (c, k)
+}
+
+const JOBS: &str = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: pi
+spec:
+  completions: 3
+  parallelism: 2
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: pi
+        image: busybox:1.36
+        command: ["sh", "-c", "exit 0"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: doomed
+spec:
+  backoffLimit: 1
+  template:
+    metadata:
+      annotations:
+        sim.rkube.io/exit-code: "1"
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: fail
+        image: busybox:1.36
+        command: ["sh", "-c", "exit 1"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: idx
+spec:
+  completions: 3
+  parallelism: 3
+  completionMode: Indexed
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: worker
+        image: busybox:1.36
+        command: ["sh", "-c", "echo $JOB_COMPLETION_INDEX"]
+"#;
+
+fn words(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+async fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    let jp = format!("jsonpath={path}");
+    args.extend_from_slice(&["-o", &jp]);
+    k.run(&args).await.ok()
+}
+
+/// The reasons of the events about `name`.
+async fn event_reasons(k: &Kubectl, name: &str) -> Vec<String> {
+    let out = jsonpath(
+        k,
+        &["events"],
+        "{range .items[*]}{.involvedObject.name} {.reason}{\"\\n\"}{end}",
+    )
+    .await;
+    out.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(n, _)| *n == name)
+        .map(|(_, r)| r.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_complete_fail_at_their_backoff_limit_and_run_each_index() {
+    let (_c, k) = cluster_with_a_node().await;
+    let applied = k.run_with_input(&["apply", "-f", "-"], JOBS).await.ok();
+    for line in [
+        "job.batch/pi created",
+        "job.batch/doomed created",
+        "job.batch/idx created",
+    ] {
+        assert!(applied.contains(line), "{applied}");
+    }
+
+    // Three completions, two pods at a time.
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/pi",
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    let t = words(&k.run(&["get", "job", "pi"]).await.ok());
+    assert_eq!(t[0], ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]);
+    assert_eq!(t[1][..3], ["pi", "Complete", "3/3"]);
+    let status = jsonpath(
+        &k,
+        &["job", "pi"],
+        "{.status.succeeded} {.status.failed} {.status.active} {.status.conditions[?(@.type==\"Complete\")].reason}",
+    )
+    .await;
+    assert_eq!(status, "3 0 0 CompletionsReached");
+    // The generated selector, and pods counted and freed of the tracking finalizer.
+    let selector = jsonpath(&k, &["job", "pi"], "{.spec.selector.matchLabels}").await;
+    assert!(
+        selector.contains("batch.kubernetes.io/controller-uid"),
+        "{selector}"
+    );
+    let pods = jsonpath(
+        &k,
+        &["pods", "-l", "batch.kubernetes.io/job-name=pi"],
+        "{range .items[*]}{.status.phase} {.metadata.finalizers}{\"\\n\"}{end}",
+    )
+    .await;
+    assert_eq!(
+        pods.lines().collect::<Vec<_>>(),
+        ["Succeeded "; 3],
+        "{pods}"
+    );
+    let reasons = event_reasons(&k, "pi").await;
+    for r in ["SuccessfulCreate", "Completed"] {
+        assert!(reasons.iter().any(|x| x == r), "{reasons:?}");
+    }
+
+    // Two failures, one past the backoff limit of 1 (the second after a 10 s backoff).
+    let failed = k
+        .run(&[
+            "wait",
+            "--for=condition=failed",
+            "job/doomed",
+            "--timeout=120s",
+        ])
+        .await;
+    assert!(failed.success, "{}{}", failed.stdout, failed.stderr);
+    let status = jsonpath(
+        &k,
+        &["job", "doomed"],
+        "{.status.failed} {.status.conditions[?(@.type==\"Failed\")].reason}",
+    )
+    .await;
+    assert_eq!(status, "2 BackoffLimitExceeded");
+    let t = words(&k.run(&["get", "job", "doomed"]).await.ok());
+    assert_eq!(t[1][..3], ["doomed", "Failed", "0/1"]);
+    assert!(event_reasons(&k, "doomed")
+        .await
+        .iter()
+        .any(|r| r == "BackoffLimitExceeded"));
+
+    // Each index once, with its index in a label, an annotation and the hostname.
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/idx",
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    assert_eq!(
+        jsonpath(&k, &["job", "idx"], "{.status.completedIndexes}").await,
+        "0-2"
+    );
+    let pods = jsonpath(
+        &k,
+        &["pods", "-l", "batch.kubernetes.io/job-name=idx"],
+        "{range .items[*]}{.metadata.labels.batch\\.kubernetes\\.io/job-completion-index} {.spec.hostname} {.spec.containers[0].env[0].name}{\"\\n\"}{end}",
+    )
+    .await;
+    let got: BTreeSet<&str> = pods.lines().collect();
+    assert_eq!(
+        got,
+        BTreeSet::from([
+            "0 idx-0 JOB_COMPLETION_INDEX",
+            "1 idx-1 JOB_COMPLETION_INDEX",
+            "2 idx-2 JOB_COMPLETION_INDEX"
+        ]),
+        "{pods}"
+    );
+}
+
+const CRONJOB: &str = r#"
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: tick
+spec:
+  schedule: "* * * * *"
+  successfulJobsHistoryLimit: 1
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: OnFailure
+          containers:
+          - name: tick
+            image: busybox:1.36
+            command: ["date"]
+"#;
+
+/// The jobs the cronjob `tick` controls: (name, scheduled-timestamp annotation).
+async fn ticks(k: &Kubectl) -> Vec<(String, String)> {
+    let out = jsonpath(
+        k,
+        &["jobs"],
+        "{range .items[*]}{.metadata.ownerReferences[0].name} {.metadata.name} {.metadata.annotations.batch\\.kubernetes\\.io/cronjob-scheduled-timestamp}{\"\\n\"}{end}",
+    )
+    .await;
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"tick") && f.len() == 3).then(|| (f[1].into(), f[2].into()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
+    let (_c, k) = cluster_with_a_node().await;
+    let applied = k.run_with_input(&["apply", "-f", "-"], CRONJOB).await.ok();
+    assert!(applied.contains("cronjob.batch/tick created"), "{applied}");
+    let out = k.run(&["get", "cronjob", "tick"]).await.ok();
+    let t = words(&out);
+    assert_eq!(
+        t[0],
+        ["NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"]
+    );
+    assert_eq!(
+        t[1][..9],
+        ["tick", "*", "*", "*", "*", "*", "<none>", "False", "0"],
+        "{out}"
+    );
+    let defaults = jsonpath(
+        &k,
+        &["cronjob", "tick"],
+        "{.spec.concurrencyPolicy} {.spec.failedJobsHistoryLimit} {.spec.suspend}",
+    )
+    .await;
+    assert_eq!(defaults, "Allow 1 false");
+
+    // Two scheduled jobs have run, and the history keeps the last successful one only.
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    wait_for(
+        "two jobs of the cronjob and one kept",
+        Duration::from_secs(200),
+        || {
+            let k = &k;
+            let seen = &mut seen;
+            async move {
+                let now = ticks(k).await;
+                seen.extend(now.iter().cloned());
+                let last_success =
+                    jsonpath(k, &["cronjob", "tick"], "{.status.lastSuccessfulTime}").await;
+                let done = seen.len() >= 2 && now.len() == 1 && !last_success.is_empty();
+                if !done {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                done.then_some(())
+            }
+        },
+    )
+    .await;
+    for (name, stamp) in &seen {
+        // tick-<minutes since the epoch>, scheduled at that minute.
+        let minutes: i64 = name
+            .strip_prefix("tick-")
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("{name}"));
+        let at = chrono::DateTime::parse_from_rfc3339(stamp).expect(stamp);
+        assert_eq!(at.timestamp(), minutes * 60, "{name} {stamp}");
+    }
+    let reasons = event_reasons(&k, "tick").await;
+    for r in ["SuccessfulCreate", "SawCompletedJob", "SuccessfulDelete"] {
+        assert!(reasons.iter().any(|x| x == r), "{r}: {reasons:?}");
+    }
+    let last = jsonpath(&k, &["cronjob", "tick"], "{.status.lastScheduleTime}").await;
+    assert!(!last.is_empty());
+
+    // A job by hand from the cronjob's template.
+    let created = k
+        .run(&["create", "job", "by-hand", "--from=cronjob/tick"])
+        .await;
+    assert!(created.success, "{}{}", created.stdout, created.stderr);
+    assert!(created.stdout.contains("job.batch/by-hand created"));
+    let meta = jsonpath(
+        &k,
+        &["job", "by-hand"],
+        "{.metadata.annotations.cronjob\\.kubernetes\\.io/instantiate} {.metadata.ownerReferences[0].kind} {.spec.backoffLimit}",
+    )
+    .await;
+    assert_eq!(meta, "manual CronJob 6");
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/by-hand",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+}

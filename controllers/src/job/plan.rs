@@ -1,0 +1,841 @@
+//! What one sync of a Job decides from the job and its pods, without writing anything: which
+//! finished pods to count (and free of the tracking finalizer), whether the job has succeeded
+//! or failed, how many pods (of which indexes) to create or which to delete, the status to
+//! write, and when to look again. Kubernetes' `syncJob` is the model.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus, UncountedTerminatedPods};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::indexes::{format_indexes, parse_indexes};
+use super::policy::{match_policy, PolicyAction};
+
+/// The finalizer that keeps a finished pod until the job has counted it.
+pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+/// An Indexed job's pod's index (annotation and label).
+pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// How often an index had failed before this pod (backoffLimitPerIndex).
+pub const INDEX_FAILURE_COUNT: &str = "batch.kubernetes.io/job-index-failure-count";
+
+/// The first delay before a failed pod is replaced, doubled per failure up to MAX_BACKOFF.
+const BACKOFF: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(360);
+
+/// How a finished pod counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// Ends without counting: ignored by the pod failure policy, or deleted while the job
+    /// was suspended.
+    Uncounted,
+}
+
+/// A condition that ends the job, or announces that it will end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finish {
+    pub failed: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What one sync does.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Finished pods to count and free of the finalizer: (uid, name, outcome).
+    pub count: Vec<(String, String, Outcome)>,
+    /// Pods to create: one entry per pod, with its index in an Indexed job, and how often that
+    /// index failed before.
+    pub create: Vec<(Option<i32>, i32)>,
+    /// Active pods to delete, by name.
+    pub delete: Vec<String>,
+    /// The status once the counted pods are freed.
+    pub status: JobStatus,
+    /// A newly reached end (SuccessCriteriaMet or FailureTarget), for its event.
+    pub reached: Option<Finish>,
+    /// The job just became Complete or Failed.
+    pub finished_now: bool,
+    /// The job was just suspended (Some(true)) or resumed (Some(false)).
+    pub suspended_now: Option<bool>,
+    /// When to look again even if nothing changes.
+    pub requeue: Option<Duration>,
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn has_finalizer(pod: &Pod) -> bool {
+    pod.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == TRACKING_FINALIZER)
+}
+
+pub fn index_of(pod: &Pod) -> Option<i32> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(COMPLETION_INDEX))
+        .or_else(|| pod.metadata.labels.as_ref()?.get(COMPLETION_INDEX))
+        .and_then(|v| v.parse().ok())
+}
+
+fn index_failures(pod: &Pod) -> i32 {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INDEX_FAILURE_COUNT))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn terminal(pod: &Pod) -> bool {
+    matches!(phase(pod), "Succeeded" | "Failed")
+}
+
+fn is_active(pod: &Pod) -> bool {
+    !terminal(pod) && pod.metadata.deletion_timestamp.is_none()
+}
+
+fn is_terminating(pod: &Pod) -> bool {
+    !terminal(pod) && pod.metadata.deletion_timestamp.is_some()
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// When the pod finished: its containers' latest finish, else its deletion, else None.
+fn finished_at(pod: &Pod) -> Option<Timestamp> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref();
+    let latest = statuses
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+        .map(|t| t.0)
+        .max();
+    latest.or_else(|| pod.metadata.deletion_timestamp.as_ref().map(|t| t.0))
+}
+
+pub fn condition_true(status: Option<&JobStatus>, ty: &str) -> bool {
+    status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == ty && c.status == "True"))
+}
+
+fn condition(ty: &str, status: &str, reason: &str, message: &str, now: Timestamp) -> JobCondition {
+    JobCondition {
+        type_: ty.into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_probe_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+/// Sets a condition, keeping its transition time when its status does not change.
+fn set_condition(status: &mut JobStatus, c: JobCondition) {
+    let conds = status.conditions.get_or_insert_with(Vec::new);
+    match conds.iter_mut().find(|x| x.type_ == c.type_) {
+        Some(x) if x.status == c.status => {}
+        Some(x) => *x = c,
+        None => conds.push(c),
+    }
+}
+
+/// The pods of the job to count now: finished (or being deleted) and still held by the
+/// tracking finalizer, except those whose finalizer was already taken off (`freed`, which the
+/// cache may not show yet); and the uids the status already holds as uncounted.
+fn to_count(
+    pods: &[Arc<Pod>],
+    status: &JobStatus,
+    freed: &HashSet<String>,
+    suspended: bool,
+    spec: &JobSpec,
+) -> (
+    Vec<(String, String, Outcome)>,
+    Option<Finish>,
+    BTreeSet<i32>,
+) {
+    let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
+    let was = |list: &Option<Vec<String>>, uid: &str| list.iter().flatten().any(|u| u == uid);
+    let mut out = Vec::new();
+    let mut fail_job = None;
+    let mut fail_index = BTreeSet::new();
+    for pod in pods {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let listed_ok = was(&uncounted.succeeded, &uid);
+        let listed_failed = was(&uncounted.failed, &uid);
+        let finished = terminal(pod) || pod.metadata.deletion_timestamp.is_some();
+        let held = has_finalizer(pod) && !freed.contains(&uid);
+        if !(listed_ok || listed_failed || (held && finished)) {
+            continue;
+        }
+        let outcome = if listed_ok || phase(pod) == "Succeeded" {
+            Outcome::Succeeded
+        } else if listed_failed {
+            Outcome::Failed
+        } else if phase(pod) == "Failed" {
+            match match_policy(spec, pod) {
+                Some((PolicyAction::FailJob, message)) => {
+                    fail_job.get_or_insert(Finish {
+                        failed: true,
+                        reason: "PodFailurePolicy",
+                        message,
+                    });
+                    Outcome::Failed
+                }
+                Some((PolicyAction::Ignore, _)) => Outcome::Uncounted,
+                Some((PolicyAction::FailIndex, _)) => {
+                    if let Some(i) = index_of(pod) {
+                        fail_index.insert(i);
+                    }
+                    Outcome::Failed
+                }
+                Some((PolicyAction::Count, _)) | None => Outcome::Failed,
+            }
+        } else if suspended {
+            Outcome::Uncounted
+        } else {
+            Outcome::Failed
+        };
+        out.push((uid, name, outcome));
+    }
+    // Listed before, and gone since: counted as listed.
+    let present: HashSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref())
+        .collect();
+    for (list, outcome) in [
+        (&uncounted.succeeded, Outcome::Succeeded),
+        (&uncounted.failed, Outcome::Failed),
+    ] {
+        for uid in list.iter().flatten() {
+            if !present.contains(uid.as_str()) {
+                out.push((uid.clone(), String::new(), outcome));
+            }
+        }
+    }
+    (out, fail_job, fail_index)
+}
+
+/// One sync's decisions for `job` with its `pods` at `now`; `freed` holds the uids of pods
+/// whose finalizer this controller has already removed.
+pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestamp) -> Plan {
+    let spec = job.spec.clone().unwrap_or_default();
+    let old = job.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let mut plan = Plan::default();
+    let suspended = spec.suspend == Some(true);
+    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    let finished = condition_true(Some(&old), "Complete") || condition_true(Some(&old), "Failed");
+
+    // Count what finished.
+    let (count, fail_job, policy_failed_indexes) = to_count(pods, &old, freed, suspended, &spec);
+    let mut succeeded = old.succeeded.unwrap_or(0);
+    let mut failed = old.failed.unwrap_or(0);
+    let mut completed: BTreeSet<i32> = parse_indexes(old.completed_indexes.as_deref());
+    let mut failed_indexes: BTreeSet<i32> = parse_indexes(old.failed_indexes.as_deref());
+    let completions = spec.completions;
+    let by_uid: BTreeMap<&str, &Arc<Pod>> = pods
+        .iter()
+        .map(|p| (p.metadata.uid.as_deref().unwrap_or(""), p))
+        .collect();
+    for (uid, _, outcome) in &count {
+        let pod = by_uid.get(uid.as_str());
+        let index = pod.and_then(|p| index_of(p));
+        match outcome {
+            Outcome::Succeeded => {
+                if indexed {
+                    // An index counts once, however many of its pods succeed.
+                    if let Some(i) = index.filter(|i| completions.is_some_and(|c| *i < c)) {
+                        if completed.insert(i) {
+                            succeeded += 1;
+                        }
+                    }
+                } else {
+                    succeeded += 1;
+                }
+            }
+            Outcome::Failed => {
+                failed += 1;
+                if let (Some(limit), Some(i), Some(p)) = (spec.backoff_limit_per_index, index, pod)
+                {
+                    if index_failures(p) + 1 > limit {
+                        failed_indexes.insert(i);
+                    }
+                }
+            }
+            Outcome::Uncounted => {}
+        }
+    }
+    failed_indexes.extend(&policy_failed_indexes);
+    failed_indexes.retain(|i| !completed.contains(i));
+    plan.count = count;
+
+    let active: Vec<&Arc<Pod>> = pods.iter().filter(|p| is_active(p)).collect();
+    let terminating = pods.iter().filter(|p| is_terminating(p)).count() as i32;
+
+    // Suspension starts and ends the clock.
+    let was_suspended = condition_true(Some(&old), "Suspended");
+    if !finished {
+        if suspended && !was_suspended {
+            set_condition(
+                &mut status,
+                condition("Suspended", "True", "JobSuspended", "Job suspended", now),
+            );
+            status.start_time = None;
+            plan.suspended_now = Some(true);
+        } else if !suspended && was_suspended {
+            set_condition(
+                &mut status,
+                condition("Suspended", "False", "JobResumed", "Job resumed", now),
+            );
+            plan.suspended_now = Some(false);
+        }
+        if !suspended && status.start_time.is_none() {
+            status.start_time = Some(Time(now));
+        }
+    }
+
+    // Has the job reached its end?
+    let mut end: Option<Finish> = None;
+    for (ty, failed) in [("FailureTarget", true), ("SuccessCriteriaMet", false)] {
+        if let Some(c) = old
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == ty && c.status == "True")
+        {
+            end = Some(Finish {
+                failed,
+                reason: match c.reason.as_deref() {
+                    Some("BackoffLimitExceeded") => "BackoffLimitExceeded",
+                    Some("DeadlineExceeded") => "DeadlineExceeded",
+                    Some("PodFailurePolicy") => "PodFailurePolicy",
+                    Some("MaxFailedIndexesExceeded") => "MaxFailedIndexesExceeded",
+                    Some("FailedIndexes") => "FailedIndexes",
+                    _ => "CompletionsReached",
+                },
+                message: c.message.clone().unwrap_or_default(),
+            });
+        }
+    }
+    let backoff_limit = spec.backoff_limit.unwrap_or(6);
+    let pending: Vec<i32> = match (indexed, completions) {
+        (true, Some(c)) => (0..c)
+            .filter(|i| !completed.contains(i) && !failed_indexes.contains(i))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if end.is_none() && !finished {
+        let deadline = spec.active_deadline_seconds.and_then(|secs| {
+            let start = status.start_time.as_ref()?.0;
+            Some(start.as_second() + secs)
+        });
+        end = if let Some(f) = fail_job {
+            Some(f)
+        } else if spec.backoff_limit_per_index.is_none() && failed > backoff_limit {
+            Some(Finish {
+                failed: true,
+                reason: "BackoffLimitExceeded",
+                message: "Job has reached the specified backoff limit".into(),
+            })
+        } else if spec
+            .max_failed_indexes
+            .is_some_and(|m| failed_indexes.len() as i32 > m)
+        {
+            Some(Finish {
+                failed: true,
+                reason: "MaxFailedIndexesExceeded",
+                message: "Job has exceeded the specified maximal number of failed indexes".into(),
+            })
+        } else if !suspended && deadline.is_some_and(|d| now.as_second() >= d) {
+            Some(Finish {
+                failed: true,
+                reason: "DeadlineExceeded",
+                message: "Job was active longer than specified deadline".into(),
+            })
+        } else if indexed && pending.is_empty() && !failed_indexes.is_empty() {
+            Some(Finish {
+                failed: true,
+                reason: "FailedIndexes",
+                message: "Job has failed indexes".into(),
+            })
+        } else {
+            let done = match (indexed, completions) {
+                (true, Some(c)) => completed.len() as i32 >= c,
+                (false, Some(c)) => succeeded >= c,
+                // A work queue: done when one pod succeeded and none runs.
+                (_, None) => succeeded > 0 && active.is_empty(),
+            };
+            done.then(|| Finish {
+                failed: false,
+                reason: "CompletionsReached",
+                message: "Reached expected number of succeeded pods".into(),
+            })
+        };
+        if let Some(f) = &end {
+            let ty = if f.failed {
+                "FailureTarget"
+            } else {
+                "SuccessCriteriaMet"
+            };
+            set_condition(
+                &mut status,
+                condition(ty, "True", f.reason, &f.message, now),
+            );
+            plan.reached = Some(f.clone());
+        } else if let Some(d) = deadline.filter(|_| !suspended) {
+            plan.requeue = Some(Duration::from_secs((d - now.as_second()).max(1) as u64));
+        }
+    }
+
+    // The pods the job should run now.
+    let want: usize = if finished || end.is_some() || suspended {
+        0
+    } else {
+        let parallelism = spec.parallelism.unwrap_or(1).max(0);
+        match (indexed, completions) {
+            (true, Some(_)) => (parallelism as usize).min(pending.len()),
+            (false, Some(c)) => parallelism.min((c - succeeded).max(0)) as usize,
+            (_, None) if succeeded > 0 => active.len().min(parallelism as usize),
+            (_, None) => parallelism as usize,
+        }
+    };
+    let mut keep: Vec<&Arc<Pod>> = Vec::new();
+    let mut surplus: Vec<&Arc<Pod>> = Vec::new();
+    let mut held_indexes = BTreeSet::new();
+    for p in &active {
+        // Indexed: a pod of an index already done, or a second pod of an index, goes.
+        let index_ok =
+            !indexed || index_of(p).is_some_and(|i| pending.contains(&i) && held_indexes.insert(i));
+        if index_ok {
+            keep.push(p);
+        } else {
+            surplus.push(p);
+        }
+    }
+    if keep.len() > want {
+        // Not ready first, then the newest.
+        keep.sort_by_key(|p| {
+            (
+                is_ready(p),
+                std::cmp::Reverse(p.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+            )
+        });
+        let extra = keep.len() - want;
+        let gone: Vec<&Arc<Pod>> = keep.drain(..extra).collect();
+        for p in gone {
+            if let Some(i) = index_of(p) {
+                held_indexes.remove(&i);
+            }
+            surplus.push(p);
+        }
+    }
+    plan.delete = surplus
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap_or_default())
+        .collect();
+    let replacements_wait =
+        spec.pod_replacement_policy.as_deref() == Some("Failed") && terminating > 0;
+    if keep.len() < want && !replacements_wait {
+        let new_failures = plan
+            .count
+            .iter()
+            .filter(|(_, _, o)| *o == Outcome::Failed)
+            .count();
+        // Failed pods are replaced after a delay that doubles with each failure.
+        let last_failure = pods
+            .iter()
+            .filter(|p| phase(p) == "Failed")
+            .filter_map(|p| finished_at(p))
+            .max();
+        let delay = match failed {
+            0 => Duration::ZERO,
+            n => BACKOFF
+                .saturating_mul(1u32 << (n - 1).min(10) as u32)
+                .min(MAX_BACKOFF),
+        };
+        let ready_at = last_failure.map(|t| t.as_second() + delay.as_secs() as i64);
+        match ready_at.filter(|at| *at > now.as_second() && (failed > 0 || new_failures > 0)) {
+            Some(at) => {
+                let wait = Duration::from_secs((at - now.as_second()) as u64);
+                plan.requeue = Some(plan.requeue.map_or(wait, |r| r.min(wait)));
+            }
+            None => {
+                let n = want - keep.len();
+                if indexed {
+                    let failures_of = |i: i32| {
+                        pods.iter()
+                            .filter(|p| index_of(p) == Some(i) && phase(p) == "Failed")
+                            .map(|p| index_failures(p) + 1)
+                            .max()
+                            .unwrap_or(0)
+                    };
+                    plan.create = pending
+                        .iter()
+                        .filter(|i| !held_indexes.contains(i))
+                        .take(n)
+                        .map(|i| (Some(*i), failures_of(*i)))
+                        .collect();
+                } else {
+                    plan.create = vec![(None, 0); n];
+                }
+            }
+        }
+    }
+
+    // The status.
+    let after_create = keep.len() as i32;
+    status.active = Some(after_create);
+    status.ready = Some(keep.iter().filter(|p| is_ready(p)).count() as i32);
+    status.terminating = Some(terminating + plan.delete.len() as i32);
+    status.succeeded = Some(succeeded);
+    status.failed = Some(failed);
+    status.uncounted_terminated_pods = Some(UncountedTerminatedPods::default());
+    if indexed {
+        status.completed_indexes = Some(format_indexes(&completed));
+        if spec.backoff_limit_per_index.is_some() {
+            status.failed_indexes = Some(format_indexes(&failed_indexes));
+        }
+    }
+    if let Some(f) = end.as_ref().filter(|_| !finished) {
+        // The job ends once none of its pods runs any more.
+        let running = keep.len() + surplus.len() + terminating as usize;
+        if running == 0 {
+            let ty = if f.failed { "Failed" } else { "Complete" };
+            set_condition(
+                &mut status,
+                condition(ty, "True", f.reason, &f.message, now),
+            );
+            if !f.failed {
+                status.completion_time = Some(Time(now));
+            }
+            plan.finished_now = true;
+        } else if plan.requeue.is_none() {
+            plan.requeue = Some(Duration::from_secs(1));
+        }
+    }
+    plan.status = status;
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    const NOW: &str = "2026-01-01T00:10:00Z";
+
+    fn now() -> Timestamp {
+        NOW.parse().unwrap()
+    }
+
+    fn job(spec: Value, status: Value) -> Job {
+        serde_json::from_value(
+            json!({"metadata": {"name": "pi", "namespace": "ns", "uid": "j"},
+            "spec": spec, "status": status}),
+        )
+        .unwrap()
+    }
+
+    /// A pod of the job: `state` is running, ready, succeeded, failed:<code>[@finish], or
+    /// deleting; `index` for Indexed jobs.
+    fn pod(name: &str, state: &str, index: Option<i32>) -> Arc<Pod> {
+        // A trailing `!`: counted already, the finalizer is off.
+        let (state, counted) = match state.strip_suffix('!') {
+            Some(s) => (s, true),
+            None => (state, false),
+        };
+        let (phase, code, at) = match state.split_once(':') {
+            Some(("failed", rest)) => {
+                let (code, at) = rest
+                    .split_once('@')
+                    .unwrap_or((rest, "2026-01-01T00:00:00Z"));
+                ("Failed", code.parse::<i32>().unwrap(), at.to_string())
+            }
+            _ => match state {
+                "succeeded" => ("Succeeded", 0, "2026-01-01T00:00:00Z".to_string()),
+                _ => ("Running", -1, String::new()),
+            },
+        };
+        let mut p = json!({"metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}"),
+                "finalizers": [TRACKING_FINALIZER],
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": phase, "conditions": [
+                {"type": "Ready", "status": if state == "ready" {"True"} else {"False"}}]}});
+        if code >= 0 {
+            p["status"]["containerStatuses"] = json!([{"name": "c", "image": "i", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "finishedAt": at}}}]);
+        }
+        if state == "deleting" {
+            p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:09:00Z");
+        }
+        if counted {
+            p["metadata"]["finalizers"] = json!([]);
+        }
+        if let Some(i) = index {
+            p["metadata"]["annotations"] = json!({COMPLETION_INDEX: i.to_string()});
+        }
+        Arc::new(serde_json::from_value(p).unwrap())
+    }
+
+    fn conditions(p: &Plan) -> Vec<String> {
+        p.status
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| {
+                format!(
+                    "{}={}:{}",
+                    c.type_,
+                    c.status,
+                    c.reason.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn next_actions_from_the_pods() {
+        let started = json!({"startTime": "2026-01-01T00:00:00Z"});
+        struct Case {
+            what: &'static str,
+            spec: Value,
+            status: Value,
+            pods: Vec<Arc<Pod>>,
+            create: usize,
+            delete: usize,
+            counts: (i32, i32),
+            conditions: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                what: "a new job starts parallelism pods",
+                spec: json!({"completions": 3, "parallelism": 2}),
+                status: json!({}),
+                pods: vec![],
+                create: 2,
+                delete: 0,
+                counts: (0, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "one succeeded: one more for the last completion",
+                spec: json!({"completions": 3, "parallelism": 2}),
+                status: started.clone(),
+                pods: vec![pod("a", "succeeded", None), pod("b", "running", None)],
+                create: 1,
+                delete: 0,
+                counts: (1, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "all completions: complete",
+                spec: json!({"completions": 2, "parallelism": 2}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1}),
+                pods: vec![pod("b", "succeeded", None)],
+                create: 0,
+                delete: 0,
+                counts: (2, 0),
+                conditions: &[
+                    "SuccessCriteriaMet=True:CompletionsReached",
+                    "Complete=True:CompletionsReached",
+                ],
+            },
+            Case {
+                what: "a failure within the limit waits out the backoff",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 2}),
+                status: started.clone(),
+                pods: vec![pod("a", "failed:1@2026-01-01T00:09:55Z", None)],
+                create: 0,
+                delete: 0,
+                counts: (0, 1),
+                conditions: &[],
+            },
+            Case {
+                what: "after the backoff the failed pod is replaced",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 2}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "failed": 1}),
+                pods: vec![pod("a", "failed:1@2026-01-01T00:09:00Z!", None)],
+                create: 1,
+                delete: 0,
+                counts: (0, 1),
+                conditions: &[],
+            },
+            Case {
+                what: "past the backoff limit the job fails and its pods go",
+                spec: json!({"completions": 2, "parallelism": 2, "backoffLimit": 1}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "failed": 1}),
+                pods: vec![pod("a", "failed:1", None), pod("b", "running", None)],
+                create: 0,
+                delete: 1,
+                counts: (0, 2),
+                conditions: &["FailureTarget=True:BackoffLimitExceeded"],
+            },
+            Case {
+                what: "the deadline passed",
+                spec: json!({"completions": 1, "parallelism": 1, "activeDeadlineSeconds": 60}),
+                status: started.clone(),
+                pods: vec![pod("a", "running", None)],
+                create: 0,
+                delete: 1,
+                counts: (0, 0),
+                conditions: &["FailureTarget=True:DeadlineExceeded"],
+            },
+            Case {
+                what: "suspended: the active pods go, uncounted",
+                spec: json!({"completions": 1, "parallelism": 1, "suspend": true}),
+                status: started.clone(),
+                pods: vec![pod("a", "running", None), pod("b", "deleting", None)],
+                create: 0,
+                delete: 1,
+                counts: (0, 0),
+                conditions: &["Suspended=True:JobSuspended"],
+            },
+            Case {
+                what: "a FailJob rule fails the job at once",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 6,
+                    "podFailurePolicy": {"rules": [
+                        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2]}},
+                        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}}),
+                status: started.clone(),
+                pods: vec![pod("a", "failed:42", None)],
+                create: 0,
+                delete: 0,
+                counts: (0, 1),
+                conditions: &[
+                    "FailureTarget=True:PodFailurePolicy",
+                    "Failed=True:PodFailurePolicy",
+                ],
+            },
+            Case {
+                what: "an Ignore rule does not count the failure",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 0,
+                    "podFailurePolicy": {"rules": [
+                        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [2]}}]}}),
+                status: started.clone(),
+                pods: vec![pod("a", "failed:2", None)],
+                create: 1,
+                delete: 0,
+                counts: (0, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "indexed: the missing indexes are created",
+                spec: json!({"completions": 4, "parallelism": 2, "completionMode": "Indexed"}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1,
+                    "completedIndexes": "0"}),
+                pods: vec![pod("a", "running", Some(1))],
+                create: 1,
+                delete: 0,
+                counts: (1, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "indexed: a second success of an index counts once",
+                spec: json!({"completions": 2, "parallelism": 2, "completionMode": "Indexed"}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1,
+                    "completedIndexes": "0"}),
+                pods: vec![
+                    pod("a", "succeeded", Some(0)),
+                    pod("b", "succeeded", Some(1)),
+                ],
+                create: 0,
+                delete: 0,
+                counts: (2, 0),
+                conditions: &[
+                    "SuccessCriteriaMet=True:CompletionsReached",
+                    "Complete=True:CompletionsReached",
+                ],
+            },
+            Case {
+                what: "indexed with a per-index limit: the index fails, the others go on",
+                spec: json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                    "backoffLimitPerIndex": 0, "backoffLimit": i32::MAX}),
+                status: started.clone(),
+                pods: vec![
+                    pod("a", "failed:1@2026-01-01T00:00:00Z", Some(0)),
+                    pod("b", "running", Some(1)),
+                    pod("c", "running", Some(2)),
+                ],
+                create: 0,
+                delete: 0,
+                counts: (0, 1),
+                conditions: &[],
+            },
+        ];
+        for c in cases {
+            let j = job(c.spec, c.status);
+            let p = plan(&j, &c.pods, &HashSet::new(), now());
+            assert_eq!(p.create.len(), c.create, "{}: creates", c.what);
+            assert_eq!(p.delete.len(), c.delete, "{}: deletes", c.what);
+            assert_eq!(
+                (p.status.succeeded.unwrap(), p.status.failed.unwrap()),
+                c.counts,
+                "{}: counts",
+                c.what
+            );
+            assert_eq!(conditions(&p), c.conditions, "{}: conditions", c.what);
+        }
+    }
+
+    #[test]
+    fn indexes_and_backoff_details() {
+        let j = job(
+            json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                "backoffLimitPerIndex": 0, "backoffLimit": i32::MAX}),
+            json!({"startTime": "2026-01-01T00:00:00Z"}),
+        );
+        let pods = vec![
+            pod("a", "failed:1", Some(0)),
+            pod("b", "succeeded", Some(2)),
+        ];
+        let p = plan(&j, &pods, &HashSet::new(), now());
+        assert_eq!(p.status.failed_indexes.as_deref(), Some("0"));
+        assert_eq!(p.status.completed_indexes.as_deref(), Some("2"));
+        assert_eq!(p.create, [(Some(1), 0)]);
+
+        // The backoff doubles: the third failure waits 40 s from the last one.
+        let j = job(
+            json!({"completions": 1, "parallelism": 1}),
+            json!({"startTime": "2026-01-01T00:00:00Z", "failed": 3}),
+        );
+        let pods = vec![pod("a", "failed:1@2026-01-01T00:09:50Z", None)];
+        let p = plan(&j, &pods, &HashSet::from(["u-a".to_string()]), now());
+        assert!(p.create.is_empty());
+        assert_eq!(p.requeue, Some(Duration::from_secs(30)));
+
+        // Pods whose finalizer is already off are not counted again.
+        let j = job(
+            json!({"completions": 2, "parallelism": 1}),
+            json!({"succeeded": 1}),
+        );
+        let p = plan(
+            &j,
+            &[pod("a", "succeeded", None)],
+            &HashSet::from(["u-a".into()]),
+            now(),
+        );
+        assert_eq!(p.status.succeeded, Some(1));
+        assert!(p.count.is_empty());
+        assert_eq!(p.create.len(), 1);
+    }
+}
