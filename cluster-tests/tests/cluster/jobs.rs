@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{wait_for, Cluster, Options};
+use cluster_tests::{Cluster, Options};
 
 async fn cluster_with_a_node() -> (Cluster, Kubectl) {
     let c = Cluster::start(Options {
@@ -275,26 +275,20 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
 
     // Two scheduled jobs have run, and the history keeps the last successful one only.
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
-    wait_for(
-        "two jobs of the cronjob and one kept",
-        Duration::from_secs(200),
-        || {
-            let k = &k;
-            let seen = &mut seen;
-            async move {
-                let now = ticks(k).await;
-                seen.extend(now.iter().cloned());
-                let last_success =
-                    jsonpath(k, &["cronjob", "tick"], "{.status.lastSuccessfulTime}").await;
-                let done = seen.len() >= 2 && now.len() == 1 && !last_success.is_empty();
-                if !done {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                done.then_some(())
-            }
-        },
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(200);
+    loop {
+        let now = ticks(&k).await;
+        seen.extend(now.iter().cloned());
+        let last_success = jsonpath(&k, &["cronjob", "tick"], "{.status.lastSuccessfulTime}").await;
+        if seen.len() >= 2 && now.len() == 1 && !last_success.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for two jobs of the cronjob and one kept: seen {seen:?}, now {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     for (name, stamp) in &seen {
         // tick-<minutes since the epoch>, scheduled at that minute.
         let minutes: i64 = name
