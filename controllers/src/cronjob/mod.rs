@@ -14,7 +14,7 @@ mod schedule;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -415,7 +415,7 @@ fn job_for(cj: &CronJob, scheduled: Timestamp, tz: &k8s_openapi::jiff::tz::TimeZ
             owner_references: Some(vec![controller_ref(cj)]),
             ..Default::default()
         },
-        spec: Some(spec.job_template.spec.unwrap_or_else(JobSpec::default)),
+        spec: Some(spec.job_template.spec.unwrap_or_default()),
         status: None,
     }
 }

@@ -157,6 +157,14 @@ fn set_condition(status: &mut JobStatus, c: JobCondition) {
     }
 }
 
+/// What counting the finished pods found: the pods to count (uid, name, outcome), an end
+/// a FailJob rule calls for, and the indexes FailIndex rules fail.
+type Counting = (
+    Vec<(String, String, Outcome)>,
+    Option<Finish>,
+    BTreeSet<i32>,
+);
+
 /// The pods of the job to count now: finished (or being deleted) and still held by the
 /// tracking finalizer, except those whose finalizer was already taken off (`freed`, which the
 /// cache may not show yet); and the uids the status already holds as uncounted.
@@ -166,11 +174,7 @@ fn to_count(
     freed: &HashSet<String>,
     suspended: bool,
     spec: &JobSpec,
-) -> (
-    Vec<(String, String, Outcome)>,
-    Option<Finish>,
-    BTreeSet<i32>,
-) {
+) -> Counting {
     let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
     let was = |list: &Option<Vec<String>>, uid: &str| list.iter().flatten().any(|u| u == uid);
     let mut out = Vec::new();
