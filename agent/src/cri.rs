@@ -188,7 +188,7 @@ impl Cri {
                 namespace: ns.into(),
                 attempt: 0,
             }),
-            hostname: name.chars().take(63).collect(),
+            hostname: pod_hostname(pod),
             dns_config: self.dns_config(pod),
             log_directory: self
                 .log_root
@@ -708,9 +708,30 @@ pub fn backoff(restarts: u32) -> Duration {
     Duration::from_secs(secs.min(300))
 }
 
+/// The pod's hostname as the kubelet picks it: `spec.hostname` when set (an Indexed Job's
+/// `<job>-<index>`), else the pod's name cut to 63 characters without a trailing `-` or `.`.
+fn pod_hostname(pod: &Value) -> String {
+    match s(pod, "/spec/hostname") {
+        "" => {
+            let cut: String = s(pod, "/metadata/name").chars().take(63).collect();
+            cut.trim_end_matches(['-', '.']).to_string()
+        }
+        h => h.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_s_hostname_is_its_spec_s_or_its_name() {
+        let pod = |name: &str, hostname: &str| serde_json::json!({"metadata": {"name": name}, "spec": {"hostname": hostname}});
+        assert_eq!(pod_hostname(&pod("sum-1-x2b9z", "sum-1")), "sum-1");
+        assert_eq!(pod_hostname(&pod("web-7d4", "")), "web-7d4");
+        let long = format!("{}-abc", "a".repeat(62));
+        assert_eq!(pod_hostname(&pod(&long, "")), "a".repeat(62));
+    }
 
     #[test]
     fn resources_become_cgroup_limits_as_the_kubelet_makes_them() {

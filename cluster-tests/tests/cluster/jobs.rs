@@ -182,6 +182,80 @@ async fn jobs_complete_fail_at_their_backoff_limit_and_run_each_index() {
         .iter()
         .any(|r| r == "BackoffLimitExceeded"));
 
+    // Suspended: no pods, the Suspended condition; resumed, it runs and completes; its
+    // ttlSecondsAfterFinished then deletes it with its pods.
+    let later = r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"later"},
+      "spec":{"suspend":true,"ttlSecondsAfterFinished":2,"template":{"spec":{
+        "restartPolicy":"Never","containers":[{"name":"c","image":"busybox:1.36"}]}}}}"#;
+    k.run_with_input(&["apply", "-f", "-"], later).await.ok();
+    let suspended = k
+        .run(&[
+            "wait",
+            "--for=condition=suspended",
+            "job/later",
+            "--timeout=30s",
+        ])
+        .await;
+    assert!(
+        suspended.success,
+        "{}{}",
+        suspended.stdout, suspended.stderr
+    );
+    let t = words(&k.run(&["get", "job", "later"]).await.ok());
+    // Not started: no Duration (an empty cell), then the age.
+    assert_eq!(t[1][..3], ["later", "Suspended", "0/1"]);
+    assert_eq!(t[1].len(), 4, "{t:?}");
+    assert_eq!(
+        jsonpath(
+            &k,
+            &["pods", "-l", "batch.kubernetes.io/job-name=later"],
+            "{.items}"
+        )
+        .await,
+        "[]"
+    );
+    k.run(&[
+        "patch",
+        "job",
+        "later",
+        "-p",
+        r#"{"spec":{"suspend":false}}"#,
+    ])
+    .await
+    .ok();
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/later",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    let gone = k
+        .run(&["wait", "--for=delete", "job/later", "--timeout=60s"])
+        .await;
+    assert!(gone.success, "{}{}", gone.stdout, gone.stderr);
+    let pods_gone = k
+        .run(&[
+            "wait",
+            "--for=delete",
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-name=later",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(
+        pods_gone.success,
+        "{}{}",
+        pods_gone.stdout, pods_gone.stderr
+    );
+    let reasons = event_reasons(&k, "later").await;
+    for r in ["Suspended", "Resumed", "Completed"] {
+        assert!(reasons.iter().any(|x| x == r), "{r}: {reasons:?}");
+    }
+
     // Each index once, with its index in a label, an annotation and the hostname.
     let done = k
         .run(&[
@@ -327,4 +401,145 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
         ])
         .await;
     assert!(done.success, "{}{}", done.stdout, done.stderr);
+}
+
+const CONTAINER_JOBS: &str = r#"
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: ok
+spec:
+  completions: 2
+  parallelism: 2
+  template:
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: ok
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "exit 0"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: exits-1
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: fail
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "exit 1"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: echo-index
+spec:
+  completions: 2
+  parallelism: 2
+  completionMode: Indexed
+  template:
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: echo
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "echo index $JOB_COMPLETION_INDEX of $(hostname)"]
+"#;
+
+/// The same on a node running real containers (`rkube up --runtime cri`, busybox built here):
+/// `exit 0` completes, `exit 1` fails the job at a backoff limit of 0, and an Indexed pod's
+/// container reads its index from JOB_COMPLETION_INDEX.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_real_containers_to_completion() {
+    let images = tempfile::tempdir().unwrap();
+    cluster_tests::build_images(images.path());
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 1,
+        up_args: vec!["--runtime".into(), "cri".into()],
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1"]).await;
+    let load = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["image", "load", "--dir"])
+        .arg(c.path())
+        .arg(images.path().join("busybox.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    k.run_with_input(&["apply", "-f", "-"], CONTAINER_JOBS)
+        .await
+        .ok();
+
+    for job in ["ok", "echo-index"] {
+        let done = k
+            .run(&[
+                "wait",
+                "--for=condition=complete",
+                &format!("job/{job}"),
+                "--timeout=120s",
+            ])
+            .await;
+        assert!(done.success, "{job}: {}{}", done.stdout, done.stderr);
+    }
+    assert_eq!(
+        jsonpath(&k, &["job", "ok"], "{.status.succeeded}").await,
+        "2"
+    );
+    let failed = k
+        .run(&[
+            "wait",
+            "--for=condition=failed",
+            "job/exits-1",
+            "--timeout=120s",
+        ])
+        .await;
+    assert!(failed.success, "{}{}", failed.stdout, failed.stderr);
+    let status = jsonpath(
+        &k,
+        &["job", "exits-1"],
+        "{.status.failed} {.status.conditions[?(@.type==\"Failed\")].reason}",
+    )
+    .await;
+    assert_eq!(status, "1 BackoffLimitExceeded");
+    let exit = jsonpath(
+        &k,
+        &["pods", "-l", "batch.kubernetes.io/job-name=exits-1"],
+        "{.items[0].status.containerStatuses[0].state.terminated.exitCode}",
+    )
+    .await;
+    assert_eq!(exit, "1");
+
+    let pods = jsonpath(
+        &k,
+        &["pods", "-l", "batch.kubernetes.io/job-name=echo-index"],
+        "{range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+    )
+    .await;
+    let mut said = BTreeSet::new();
+    for pod in pods.lines() {
+        said.insert(k.run(&["logs", pod]).await.ok().trim().to_string());
+    }
+    assert_eq!(
+        said,
+        BTreeSet::from([
+            "index 0 of echo-index-0".to_string(),
+            "index 1 of echo-index-1".to_string()
+        ])
+    );
 }
