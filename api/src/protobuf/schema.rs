@@ -307,6 +307,34 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
         ],
     ),
     (
+        "CronJob",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("CronJobSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "CronJobSpec",
+        &[
+            f(1, "schedule", Str),
+            p(2, "startingDeadlineSeconds", Int),
+            f(3, "concurrencyPolicy", Str),
+            p(4, "suspend", Bool),
+            f(5, "jobTemplate", Msg("JobTemplateSpec")),
+            p(6, "successfulJobsHistoryLimit", Int),
+            p(7, "failedJobsHistoryLimit", Int),
+            p(8, "timeZone", Str),
+        ],
+    ),
+    (
+        "JobTemplateSpec",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("JobSpec")),
+        ],
+    ),
+    (
         "JobSpec",
         &[
             p(1, "parallelism", Int),

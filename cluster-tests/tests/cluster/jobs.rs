@@ -347,6 +347,47 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
     .await;
     assert_eq!(defaults, "Allow 1 false");
 
+    // kubectl's typed create commands (protobuf bodies).
+    let made = k
+        .run(&[
+            "create",
+            "cronjob",
+            "made",
+            "--image=busybox:1.36",
+            "--schedule=*/5 * * * *",
+            "--",
+            "date",
+        ])
+        .await;
+    assert!(made.success, "{}{}", made.stdout, made.stderr);
+    let spec = jsonpath(
+        &k,
+        &["cronjob", "made"],
+        "{.spec.schedule}|{.spec.jobTemplate.spec.template.spec.containers[0].image}|{.spec.jobTemplate.spec.template.spec.restartPolicy}|{.spec.successfulJobsHistoryLimit}",
+    )
+    .await;
+    assert_eq!(spec, "*/5 * * * *|busybox:1.36|OnFailure|3");
+    let made = k
+        .run(&[
+            "create",
+            "job",
+            "once",
+            "--image=busybox:1.36",
+            "--",
+            "date",
+        ])
+        .await;
+    assert!(made.success, "{}{}", made.stdout, made.stderr);
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/once",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+
     // Two scheduled jobs have run, and the history keeps the last successful one only.
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(200);
