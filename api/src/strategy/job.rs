@@ -64,6 +64,7 @@ impl Strategy for Job {
     fn validate(&self, object: &Value, causes: &mut Vec<Cause>) {
         validate_job_spec(object.get("spec"), "spec", causes);
         validate_label_selector(object, "Job", causes);
+        validate_generated_selector(object, causes);
         validate_template(object, causes);
     }
 
@@ -158,6 +159,23 @@ fn generate_selector(spec: &mut Map<String, Value>, uid: &str, name: &str) {
         (LEGACY_JOB_NAME, name),
     ] {
         labels.insert(k.into(), json!(v));
+    }
+}
+
+/// Without `manualSelector`, the selector is the one the server generates from the uid.
+fn validate_generated_selector(object: &Value, causes: &mut Vec<Cause>) {
+    let manual = object.pointer("/spec/manualSelector") == Some(&json!(true));
+    let uid = object.pointer("/metadata/uid").and_then(Value::as_str);
+    let (Some(uid), false) = (uid, manual) else {
+        return;
+    };
+    let selector = object.pointer("/spec/selector");
+    if selector.is_some_and(|s| *s != json!({"matchLabels": {CONTROLLER_UID: uid}})) {
+        causes.push(invalid(
+            "spec.selector",
+            selector.unwrap_or(&Value::Null),
+            "`selector` not auto-generated",
+        ));
     }
 }
 
@@ -354,6 +372,23 @@ mod tests {
                 "{field}: {causes:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_selector_of_ones_own_needs_manual_selector() {
+        let sel = json!({"matchLabels": {"app": "x"}});
+        let mut t = template();
+        t["metadata"] = json!({"labels": {"app": "x"}});
+        let mut j = job(json!({"selector": sel, "template": t}));
+        Job.defaults(&mut j);
+        let mut causes = Vec::new();
+        Job.validate(&j, &mut causes);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert!(causes[0].message.ends_with("`selector` not auto-generated"));
+        j["spec"]["manualSelector"] = json!(true);
+        let mut causes = Vec::new();
+        Job.validate(&j, &mut causes);
+        assert!(causes.is_empty(), "{causes:?}");
     }
 
     #[test]
