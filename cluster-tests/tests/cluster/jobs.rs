@@ -182,6 +182,53 @@ async fn jobs_complete_fail_at_their_backoff_limit_and_run_each_index() {
         .iter()
         .any(|r| r == "BackoffLimitExceeded"));
 
+    // A FailJob rule of the pod failure policy ends the job at the first matching exit code;
+    // activeDeadlineSeconds ends one whose pod runs too long.
+    let ended = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"policy"},
+       "spec":{"backoffLimit":6,"podFailurePolicy":{"rules":[
+         {"action":"FailJob","onExitCodes":{"containerName":"main","operator":"In","values":[42]}}]},
+       "template":{"metadata":{"annotations":{"sim.rkube.io/exit-code":"42"}},"spec":{
+         "restartPolicy":"Never","containers":[{"name":"main","image":"busybox:1.36"}]}}}},
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"slow"},
+       "spec":{"activeDeadlineSeconds":2,
+       "template":{"metadata":{"annotations":{"sim.rkube.io/run-seconds":"600"}},"spec":{
+         "restartPolicy":"Never","terminationGracePeriodSeconds":1,
+         "containers":[{"name":"main","image":"busybox:1.36"}]}}}}]}"#;
+    k.run_with_input(&["apply", "-f", "-"], ended).await.ok();
+    for (job, reason, failed) in [
+        ("policy", "PodFailurePolicy", "1"),
+        ("slow", "DeadlineExceeded", "1"),
+    ] {
+        let out = k
+            .run(&[
+                "wait",
+                "--for=condition=failed",
+                &format!("job/{job}"),
+                "--timeout=60s",
+            ])
+            .await;
+        assert!(out.success, "{job}: {}{}", out.stdout, out.stderr);
+        let status = jsonpath(
+            &k,
+            &["job", job],
+            "{.status.failed} {.status.active} {.status.conditions[?(@.type==\"Failed\")].reason}",
+        )
+        .await;
+        assert_eq!(status, format!("{failed} 0 {reason}"), "{job}");
+    }
+    let message = jsonpath(
+        &k,
+        &["job", "policy"],
+        "{.status.conditions[?(@.type==\"Failed\")].message}",
+    )
+    .await;
+    assert!(
+        message.starts_with("Container main for pod default/policy-")
+            && message.ends_with("failed with exit code 42 matching FailJob rule at index 0"),
+        "{message}"
+    );
+
     // Suspended: no pods, the Suspended condition; resumed, it runs and completes; its
     // ttlSecondsAfterFinished then deletes it with its pods.
     let later = r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"later"},
