@@ -342,6 +342,7 @@ metadata:
   name: tick
 spec:
   schedule: "* * * * *"
+  timeZone: Etc/UTC
   successfulJobsHistoryLimit: 1
   jobTemplate:
     spec:
@@ -383,7 +384,7 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
     );
     assert_eq!(
         t[1][..9],
-        ["tick", "*", "*", "*", "*", "*", "<none>", "False", "0"],
+        ["tick", "*", "*", "*", "*", "*", "Etc/UTC", "False", "0"],
         "{out}"
     );
     let defaults = jsonpath(

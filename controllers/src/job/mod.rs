@@ -210,9 +210,11 @@ impl Jobs {
         };
         self.free_counted(&owned, &plan).await?;
         self.delete_pods(&current, &owned, &plan).await;
-        self.create_pods(&current, &plan).await;
+        let created = self.create_pods(&current, &plan).await;
         self.write_status(&current, &plan).await?;
         self.record_events(&current, &plan).await;
+        // A failed create comes back after the queue's backoff.
+        created?;
         let finished_job = Job {
             status: Some(plan.status.clone()),
             ..current.clone()
@@ -322,10 +324,11 @@ impl Jobs {
         }
     }
 
-    async fn create_pods(&self, job: &Job, plan: &Plan) {
+    /// Creates the planned pods; the first error, if any failed.
+    async fn create_pods(&self, job: &Job, plan: &Plan) -> Result<(), ApiError> {
         let todo: Vec<_> = plan.create.iter().take(BURST).collect();
         if todo.is_empty() {
-            return;
+            return Ok(());
         }
         let job_key = key(&job.metadata);
         self.expectations
@@ -336,6 +339,7 @@ impl Jobs {
             .map(|(index, failures)| pod_for(job, *index, *failures))
             .collect();
         let made = futures::future::join_all(bodies.iter().map(|p| pods.create(p))).await;
+        let mut first_error = None;
         for r in made {
             match r {
                 Ok(created) => {
@@ -350,9 +354,11 @@ impl Jobs {
                     self.recorder
                         .event_for(job, WARNING, "FailedCreate", &msg)
                         .await;
+                    first_error.get_or_insert(e);
                 }
             }
         }
+        first_error.map_or(Ok(()), Err)
     }
 
     async fn write_status(&self, job: &Job, plan: &Plan) -> Result<(), ApiError> {

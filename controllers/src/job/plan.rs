@@ -506,8 +506,8 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
     }
 
     // The status.
-    let after_create = keep.len() as i32;
-    status.active = Some(after_create);
+    // The pods about to be created count as active, as Kubernetes counts them.
+    status.active = Some((keep.len() + plan.create.len()) as i32);
     status.ready = Some(keep.iter().filter(|p| is_ready(p)).count() as i32);
     status.terminating = Some(terminating + plan.delete.len() as i32);
     status.succeeded = Some(succeeded);
