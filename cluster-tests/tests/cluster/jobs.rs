@@ -527,6 +527,21 @@ spec:
 apiVersion: batch/v1
 kind: Job
 metadata:
+  name: restarts
+spec:
+  backoffLimit: 1
+  template:
+    spec:
+      restartPolicy: OnFailure
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: fail
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "exit 3"]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
   name: echo-index
 spec:
   completions: 2
@@ -543,8 +558,9 @@ spec:
 "#;
 
 /// The same on a node running real containers (`rkube up --runtime cri`, busybox built here):
-/// `exit 0` completes, `exit 1` fails the job at a backoff limit of 0, and an Indexed pod's
-/// container reads its index from JOB_COMPLETION_INDEX.
+/// `exit 0` completes, `exit 1` fails the job at a backoff limit of 0, a container restarted
+/// under OnFailure fails it at its limit, and an Indexed pod's container reads its index from
+/// JOB_COMPLETION_INDEX.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_real_containers_to_completion() {
     let images = tempfile::tempdir().unwrap();
@@ -606,6 +622,25 @@ async fn jobs_run_real_containers_to_completion() {
     )
     .await;
     assert_eq!(status, "1 BackoffLimitExceeded");
+    // Under OnFailure the container restarts in its pod; the restart reaches the limit.
+    let failed = k
+        .run(&[
+            "wait",
+            "--for=condition=failed",
+            "job/restarts",
+            "--timeout=120s",
+        ])
+        .await;
+    assert!(failed.success, "{}{}", failed.stdout, failed.stderr);
+    assert_eq!(
+        jsonpath(
+            &k,
+            &["job", "restarts"],
+            "{.status.conditions[?(@.type==\"Failed\")].reason}"
+        )
+        .await,
+        "BackoffLimitExceeded"
+    );
     let exit = jsonpath(
         &k,
         &["pods", "-l", "batch.kubernetes.io/job-name=exits-1"],

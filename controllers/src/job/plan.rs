@@ -130,6 +130,37 @@ fn finished_at(pod: &Pod) -> Option<Timestamp> {
     latest.or_else(|| pod.metadata.deletion_timestamp.as_ref().map(|t| t.0))
 }
 
+/// Under restartPolicy OnFailure a failing container restarts in its pod rather than failing
+/// it: the restarts of the running and pending pods count against the backoff limit.
+fn past_limit_on_failure(spec: &JobSpec, pods: &[Arc<Pod>], limit: i32) -> bool {
+    let on_failure = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        == Some("OnFailure");
+    if !on_failure {
+        return false;
+    }
+    let restarts: i32 = pods
+        .iter()
+        .filter(|p| matches!(phase(p), "Running" | "Pending"))
+        .filter_map(|p| p.status.as_ref())
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    if limit == 0 {
+        restarts > 0
+    } else {
+        restarts >= limit
+    }
+}
+
 pub fn condition_true(status: Option<&JobStatus>, ty: &str) -> bool {
     status
         .and_then(|s| s.conditions.as_ref())
@@ -354,7 +385,9 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
         });
         end = if let Some(f) = fail_job {
             Some(f)
-        } else if spec.backoff_limit_per_index.is_none() && failed > backoff_limit {
+        } else if spec.backoff_limit_per_index.is_none()
+            && (failed > backoff_limit || past_limit_on_failure(&spec, pods, backoff_limit))
+        {
             Some(Finish {
                 failed: true,
                 reason: "BackoffLimitExceeded",
@@ -595,6 +628,11 @@ mod tests {
         if counted {
             p["metadata"]["finalizers"] = json!([]);
         }
+        if let Some(n) = state.strip_prefix("restarted:") {
+            p["status"]["containerStatuses"] = json!([{"name": "c", "image": "i", "imageID": "",
+                "ready": true, "restartCount": n.parse::<i32>().unwrap(),
+                "state": {"running": {}}}]);
+        }
         if let Some(i) = index {
             p["metadata"]["annotations"] = json!({COMPLETION_INDEX: i.to_string()});
         }
@@ -693,6 +731,28 @@ mod tests {
                 delete: 1,
                 counts: (0, 2),
                 conditions: &["FailureTarget=True:BackoffLimitExceeded"],
+            },
+            Case {
+                what: "OnFailure: restarts in the pods count against the limit",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 2,
+                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": []}}}),
+                status: started.clone(),
+                pods: vec![pod("a", "restarted:2", None)],
+                create: 0,
+                delete: 1,
+                counts: (0, 0),
+                conditions: &["FailureTarget=True:BackoffLimitExceeded"],
+            },
+            Case {
+                what: "OnFailure: fewer restarts than the limit go on",
+                spec: json!({"completions": 1, "parallelism": 1, "backoffLimit": 3,
+                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": []}}}),
+                status: started.clone(),
+                pods: vec![pod("a", "restarted:2", None)],
+                create: 0,
+                delete: 0,
+                counts: (0, 0),
+                conditions: &[],
             },
             Case {
                 what: "the deadline passed",
