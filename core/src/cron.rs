@@ -236,9 +236,11 @@ fn next_day(t: DateTime) -> Option<DateTime> {
 pub fn time_zone(name: Option<&str>) -> Result<TimeZone, String> {
     match name {
         None => Ok(TimeZone::UTC),
-        Some(n) if n.is_empty() || n.eq_ignore_ascii_case("local") => {
-            Err("unknown time zone ".to_string() + n)
-        }
+        Some("") => Err("timeZone must be nil or non-empty string".into()),
+        Some(n) if n.eq_ignore_ascii_case("local") => Err(
+            "timeZone must be an explicit time zone as defined in https://www.iana.org/time-zones"
+                .into(),
+        ),
         Some(n) => TimeZone::get(n).map_err(|_| format!("unknown time zone {n}")),
     }
 }
@@ -327,6 +329,13 @@ mod tests {
         assert_eq!(
             time_zone(Some("Mars/Olympus")).unwrap_err(),
             "unknown time zone Mars/Olympus"
+        );
+        assert!(time_zone(Some("Local"))
+            .unwrap_err()
+            .contains("explicit time zone"));
+        assert_eq!(
+            time_zone(Some("")).unwrap_err(),
+            "timeZone must be nil or non-empty string"
         );
     }
 
