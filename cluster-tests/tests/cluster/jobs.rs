@@ -468,9 +468,9 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
     let last = jsonpath(&k, &["cronjob", "tick"], "{.status.lastScheduleTime}").await;
     assert!(!last.is_empty());
 
-    // A job by hand from the cronjob's template.
+    // A job by hand from a cronjob's template (`made`, whose history of three keeps it).
     let created = k
-        .run(&["create", "job", "by-hand", "--from=cronjob/tick"])
+        .run(&["create", "job", "by-hand", "--from=cronjob/made"])
         .await;
     assert!(created.success, "{}{}", created.stdout, created.stderr);
     assert!(created.stdout.contains("job.batch/by-hand created"));
@@ -489,7 +489,8 @@ async fn a_cronjob_starts_a_job_every_minute_and_keeps_its_history() {
             "--timeout=60s",
         ])
         .await;
-    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    let events = k.run(&["get", "events"]).await.stdout;
+    assert!(done.success, "{}{}\n{events}", done.stdout, done.stderr);
 }
 
 const CONTAINER_JOBS: &str = r#"
