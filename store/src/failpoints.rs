@@ -22,6 +22,10 @@ pub const ENV: &str = "RKUBE_FAILPOINTS";
 
 /// Before the fsync of appended Raft log entries (`raft/log_store.rs`, `append`).
 pub const RAFT_LOG_BEFORE_FSYNC: &str = "raft-log-before-fsync";
+/// Before an fsync that covers a leader's own entries, which openraft was told of before the
+/// sync (`raft/log_store.rs`, `append`): reached only on the leader, so `sleep(ms)` here makes
+/// the leader's disk slow and leaves its followers' as they are.
+pub const RAFT_LOG_LEADER_BEFORE_FSYNC: &str = "raft-log-leader-before-fsync";
 /// After that fsync, before openraft learns the entries are durable.
 pub const RAFT_LOG_AFTER_FSYNC: &str = "raft-log-after-fsync";
 /// Before entries are applied to the state machine (`raft/state_machine.rs`, `apply`).
@@ -40,6 +44,7 @@ pub const SNAPSHOT_INSTALL_AFTER: &str = "snapshot-install-after";
 
 /// Every crash point, in the order a write meets them.
 pub const FAILPOINTS: &[&str] = &[
+    RAFT_LOG_LEADER_BEFORE_FSYNC,
     RAFT_LOG_BEFORE_FSYNC,
     RAFT_LOG_AFTER_FSYNC,
     APPLY_BEFORE,
@@ -202,7 +207,7 @@ mod tests {
                 FailpointError::Unknown {
                     name: "raft-log-after-fsink".into(),
                 },
-                "the failpoints are raft-log-before-fsync, raft-log-after-fsync,",
+                "the failpoints are raft-log-leader-before-fsync, raft-log-before-fsync,",
             ),
             (
                 "apply-after=return;apply-after=off",

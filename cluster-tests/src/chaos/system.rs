@@ -13,7 +13,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use rkube_store::proto::etcdserverpb as pb;
@@ -364,6 +364,25 @@ impl System {
             .ok()?
             .ok()
             .map(|r| r.into_inner())
+    }
+
+    /// Asks the cluster to hand leadership to member `to` (etcd's MoveLeader, sent to the
+    /// member that leads now); true once `to` says it leads, within `within`.
+    pub async fn move_leader(&self, to: usize, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            if let (Some(target), Some(leader)) = (self.status(to).await, self.leader().await) {
+                if leader == to {
+                    return true;
+                }
+                let id = target.header.map_or(0, |h| h.member_id);
+                let mut m = pb::maintenance_client::MaintenanceClient::new(self.channel(leader));
+                let call = m.move_leader(pb::MoveLeaderRequest { target_id: id });
+                let _ = tokio::time::timeout(Duration::from_secs(5), call).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
     }
 
     /// The member that says it leads, if one does.

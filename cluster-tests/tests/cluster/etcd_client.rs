@@ -300,6 +300,99 @@ async fn a_compaction_through_a_follower_is_applied_there_before_it_is_answered(
     );
 }
 
+/// A leader tells openraft its own entries are written before their fdatasync (so that it
+/// replicates them while it syncs), and may count itself in a quorum before that sync. No
+/// member may show the write before the put is answered, though: the leader applies only what
+/// its log has synced, and tells followers a commit index only up to that. Here the leader's
+/// sync of its own entries is 1.5 s late (the leader-only failpoint; followers sync at once):
+/// reads on every member, while the put is unanswered, must not see it, and every member sees
+/// it soon after the answer. Without either rule, the leader or the followers show the write
+/// within milliseconds, while it is durable on the followers alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_member_shows_a_write_before_the_leader_has_synced_it() {
+    use etcd_client::GetOptions;
+    let mut c = started_cluster().await;
+    let slow = format!(
+        "{}=sleep(1500)",
+        rkube_store::failpoints::RAFT_LOG_LEADER_BEFORE_FSYNC
+    );
+    for m in 0..3 {
+        c.kill(m).await;
+        c.spawn_server_with_env(m, &[0, 1, 2], "new", &[], &[("RKUBE_FAILPOINTS", &slow)])
+            .expect("restart with a slow leader sync");
+        c.wait_converged(&[0, 1, 2]).await;
+    }
+    let leader = c.wait_leader().await;
+    let mut readers = Vec::new();
+    for m in 0..3 {
+        readers.push((m, etcd_client(&c, &[m]).await));
+    }
+    let mut writer = etcd_client(&c, &[leader]).await;
+    writer
+        .put("/durable/warm", "up", None)
+        .await
+        .expect("a first put");
+
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let put = tokio::spawn({
+        let answered = answered.clone();
+        async move {
+            let started = Instant::now();
+            let r = writer.put("/durable/k", "v", None).await;
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            (r.map(|_| ()), started.elapsed())
+        }
+    });
+    let mut reads_while_pending = 0;
+    while !put.is_finished() {
+        for (m, client) in readers.iter_mut() {
+            let before = answered.load(std::sync::atomic::Ordering::SeqCst);
+            let got = client
+                .get("/durable/k", Some(GetOptions::new().with_serializable()))
+                .await
+                .map(|r| r.kvs().len());
+            if let Ok(n) = got {
+                if !before {
+                    reads_while_pending += 1;
+                    assert_eq!(
+                        n, 0,
+                        "m{m} (the leader is m{leader}) showed the write before the put was answered"
+                    );
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (result, took) = put.await.expect("put task");
+    result.expect("the put is answered");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "the put was answered in {took:?}, before the leader's late sync: the failpoint did not hold it"
+    );
+    assert!(
+        reads_while_pending > 3,
+        "only {reads_while_pending} reads ran while the put was pending"
+    );
+    for (m, client) in &readers {
+        wait_for(
+            &format!("m{m} to show the answered write"),
+            Duration::from_secs(20),
+            || {
+                let mut client = client.clone();
+                async move {
+                    client
+                        .get("/durable/k", Some(GetOptions::new().with_serializable()))
+                        .await
+                        .ok()
+                        .filter(|r| r.kvs().len() == 1)
+                        .map(|_| ())
+                }
+            },
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_client_txn_compares_branches_and_nesting() {
     use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};

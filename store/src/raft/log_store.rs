@@ -7,6 +7,23 @@
 //! durable lazily, and at start-up openraft applies again the entries after the state machine's
 //! durable applied index, which the log still has because a purge waits until a snapshot
 //! covering it is on disk.
+//!
+//! One exception, for speed: a leader's own new entries (of its term, no membership change)
+//! are reported written as soon as they are written, before their fdatasync. openraft 0.9 waits
+//! for that report before it replicates them, so the leader's sync and its followers' round trip
+//! would otherwise run one after the other; now they overlap. openraft may then count the
+//! leader in a quorum before its sync, so "committed" stops meaning "on stable storage on a
+//! quorum" inside this member, and two rules put it back where anyone can see it:
+//! - the state machine applies an entry only once the local log has synced it
+//!   (`StateMachine::applying_durable`), so no client is answered, and no read or watch sees a
+//!   write, before the leader's copy is durable (and a follower's, which answered only after
+//!   its own sync);
+//! - a leader tells followers a commit index only up to what its log has synced
+//!   (`PeerNetwork::holding_commit_to`), so a follower never applies an entry that a
+//!   quorum does not hold durably.
+//!
+//! Membership entries keep the synced path, because openraft acts on a committed membership
+//! itself (it moves from a joint configuration to the new one).
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -21,8 +38,8 @@ use openraft::{OptionalSend, RaftLogReader};
 
 use super::wal::{Waiter, Wal, WalError, WalStats};
 use super::{
-    logs_delete, logs_read, logs_write, vote_write, Entry, LogId, RaftStorageError, TypeConfig,
-    Vote,
+    logs_delete, logs_read, logs_write, vote_write, Entry, LogId, NodeId, RaftStorageError,
+    TypeConfig, Vote,
 };
 
 /// Where the log lives inside a data dir.
@@ -36,6 +53,8 @@ pub struct LogStore {
     /// The state machine's [`super::state_machine::StateMachine::snapshot_watermark`]: a purge
     /// is persisted only once a snapshot covering it is on disk.
     snapshot_on_disk: Option<tokio::sync::watch::Receiver<u64>>,
+    /// This member's id: its own entries, as leader, are reported before their sync.
+    own_id: Option<NodeId>,
 }
 
 impl LogStore {
@@ -52,7 +71,33 @@ impl LogStore {
             wal,
             committed: Arc::new(AtomicU64::new(0)),
             snapshot_on_disk: None,
+            own_id: None,
         })
+    }
+
+    /// Reports the entries this member appends as leader (`id`) before their sync (see the
+    /// module's notes: the state machine and the peer network must hold back what is not
+    /// synced yet).
+    pub fn early_for_leader(self, id: NodeId) -> Self {
+        Self {
+            own_id: Some(id),
+            ..self
+        }
+    }
+
+    /// Whether `entries` are this member's own, appended as the leader of its current vote,
+    /// with no membership change among them.
+    fn own_new_entries(&self, entries: &[Entry]) -> bool {
+        let (Some(id), Some(vote)) = (self.own_id, self.wal.vote()) else {
+            return false;
+        };
+        // Only the leader of a term makes entries of that term; a member whose vote names
+        // another member is following and syncs before it answers.
+        vote.leader_id.node_id == id
+            && entries.iter().all(|e| {
+                e.log_id.leader_id == vote.leader_id
+                    && !matches!(e.payload, openraft::EntryPayload::Membership(_))
+            })
     }
 
     /// Purges wait until the state machine's snapshot on disk covers them.
@@ -222,9 +267,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.wal
-            .append(entries, Waiter::Log(callback))
-            .map_err(logs_write)
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        if !self.own_new_entries(&entries) {
+            return self
+                .wal
+                .append(entries, Waiter::Log(callback))
+                .map_err(logs_write);
+        }
+        match self.wal.append(entries, Waiter::Nobody) {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(logs_write(e))
+            }
+        }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::wal::Wal;
 use super::{Member, NodeId, TypeConfig};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::Payload;
@@ -30,6 +31,8 @@ use crate::proto::peer::Payload;
 pub struct PeerNetwork {
     tls: ClientTlsConfig,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    /// This member's log: the commit index sent to followers is held to what it has synced.
+    log: Option<Arc<Wal>>,
 }
 
 impl PeerNetwork {
@@ -37,6 +40,18 @@ impl PeerNetwork {
         Self {
             tls,
             channels: Arc::default(),
+            log: None,
+        }
+    }
+
+    /// Tells followers a commit index only up to what `log` has on stable storage. The leader
+    /// counts itself in a quorum before its own sync (`LogStore::early_for_leader`); without
+    /// this, a follower could apply an entry that only it holds durably, and after a power cut
+    /// of the leader a new leader without it could replace it.
+    pub fn holding_commit_to(self, log: Arc<Wal>) -> Self {
+        Self {
+            log: Some(log),
+            ..self
         }
     }
 
@@ -62,6 +77,7 @@ impl PeerNetwork {
 pub struct PeerConnection {
     target: NodeId,
     client: Result<PeerClient<Channel>, String>,
+    log: Option<Arc<Wal>>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -72,7 +88,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             .channel(&node.peer_addr)
             .map(PeerClient::new)
             .map_err(|e| e.to_string());
-        PeerConnection { target, client }
+        PeerConnection {
+            target,
+            client,
+            log: self.log.clone(),
+        }
     }
 }
 
@@ -128,9 +148,12 @@ enum Rpc {
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        if let (Some(log), Some(commit)) = (&self.log, rpc.leader_commit) {
+            rpc.leader_commit = log.durable_commit(commit);
+        }
         self.call(Rpc::Append, &rpc, &option).await
     }
 

@@ -26,6 +26,7 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
 use serde::{Deserialize, Serialize};
 
+use super::wal::Wal;
 use super::{
     sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId,
     RaftStorageError, StoredMembership, TypeConfig,
@@ -66,9 +67,24 @@ pub struct StateMachine {
     /// new one is durable, or the trees as synced at open). The log store waits for it before it persists a purge (see
     /// [`StateMachine::snapshot_watermark`]).
     durable: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The member's log: an entry is applied only once it has synced it (see
+    /// [`StateMachine::applying_durable`]).
+    log: Option<Arc<Wal>>,
 }
 
 impl StateMachine {
+    /// Applies an entry only once `log` has it on stable storage. A leader reports its own
+    /// entries to openraft before their sync (`LogStore::early_for_leader`), so openraft may
+    /// hand over an entry that is committed in its count but not yet durable here; applying it
+    /// then would answer a client, or show a read or a watch a write that a power cut could
+    /// still take from this member.
+    pub fn applying_durable(self, log: Arc<Wal>) -> Self {
+        Self {
+            log: Some(log),
+            ..self
+        }
+    }
+
     /// Opens the state machine, finishing a snapshot installation a crash interrupted.
     pub fn open(mvcc: Arc<MvccStore>, dir: &Path) -> Result<Self, StorageError> {
         let sm = Self {
@@ -77,6 +93,7 @@ impl StateMachine {
             counter: Arc::new(AtomicU64::new(0)),
             installs: Arc::new(AtomicU64::new(0)),
             durable: Arc::new(tokio::sync::watch::channel(0).0),
+            log: None,
         };
         // An install a crash interrupted, or trees that lost their last changes (they are
         // synced lazily) while the snapshot on disk, which the log may be purged behind, did
@@ -440,6 +457,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // worker, which the peer service and openraft's own tasks need to answer heartbeats
         // and votes meanwhile.
         let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(log), Some(last)) = (&self.log, entries.last()) {
+            log.durable(last.log_id.index).await;
+        }
         if is_small(&entries) {
             return self.apply_entries(entries).map_err(sm_write);
         }

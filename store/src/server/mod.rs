@@ -258,7 +258,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut log_store = LogStore::open(&cfg.data_dir, &db, cfg.unsafe_no_fsync)
         .map_err(|e| storage_err(crate::error::StorageError::Io(e.into())))?
         .observed(committed.clone(), metrics.fsync_seconds.clone())
-        .purging_behind(sm.snapshot_watermark());
+        .purging_behind(sm.snapshot_watermark())
+        .early_for_leader(id);
+    let mut sm = sm.applying_durable(log_store.wal());
     metrics.wal = log_store.stats();
     let metrics = Arc::new(metrics);
 
@@ -318,7 +320,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
 
-    let network = PeerNetwork::new(client_tls.clone());
+    let network = PeerNetwork::new(client_tls.clone()).holding_commit_to(log_store.wal());
     let wal = log_store.wal();
     let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
         .await

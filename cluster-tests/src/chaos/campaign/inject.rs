@@ -467,8 +467,11 @@ impl Run {
         let points = rkube_store::failpoints::FAILPOINTS;
         let point = points[self.rng.gen_range(0..points.len())];
         let others = self.others(leader);
+        let leader_only = point == rkube_store::failpoints::RAFT_LOG_LEADER_BEFORE_FSYNC;
         let m = if point.starts_with("snapshot-install") {
             others[self.rng.gen_range(0..others.len())]
+        } else if leader_only {
+            leader
         } else {
             self.rng.gen_range(0..self.sys.size())
         };
@@ -491,6 +494,10 @@ impl Run {
             self.sys.proxies.heal();
         } else if point.starts_with("snapshot-build") {
             self.fill(t.snapshot_count as usize + 100, None).await;
+        } else if leader_only {
+            // The point is reached only by a leader's own appends: m leads again first.
+            self.sys.move_leader(m, Duration::from_secs(20)).await;
+            self.fill(50, None).await;
         } else {
             self.fill(50, None).await;
         }

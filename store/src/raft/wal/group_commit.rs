@@ -11,13 +11,19 @@ use openraft::storage::LogFlushed;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::Wal;
-use crate::failpoints::{crash_point, RAFT_LOG_AFTER_FSYNC, RAFT_LOG_BEFORE_FSYNC};
+use crate::failpoints::{
+    crash_point, RAFT_LOG_AFTER_FSYNC, RAFT_LOG_BEFORE_FSYNC, RAFT_LOG_LEADER_BEFORE_FSYNC,
+};
+use crate::raft::LogId;
 use crate::raft::TypeConfig;
 
 /// What the syncer tells when a sync is done.
 pub enum Waiter {
     Log(LogFlushed<TypeConfig>),
     Done(tokio::sync::oneshot::Sender<io::Result<()>>),
+    /// Nobody waits: the write was acknowledged before its sync (a leader's own entries, see
+    /// `LogStore::append`), and the sync only moves the durable watermark on.
+    Nobody,
 }
 
 impl Waiter {
@@ -31,6 +37,7 @@ impl Waiter {
             Waiter::Done(tx) => {
                 let _ = tx.send(result);
             }
+            Waiter::Nobody => {}
         }
     }
 }
@@ -67,6 +74,70 @@ impl Wal {
         }
     }
 
+    /// Every write up to `upto` is on stable storage: moves the watermark, and tells the leader
+    /// to send on a commit index that was held back for it.
+    fn synced_upto(&self, upto: u64) {
+        self.synced.send_if_modified(|s| {
+            let moved = upto > *s;
+            *s = (*s).max(upto);
+            moved
+        });
+        let held = self.held_back.load(Ordering::Acquire);
+        if held != 0 && self.entry_synced(held, upto) {
+            let _ = self
+                .held_back
+                .compare_exchange(held, 0, Ordering::AcqRel, Ordering::Relaxed);
+            self.released.notify_one();
+        }
+    }
+
+    /// Whether the entry this log holds at `index` was written by write `upto` or before (an
+    /// entry it no longer holds was purged behind a snapshot on disk, or truncated: nothing
+    /// to wait for).
+    fn entry_synced(&self, index: u64, upto: u64) -> bool {
+        self.lock().locs.get(&index).is_none_or(|l| l.write <= upto)
+    }
+
+    /// Waits until the entry this log holds at `index` is on stable storage.
+    pub async fn durable(&self, index: u64) {
+        let write = match self.lock().locs.get(&index) {
+            Some(l) => l.write,
+            None => return,
+        };
+        let mut synced = self.synced.subscribe();
+        // The sender lives as long as `self`.
+        let _ = synced.wait_for(|s| *s >= write).await;
+    }
+
+    /// The largest log id up to `commit` whose entry is on stable storage here, which is what
+    /// a leader may tell its followers is committed: an entry counts as committed once a
+    /// quorum has it, and this leader counts itself before its sync. When that is less than
+    /// `commit`, the sync that covers `commit` wakes [`Wal::released`].
+    pub fn durable_commit(&self, commit: LogId) -> Option<LogId> {
+        let inner = self.lock();
+        if inner.last_purged.is_some_and(|p| p.index >= commit.index) {
+            return Some(commit);
+        }
+        let upto = *self.synced.borrow();
+        let durable = inner
+            .locs
+            .range(..=commit.index)
+            .rev()
+            .find(|(_, loc)| loc.write <= upto)
+            .map(|(_, loc)| loc.log_id)
+            // Entries up to the purge point are behind a snapshot on disk.
+            .or(inner.last_purged);
+        if durable.is_none_or(|d| d.index < commit.index) {
+            self.held_back.fetch_max(commit.index, Ordering::AcqRel);
+        }
+        durable
+    }
+
+    /// Returns once a commit index held back by [`Wal::durable_commit`] has become durable.
+    pub async fn released(&self) {
+        self.released.notified().await
+    }
+
     /// Waits until everything written so far is synced.
     pub(super) async fn synced(&self) -> io::Result<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -93,14 +164,22 @@ impl Syncer {
                 }
                 return;
             };
-            let file = wal.lock().active_file();
+            let (file, upto) = {
+                let inner = wal.lock();
+                (inner.active_file(), inner.writes)
+            };
+            if batch.iter().any(|w| matches!(w, Waiter::Nobody)) {
+                crash_point(RAFT_LOG_LEADER_BEFORE_FSYNC);
+            }
             crash_point(RAFT_LOG_BEFORE_FSYNC);
             let result = wal.sync_file(&file);
             crash_point(RAFT_LOG_AFTER_FSYNC);
-            if let Err(e) = &result {
+            match &result {
+                Ok(()) => wal.synced_upto(upto),
                 // As etcd does: a failed fsync may have dropped the data it was to make
-                // durable, and retrying cannot tell; every waiter learns of the failure.
-                tracing::error!(error = %e, "fdatasync of the write-ahead log failed");
+                // durable, and retrying cannot tell; every waiter learns of the failure, and
+                // the durable watermark stays where it was.
+                Err(e) => tracing::error!(error = %e, "fdatasync of the write-ahead log failed"),
             }
             drop(wal);
             for w in batch {
@@ -112,6 +191,8 @@ impl Syncer {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::raft::wal::testing::{append, blank};
     use crate::raft::Vote;
@@ -135,6 +216,43 @@ mod tests {
         assert!(syncs >= 1, "acknowledged without an fdatasync");
         assert!(syncs <= 50, "at most one fdatasync per batch: {syncs}");
         assert_eq!(wal.stats.appends.load(Ordering::Relaxed), 50);
+    }
+
+    /// A leader's own entry is reported written before its sync; until that sync, the log
+    /// holds the commit index it tells followers below the entry, and an apply waiting for it
+    /// waits. (The leader-only failpoint slows that one sync; no other test here reaches it.)
+    #[tokio::test]
+    async fn an_entry_reported_before_its_sync_is_held_back_until_synced() {
+        use openraft::testing::log_id;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wal = Wal::open(&dir.path().join("wal"), false).expect("open");
+        append(&wal, vec![blank(1, 1)]).await;
+        fail::cfg(RAFT_LOG_LEADER_BEFORE_FSYNC, "sleep(1000)").expect("failpoint");
+        wal.append(vec![blank(1, 2)], Waiter::Nobody)
+            .expect("append");
+        let held = wal.durable_commit(log_id(1, 0, 2));
+        let durable = wal.durable(2);
+        tokio::pin!(durable);
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut durable).await;
+        let released = tokio::time::timeout(Duration::from_secs(10), wal.released()).await;
+        fail::remove(RAFT_LOG_LEADER_BEFORE_FSYNC);
+        assert_eq!(
+            held,
+            Some(log_id(1, 0, 1)),
+            "a follower may learn only what is synced"
+        );
+        assert!(
+            early.is_err(),
+            "the entry counted as durable before its sync"
+        );
+        assert!(
+            released.is_ok(),
+            "the sync did not release the held-back commit index"
+        );
+        tokio::time::timeout(Duration::from_secs(10), durable)
+            .await
+            .expect("durable once synced");
+        assert_eq!(wal.durable_commit(log_id(1, 0, 2)), Some(log_id(1, 0, 2)));
     }
 
     #[tokio::test]

@@ -98,6 +98,8 @@ struct Loc {
     offset: u64,
     len: u32,
     log_id: LogId,
+    /// The write that put it there ([`Inner::writes`]); 0 for what was read at open.
+    write: u64,
 }
 
 struct Segment {
@@ -118,6 +120,8 @@ struct Inner {
     /// The commit index as last written into a record.
     committed_written: Option<LogId>,
     last_purged: Option<LogId>,
+    /// Writes made since open; a sync that starts after write `n` makes writes `..=n` durable.
+    writes: u64,
 }
 
 impl Inner {
@@ -132,6 +136,7 @@ impl Inner {
             committed: None,
             committed_written: None,
             last_purged: None,
+            writes: 0,
         }
     }
 
@@ -171,6 +176,13 @@ pub struct Wal {
     no_fsync: bool,
     pub stats: Arc<WalStats>,
     fsync_seconds: std::sync::OnceLock<Histogram>,
+    /// The last write a completed sync covers (every write up to it is on stable storage).
+    synced: tokio::sync::watch::Sender<u64>,
+    /// A commit index held back from followers because this log had not synced it
+    /// ([`Wal::durable_commit`]); 0: none.
+    held_back: AtomicU64,
+    /// Told once a held-back commit index is durable here, so the leader sends it on.
+    released: tokio::sync::Notify,
 }
 
 impl Wal {

@@ -4,6 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::group_commit::Syncer;
@@ -60,7 +61,7 @@ impl Wal {
                     segment = %path.display(),
                     offset = end,
                     reason,
-                    "cutting the write-ahead log's torn tail (a write that was never acknowledged)"
+                    "cutting the write-ahead log's torn tail (a write that was never synced)"
                 );
                 file.set_len(end).map_err(io_err(&path))?;
                 preallocate(&file, segment_bytes);
@@ -96,6 +97,9 @@ impl Wal {
             no_fsync,
             stats: Arc::new(WalStats::default()),
             fsync_seconds: std::sync::OnceLock::new(),
+            synced: tokio::sync::watch::Sender::new(0),
+            held_back: AtomicU64::new(0),
+            released: tokio::sync::Notify::new(),
         });
         {
             let mut inner = wal.lock();
@@ -174,6 +178,7 @@ fn replay_segment(
                         offset: at as u64,
                         len: HEADER as u32 + len,
                         log_id: e.log_id,
+                        write: 0,
                     };
                     inner.locs.insert(index, loc);
                 }

@@ -82,6 +82,7 @@ impl Wal {
             .write_all_at(buf, at)
             .map_err(io_err(&path))?;
         inner.write_at += buf.len() as u64;
+        inner.writes += 1;
         Ok(at)
     }
 }

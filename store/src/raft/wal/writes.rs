@@ -59,6 +59,7 @@ impl Wal {
                 offset: at + start as u64,
                 len,
                 log_id,
+                write: inner.writes,
             };
             inner.locs.insert(index, loc);
             if let Some(s) = inner.segments.get_mut(&seq) {

@@ -27,6 +27,10 @@ impl Node {
             tokio::select! {
                 _ = &mut stopped => return,
                 _ = tick.tick() => {}
+                // A commit index the peer network held back until this log synced it: send it
+                // now, not at the next tick, so followers apply (and their reads and watches
+                // see) the write as soon as they may.
+                _ = self.wal.released() => {}
             }
             if self.is_leader() && !self.transferring.load(Ordering::Acquire) {
                 if self.raft.trigger().heartbeat().await.is_err() {
