@@ -238,6 +238,11 @@ pub static RESOURCES: &[Resource] = &[
     res!("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", "networkpolicy", true,
          short: ["netpol"], cat: [], sub: [], storage: "networkpolicies", verbs: ALL_VERBS,
          spec: true, strategy: &strategy::networkpolicy::NetworkPolicy),
+    // policy/v1: kept by the disruption controller, read by pods/eviction.
+    res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget",
+         true, short: ["pdb"], cat: [], sub: ["status"], storage: "poddisruptionbudgets",
+         verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::poddisruptionbudget::PodDisruptionBudget),
     // node.k8s.io/v1
     res!("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", "runtimeclass", false,
          short: [], cat: [], sub: [], storage: "runtimeclasses", verbs: ALL_VERBS, spec: false,

@@ -6,8 +6,9 @@
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`daemonset`] (one pod per eligible node, rolled through ControllerRevisions),
-//! [`job`] and [`cronjob`], [`endpoints`] (Endpoints and EndpointSlices of Services),
-//! [`garbagecollector`] (owner references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
+//! [`job`] and [`cronjob`], [`disruption`] (PodDisruptionBudgets' status, which evictions
+//! read), [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
+//! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
 //! NotReady/Unknown, taints and evictions), [`rootcacert`] (the cluster CA in every
 //! namespace), and the leader's [`compaction`] of the store's history.
 
@@ -20,6 +21,7 @@ pub mod compaction;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod garbagecollector;
 pub mod job;

@@ -82,8 +82,25 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
     );
     crate::deployment::start(
         inf.of("/registry/deployments/").typed::<Deployment>(),
-        replicasets,
+        replicasets.clone(),
         pods.clone(),
+        client.clone(),
+        rx.clone(),
+    );
+    crate::disruption::start(
+        inf.of("/registry/poddisruptionbudgets/")
+            .typed::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(),
+        pods.clone(),
+        crate::disruption::Scales {
+            deployments: inf.of("/registry/deployments/").typed::<Deployment>(),
+            replicasets: replicasets.clone(),
+            controllers: inf
+                .of("/registry/controllers/")
+                .typed::<ReplicationController>(),
+            statefulsets: inf
+                .of("/registry/statefulsets/")
+                .typed::<k8s_openapi::api::apps::v1::StatefulSet>(),
+        },
         client.clone(),
         rx.clone(),
     );

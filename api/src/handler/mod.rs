@@ -9,6 +9,7 @@ mod binding;
 mod body;
 mod create;
 mod delete;
+mod eviction;
 mod node_stream;
 mod reads;
 mod update;
@@ -585,9 +586,7 @@ impl Api {
                 Answer::Json(201, self.bind(t, q, binding, fence).await?)
             }
             (Verb::Create(eviction), true, Some("eviction")) => {
-                let opts = eviction.get("deleteOptions").cloned();
-                self.delete(t, q, opts.as_ref(), fence).await?;
-                Answer::Json(201, success_status())
+                Answer::Json(201, self.evict(t, q, eviction, fence).await?)
             }
             (Verb::Update(object), true, sub) => {
                 verb_allowed(t, "update")?;

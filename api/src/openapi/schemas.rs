@@ -100,6 +100,7 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("networking.k8s.io", "Ingress") => named::<networking::Ingress>(gen),
         ("networking.k8s.io", "IngressClass") => named::<networking::IngressClass>(gen),
         ("networking.k8s.io", "NetworkPolicy") => named::<networking::NetworkPolicy>(gen),
+        ("policy", "PodDisruptionBudget") => named::<policy::PodDisruptionBudget>(gen),
         ("node.k8s.io", "RuntimeClass") => named::<node::RuntimeClass>(gen),
         ("storage.k8s.io", "CSIDriver") => named::<storage::CSIDriver>(gen),
         ("storage.k8s.io", "CSINode") => named::<storage::CSINode>(gen),

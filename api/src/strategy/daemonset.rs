@@ -94,7 +94,7 @@ impl Strategy for DaemonSet {
 /// An int-or-percent of a rolling update: a non-negative integer, or a whole percentage of at
 /// most 100%. Answers the value as a number of percent-or-count, None when invalid (a cause
 /// added).
-fn int_or_percent(field: &str, v: &Value, causes: &mut Vec<Cause>) -> Option<i64> {
+pub(super) fn int_or_percent(field: &str, v: &Value, causes: &mut Vec<Cause>) -> Option<i64> {
     let n = match v {
         Value::Number(n) => n.as_i64(),
         Value::String(s) => match s.strip_suffix('%').map(str::parse::<i64>) {

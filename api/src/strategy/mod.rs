@@ -23,6 +23,7 @@ pub mod namespace;
 pub mod networkpolicy;
 pub mod node;
 pub mod pod;
+pub mod poddisruptionbudget;
 pub mod podtemplate;
 pub mod priorityclass;
 pub mod rbac;

@@ -288,6 +288,21 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
         ("rbac.authorization.k8s.io", _) | ("", "LimitRange") => {
             vec![name, json!(s(o, "/metadata/creationTimestamp"))]
         }
+        ("policy", "PodDisruptionBudget") => {
+            // kubectl prints an unset bound as N/A, a count as a number, a percentage as text.
+            let bound = |ptr: &str| match o.pointer(ptr) {
+                Some(Value::Number(n)) => n.to_string(),
+                Some(Value::String(p)) => p.clone(),
+                _ => "N/A".to_string(),
+            };
+            vec![
+                name,
+                json!(bound("/spec/minAvailable")),
+                json!(bound("/spec/maxUnavailable")),
+                json!(i(o, "/status/disruptionsAllowed")),
+                Value::Null,
+            ]
+        }
         ("", "PodTemplate") => {
             let (c, im) = containers_images(o, "/template/spec/containers");
             let labels = o

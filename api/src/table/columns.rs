@@ -190,6 +190,13 @@ pub(super) fn columns(res: &Resource) -> Columns {
             ("Pod-Selector", "string", 0),
             ("Age", "string", 0),
         ],
+        ("policy", "PodDisruptionBudget") => &[
+            ("Name", "string", 0),
+            ("Min Available", "string", 0),
+            ("Max Unavailable", "string", 0),
+            ("Allowed Disruptions", "integer", 0),
+            ("Age", "string", 0),
+        ],
         ("node.k8s.io", "RuntimeClass") => &[
             ("Name", "string", 0),
             ("Handler", "string", 0),

@@ -1,0 +1,383 @@
+//! pods/eviction: a deletion that honours the PodDisruptionBudget covering the pod (Kubernetes'
+//! `EvictionREST`). A pod that is not running (pending, finished, already being deleted) goes
+//! without a budget check; a running one needs its budget's `disruptionsAllowed`, which the
+//! eviction decrements with the budget's resourceVersion as precondition (another eviction
+//! that won the race makes this one read the budget again), recording the pod in
+//! `disruptedPods` until the disruption controller sees it go.
+
+use rkube_core::selector::LabelSelector;
+use serde_json::{json, Map, Value};
+
+use crate::error::{ApiError, Cause};
+use crate::query::{FieldSelector, Query};
+use crate::storage::{Freshness, Stored};
+
+use super::{now, success_status, Api, Target, UPDATE_RETRIES};
+
+/// Kubernetes refuses an eviction while the budget has this many unconfirmed evictions.
+const MAX_DISRUPTED_PODS: usize = 2000;
+
+/// What an eviction does, decided from the pod and the budgets covering it.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Delete the pod without touching a budget.
+    Delete,
+    /// Store the budget with this new status, then delete the pod.
+    Decrement(Value),
+    Refuse(ApiError),
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// Whether the budget's selector selects the pod: a budget without a selector selects
+/// nothing, an empty one every pod of its namespace (policy/v1).
+pub(crate) fn covers(pdb: &Value, pod: &Value) -> bool {
+    match pdb.pointer("/spec/selector") {
+        Some(sel) if sel.is_object() => LabelSelector::from_json(sel).matches_object(pod),
+        _ => false,
+    }
+}
+
+fn too_many_requests(message: String, causes: Vec<Cause>) -> ApiError {
+    let mut e = ApiError::new(429, "TooManyRequests", message);
+    e.causes = causes;
+    e
+}
+
+fn int(v: &Value, ptr: &str) -> i64 {
+    v.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// The eviction's decision for `pod` under `pdbs` (the budgets that cover it), at `now`.
+pub(crate) fn decide(pod: &Value, pdbs: &[&Value], now: &str) -> Decision {
+    let phase = pod.pointer("/status/phase").and_then(Value::as_str);
+    let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
+    if deleting || matches!(phase, Some("Succeeded" | "Failed" | "Pending") | None) {
+        return Decision::Delete;
+    }
+    let pdb = match pdbs {
+        [] => return Decision::Delete,
+        [one] => *one,
+        _ => {
+            return Decision::Refuse(ApiError::new(
+                500,
+                "InternalError",
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ))
+        }
+    };
+    let status = pdb.get("status").cloned().unwrap_or(json!({}));
+    let (current, desired) = (
+        int(&status, "/currentHealthy"),
+        int(&status, "/desiredHealthy"),
+    );
+    if !pod_ready(pod) {
+        let policy = pdb
+            .pointer("/spec/unhealthyPodEvictionPolicy")
+            .and_then(Value::as_str);
+        // An unready pod does not count towards the budget: AlwaysAllow lets it go, and so
+        // does the default IfHealthyBudget while the budget is met without it.
+        if policy == Some("AlwaysAllow") || (current >= desired && desired > 0) {
+            return Decision::Delete;
+        }
+    }
+    let name = pdb
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let cause = |message: String| Cause {
+        reason: "DisruptionBudget",
+        field: String::new(),
+        message,
+    };
+    if int(&status, "/observedGeneration") < int(pdb, "/metadata/generation") {
+        return Decision::Refuse(too_many_requests(
+            "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            vec![cause(format!(
+                "The disruption budget {name} is still being processed by the server."
+            ))],
+        ));
+    }
+    let allowed = int(&status, "/disruptionsAllowed");
+    if allowed < 0 {
+        return Decision::Refuse(ApiError::forbidden("pdb disruptions allowed is negative"));
+    }
+    let disrupted = status
+        .get("disruptedPods")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    if disrupted.len() > MAX_DISRUPTED_PODS {
+        return Decision::Refuse(ApiError::forbidden(
+            "DisruptedPods map too big - too many evictions not confirmed by PDB controller",
+        ));
+    }
+    if allowed == 0 {
+        return Decision::Refuse(too_many_requests(
+            "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            vec![cause(format!(
+                "The disruption budget {name} needs {desired} healthy pods and has {current} currently"
+            ))],
+        ));
+    }
+    let mut new = pdb.clone();
+    let pod_name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let mut disrupted: Map<String, Value> = disrupted;
+    disrupted.insert(pod_name.into(), json!(now));
+    crate::value::set(
+        &mut new,
+        &["status", "disruptionsAllowed"],
+        json!(allowed - 1),
+    );
+    crate::value::set(
+        &mut new,
+        &["status", "disruptedPods"],
+        Value::Object(disrupted),
+    );
+    if allowed == 1 {
+        let conditions = new
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let mut conditions: Vec<Value> = conditions
+            .into_iter()
+            .filter(|c| c["type"] != "DisruptionAllowed")
+            .collect();
+        conditions.push(json!({
+            "type": "DisruptionAllowed", "status": "False", "reason": "InsufficientPods",
+            "message": "", "lastTransitionTime": now,
+            "observedGeneration": int(&status, "/observedGeneration"),
+        }));
+        crate::value::set(&mut new, &["status", "conditions"], json!(conditions));
+    }
+    Decision::Decrement(new)
+}
+
+impl Api {
+    /// pods/eviction: evicts the pod if its budget allows (see the module's notes). Returns
+    /// the Status a request answers.
+    pub(super) async fn evict(
+        &self,
+        t: &Target,
+        q: &Query,
+        eviction: Value,
+        fence: super::Fence,
+    ) -> Result<Value, ApiError> {
+        if let Some(n) = eviction.pointer("/metadata/name").and_then(Value::as_str) {
+            if n != t.name() {
+                return Err(ApiError::bad_request(
+                    "name in URL does not match name in Eviction object",
+                ));
+            }
+        }
+        let opts = eviction.get("deleteOptions").cloned();
+        let dry_run = q.dry_run()?
+            || opts
+                .as_ref()
+                .and_then(|o| o.get("dryRun"))
+                .and_then(Value::as_array)
+                .is_some_and(|d| !d.is_empty());
+        let Some(pdbs_res) = crate::resources::find("policy", "v1", "poddisruptionbudgets") else {
+            return Err(ApiError::internal("poddisruptionbudgets are not served"));
+        };
+        let pdb_list = Target::new(pdbs_res, t.ns.clone(), None);
+        let everything = FieldSelector::parse("", pdbs_res.kind)?;
+        let mut decided = false;
+        for _ in 0..UPDATE_RETRIES {
+            let pod = self.get(t, &Query::default()).await?;
+            let (pdbs, _, _) = self
+                .select(
+                    &pdb_list,
+                    &Default::default(),
+                    &everything,
+                    0,
+                    None,
+                    Freshness::Latest,
+                )
+                .await?;
+            let covering: Vec<&Value> = pdbs.iter().filter(|p| covers(p, &pod.object)).collect();
+            match decide(&pod.object, &covering, &now()) {
+                Decision::Delete => {
+                    decided = true;
+                    break;
+                }
+                Decision::Refuse(e) => return Err(e),
+                Decision::Decrement(new) => {
+                    if dry_run {
+                        decided = true;
+                        break;
+                    }
+                    let name = new
+                        .pointer("/metadata/name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    let pdb_t = Target::new(pdbs_res, t.ns.clone(), Some(name));
+                    // The budget as read: its resourceVersion is the write's precondition.
+                    let revision = new
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .and_then(|rv| rv.parse::<i64>().ok())
+                        .unwrap_or(0);
+                    let current = Stored {
+                        object: covering[0].clone(),
+                        revision,
+                    };
+                    if self
+                        .commit(&pdb_t, &current, new, false, fence)
+                        .await?
+                        .is_some()
+                    {
+                        decided = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if !decided {
+            return Err(too_many_requests(
+                "Too many concurrent evictions; try again".into(),
+                Vec::new(),
+            ));
+        }
+        self.delete(t, q, opts.as_ref(), fence).await?;
+        Ok(success_status())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, ready: bool) -> Value {
+        json!({"metadata": {"name": "web-1", "labels": {"app": "web"}},
+               "status": {"phase": phase, "conditions": [
+                   {"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+    }
+
+    fn pdb(allowed: i64, current: i64, desired: i64, extra: Value) -> Value {
+        let mut p = json!({"metadata": {"name": "web", "generation": 1},
+               "spec": {"selector": {"matchLabels": {"app": "web"}}},
+               "status": {"observedGeneration": 1, "disruptionsAllowed": allowed,
+                          "currentHealthy": current, "desiredHealthy": desired,
+                          "expectedPods": 2}});
+        if let Some(e) = extra.as_object() {
+            for (k, v) in e {
+                crate::value::set(&mut p, &["spec", k], v.clone());
+            }
+        }
+        p
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Delete,
+        Decrement(i64),
+        Refuse(u16, &'static str),
+    }
+
+    #[test]
+    fn decisions_are_kubernetes_ones() {
+        let one = pdb(1, 2, 1, json!({}));
+        let none = pdb(0, 1, 1, json!({}));
+        let unmet = pdb(0, 0, 1, json!({}));
+        let always = pdb(
+            0,
+            0,
+            1,
+            json!({"unhealthyPodEvictionPolicy": "AlwaysAllow"}),
+        );
+        let mut stale = pdb(1, 2, 1, json!({}));
+        stale["metadata"]["generation"] = json!(2);
+        let cases: Vec<(&str, Value, Vec<&Value>, Want)> = vec![
+            ("no budget", pod("Running", true), vec![], Want::Delete),
+            ("budget allows", pod("Running", true), vec![&one], Want::Decrement(0)),
+            (
+                "budget exhausted",
+                pod("Running", true),
+                vec![&none],
+                Want::Refuse(429, "Cannot evict pod as it would violate the pod's disruption budget."),
+            ),
+            ("pending pod", pod("Pending", false), vec![&none], Want::Delete),
+            ("finished pod", pod("Succeeded", false), vec![&none], Want::Delete),
+            (
+                "unready pod, budget met without it",
+                pod("Running", false),
+                vec![&none],
+                Want::Delete,
+            ),
+            (
+                "unready pod, budget unmet",
+                pod("Running", false),
+                vec![&unmet],
+                Want::Refuse(429, "Cannot evict pod"),
+            ),
+            ("unready pod, AlwaysAllow", pod("Running", false), vec![&always], Want::Delete),
+            (
+                "two budgets",
+                pod("Running", true),
+                vec![&one, &one],
+                Want::Refuse(500, "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."),
+            ),
+            (
+                "budget not yet observed",
+                pod("Running", true),
+                vec![&stale],
+                Want::Refuse(429, "Cannot evict pod"),
+            ),
+        ];
+        for (name, pod, pdbs, want) in cases {
+            let got = match decide(&pod, &pdbs, "2026-01-01T00:00:00Z") {
+                Decision::Delete => Want::Delete,
+                Decision::Decrement(new) => {
+                    assert_eq!(
+                        new["status"]["disruptedPods"]["web-1"], "2026-01-01T00:00:00Z",
+                        "{name}"
+                    );
+                    Want::Decrement(int(&new, "/status/disruptionsAllowed"))
+                }
+                Decision::Refuse(e) => {
+                    let Want::Refuse(code, msg) = want else {
+                        panic!("{name}: refused with {e:?}");
+                    };
+                    assert_eq!(e.code, code, "{name}");
+                    assert!(e.message.starts_with(msg), "{name}: {}", e.message);
+                    continue;
+                }
+            };
+            assert_eq!(got, want, "{name}");
+        }
+        // The refusal names the budget's numbers, as Kubernetes' cause does.
+        let Decision::Refuse(e) = decide(&pod("Running", true), &[&none], "now") else {
+            panic!("not refused");
+        };
+        assert_eq!(e.causes[0].reason, "DisruptionBudget");
+        assert_eq!(
+            e.causes[0].message,
+            "The disruption budget web needs 1 healthy pods and has 1 currently"
+        );
+    }
+
+    #[test]
+    fn selectors_cover_as_policy_v1() {
+        let p = pod("Running", true);
+        assert!(covers(&json!({"spec": {"selector": {}}}), &p));
+        assert!(!covers(&json!({"spec": {}}), &p));
+        assert!(covers(&pdb(0, 0, 0, json!({})), &p));
+        assert!(!covers(
+            &json!({"spec": {"selector": {"matchLabels": {"app": "db"}}}}),
+            &p
+        ));
+    }
+}
