@@ -23,6 +23,8 @@ mod daemonsets;
 mod data_dir;
 #[path = "cluster/deploy.rs"]
 mod deploy;
+#[path = "cluster/disruption.rs"]
+mod disruption;
 #[path = "cluster/etcd_client.rs"]
 mod etcd_client;
 #[path = "cluster/etcdctl.rs"]

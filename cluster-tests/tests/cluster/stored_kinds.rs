@@ -82,7 +82,6 @@ const NOT_YET: &[&str] = &[
     ".flowcontrol.apiserver.k8s.io",
     "statefulsets.apps",
     "horizontalpodautoscalers.autoscaling",
-    "poddisruptionbudgets.policy",
     "persistentvolumes",
     "persistentvolumeclaims",
     "storageclasses.storage.k8s.io",
