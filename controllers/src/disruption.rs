@@ -66,6 +66,29 @@ fn selects(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
         && selector_of(pdb).is_some_and(|s| s.matches_labels(pod.metadata.labels.as_ref()))
 }
 
+/// The selector as Kubernetes prints one (`app=web,tier in (a,b)`), for events.
+fn selector_text(pdb: &PodDisruptionBudget) -> String {
+    let Some(sel) = pdb.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
+        return String::new();
+    };
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in sel.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "DoesNotExist" => format!("!{}", e.key),
+            _ => e.key.clone(),
+        });
+    }
+    parts.join(",")
+}
+
 /// Starts the disruption controller until `stop`.
 pub fn start(
     budgets: Arc<Store<PodDisruptionBudget>>,
@@ -404,9 +427,12 @@ impl Budgets {
                         .await;
                 }
                 if !c.unmanaged.is_empty() {
-                    let message = "Pods selected by this PodDisruptionBudget (selector: ...) were found to be unmanaged. As a result, the status of the PDB cannot be calculated correctly, which may result in undefined behavior. To account for these pods please set \".spec.minAvailable\" field of the PDB to an integer value.";
+                    let message = format!(
+                        "Pods selected by this PodDisruptionBudget (selector: {}) were found to be unmanaged. As a result, the status of the PDB cannot be calculated correctly, which may result in undefined behavior. To account for these pods please set \".spec.minAvailable\" field of the PDB to an integer value.",
+                        selector_text(pdb)
+                    );
                     self.recorder
-                        .event_for(pdb, WARNING, "UnmanagedPods", message)
+                        .event_for(pdb, WARNING, "UnmanagedPods", &message)
                         .await;
                 }
             }
@@ -496,7 +522,8 @@ mod tests {
         let scales = Fixed(vec![("ReplicaSet", "web-1", 3), ("StatefulSet", "db", 2)]);
         // (case, spec, disruptedPods, pods, want (expected, desired, current, allowed)) or an error.
         type Want = Result<(i64, i64, i64, i64), &'static str>;
-        let cases: Vec<(&str, Value, Value, Vec<Arc<Pod>>, Want)> = vec![
+        type Case = (&'static str, Value, Value, Vec<Arc<Pod>>, Want);
+        let cases: Vec<Case> = vec![
             (
                 "integer minAvailable counts pods",
                 json!({"minAvailable": 1}),
