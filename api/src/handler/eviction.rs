@@ -3,7 +3,9 @@
 //! without a budget check; a running one needs its budget's `disruptionsAllowed`, which the
 //! eviction decrements with the budget's resourceVersion as precondition (another eviction
 //! that won the race makes this one read the budget again), recording the pod in
-//! `disruptedPods` until the disruption controller sees it go.
+//! `disruptedPods` until the disruption controller sees it go. An unready pod that the
+//! budget's unhealthyPodEvictionPolicy lets go is deleted only if it has not changed since it
+//! was read. A dry run decides and writes nothing.
 
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Map, Value};
@@ -22,6 +24,9 @@ const MAX_DISRUPTED_PODS: usize = 2000;
 pub(crate) enum Decision {
     /// Delete the pod without touching a budget.
     Delete,
+    /// Delete the pod without touching a budget if it has not changed since it was read (an
+    /// unready pod that the budget lets go: it must not have become Ready meanwhile).
+    DeleteUnchanged,
     /// Store the budget with this new status, then delete the pod.
     Decrement(Value),
     Refuse(ApiError),
@@ -85,7 +90,7 @@ pub(crate) fn decide(pod: &Value, pdbs: &[&Value], now: &str) -> Decision {
         // An unready pod does not count towards the budget: AlwaysAllow lets it go, and so
         // does the default IfHealthyBudget while the budget is met without it.
         if policy == Some("AlwaysAllow") || (current >= desired && desired > 0) {
-            return Decision::Delete;
+            return Decision::DeleteUnchanged;
         }
     }
     let name = pdb
@@ -193,7 +198,10 @@ impl Api {
         };
         let pdb_list = Target::new(pdbs_res, t.ns.clone(), None);
         let everything = FieldSelector::parse("", pdbs_res.kind)?;
-        let mut decided = false;
+        let client_rv = opts
+            .as_ref()
+            .and_then(|o| o.pointer("/preconditions/resourceVersion"))
+            .is_some_and(|rv| !rv.is_null());
         for _ in 0..UPDATE_RETRIES {
             let pod = self.get(t, &Query::default()).await?;
             let (pdbs, _, _) = self
@@ -207,52 +215,78 @@ impl Api {
                 )
                 .await?;
             let covering: Vec<&Value> = pdbs.iter().filter(|p| covers(p, &pod.object)).collect();
-            match decide(&pod.object, &covering, &now()) {
-                Decision::Delete => {
-                    decided = true;
-                    break;
-                }
+            let decision = decide(&pod.object, &covering, &now());
+            // A dry run (in the query, or in the Eviction's deleteOptions as `kubectl drain
+            // --dry-run=server` sends it) decides and writes nothing.
+            match decision {
                 Decision::Refuse(e) => return Err(e),
-                Decision::Decrement(new) => {
-                    if dry_run {
-                        decided = true;
-                        break;
+                _ if dry_run => return Ok(success_status()),
+                Decision::Delete => {}
+                Decision::DeleteUnchanged => {
+                    // The pod as read is the precondition (unless the client set its own);
+                    // a pod that changed meanwhile is decided again.
+                    let mut pinned = opts.clone().unwrap_or_else(|| json!({}));
+                    if !client_rv {
+                        crate::value::set(
+                            &mut pinned,
+                            &["preconditions", "resourceVersion"],
+                            json!(pod.revision.to_string()),
+                        );
                     }
-                    let name = new
-                        .pointer("/metadata/name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
-                    let pdb_t = Target::new(pdbs_res, t.ns.clone(), Some(name));
-                    // The budget as read: its resourceVersion is the write's precondition.
-                    let revision = new
-                        .pointer("/metadata/resourceVersion")
-                        .and_then(Value::as_str)
-                        .and_then(|rv| rv.parse::<i64>().ok())
-                        .unwrap_or(0);
-                    let current = Stored {
-                        object: covering[0].clone(),
-                        revision,
-                    };
-                    if self
-                        .commit(&pdb_t, &current, new, false, fence)
+                    match self.delete(t, q, Some(&pinned), fence).await {
+                        Err(e) if e.code == 409 && !client_rv => continue,
+                        Err(e) => return Err(e),
+                        Ok(_) => return Ok(success_status()),
+                    }
+                }
+                Decision::Decrement(new) => {
+                    if !self
+                        .take_disruption(pdbs_res, t, covering[0], new, fence)
                         .await?
-                        .is_some()
                     {
-                        decided = true;
-                        break;
+                        continue;
                     }
                 }
             }
+            self.delete(t, q, opts.as_ref(), fence).await?;
+            return Ok(success_status());
         }
-        if !decided {
-            return Err(too_many_requests(
-                "Too many concurrent evictions; try again".into(),
-                Vec::new(),
-            ));
-        }
-        self.delete(t, q, opts.as_ref(), fence).await?;
-        Ok(success_status())
+        Err(too_many_requests(
+            "Too many concurrent evictions; try again".into(),
+            Vec::new(),
+        ))
+    }
+
+    /// Stores the budget `read` as `new` if it has not changed since it was read. Answers
+    /// whether it was stored (false: another writer moved it first).
+    async fn take_disruption(
+        &self,
+        pdbs: &'static crate::resources::Resource,
+        pod: &Target,
+        read: &Value,
+        new: Value,
+        fence: super::Fence,
+    ) -> Result<bool, ApiError> {
+        let name = new
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let target = Target::new(pdbs, pod.ns.clone(), Some(name));
+        // The budget as read: its resourceVersion is the write's precondition.
+        let revision = read
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .and_then(|rv| rv.parse::<i64>().ok())
+            .unwrap_or(0);
+        let current = Stored {
+            object: read.clone(),
+            revision,
+        };
+        Ok(self
+            .commit(&target, &current, new, false, fence)
+            .await?
+            .is_some())
     }
 }
 
@@ -283,6 +317,7 @@ mod tests {
     #[derive(Debug, PartialEq)]
     enum Want {
         Delete,
+        DeleteUnchanged,
         Decrement(i64),
         Refuse(u16, &'static str),
     }
@@ -300,6 +335,8 @@ mod tests {
         );
         let mut stale = pdb(1, 2, 1, json!({}));
         stale["metadata"]["generation"] = json!(2);
+        let mut terminating = pod("Running", true);
+        terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
         let cases: Vec<(&str, Value, Vec<&Value>, Want)> = vec![
             ("no budget", pod("Running", true), vec![], Want::Delete),
             ("budget allows", pod("Running", true), vec![&one], Want::Decrement(0)),
@@ -310,12 +347,13 @@ mod tests {
                 Want::Refuse(429, "Cannot evict pod as it would violate the pod's disruption budget."),
             ),
             ("pending pod", pod("Pending", false), vec![&none], Want::Delete),
+            ("terminating pod", terminating, vec![&none], Want::Delete),
             ("finished pod", pod("Succeeded", false), vec![&none], Want::Delete),
             (
                 "unready pod, budget met without it",
                 pod("Running", false),
                 vec![&none],
-                Want::Delete,
+                Want::DeleteUnchanged,
             ),
             (
                 "unready pod, budget unmet",
@@ -323,7 +361,12 @@ mod tests {
                 vec![&unmet],
                 Want::Refuse(429, "Cannot evict pod"),
             ),
-            ("unready pod, AlwaysAllow", pod("Running", false), vec![&always], Want::Delete),
+            (
+                "unready pod, AlwaysAllow",
+                pod("Running", false),
+                vec![&always],
+                Want::DeleteUnchanged,
+            ),
             (
                 "two budgets",
                 pod("Running", true),
@@ -340,6 +383,7 @@ mod tests {
         for (name, pod, pdbs, want) in cases {
             let got = match decide(&pod, &pdbs, "2026-01-01T00:00:00Z") {
                 Decision::Delete => Want::Delete,
+                Decision::DeleteUnchanged => Want::DeleteUnchanged,
                 Decision::Decrement(new) => {
                     assert_eq!(
                         new["status"]["disruptedPods"]["web-1"], "2026-01-01T00:00:00Z",

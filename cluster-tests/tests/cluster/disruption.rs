@@ -276,6 +276,29 @@ async fn drain_evicts_within_the_budget_and_leaves_daemon_pods() {
     })
     .await;
 
+    // A server-side dry run decides every eviction and changes nothing.
+    let dry = k
+        .run(&["drain", "agent1", "--ignore-daemonsets", "--dry-run=server"])
+        .await
+        .ok();
+    assert!(
+        dry.contains("node/agent1 drained (server dry run)"),
+        "{dry}"
+    );
+    let unschedulable = k
+        .run(&[
+            "get",
+            "node",
+            "agent1",
+            "-o",
+            "jsonpath={.spec.unschedulable}",
+        ])
+        .await
+        .ok();
+    assert_eq!(unschedulable, "", "a dry run cordoned the node");
+    assert_eq!(ready_web_pods(&k).await.len(), 2, "a dry run evicted a pod");
+    wait_numbers(&k, "web", "2 1 2 1").await;
+
     // The budget allows one eviction at a time: the second waits (kubectl retries on 429)
     // until the first pod's replacement is Ready on agent2.
     let drained = k
