@@ -6,7 +6,8 @@
 
 use serde_json::{json, Value};
 
-use crate::error::Cause;
+use crate::auth::User;
+use crate::error::{ApiError, Cause};
 
 use super::daemonset::int_or_percent;
 use super::field::{invalid, label_selector, not_supported};
@@ -47,9 +48,18 @@ impl Strategy for PodDisruptionBudget {
         }
     }
 
+    fn prepare_for_user(&self, _user: &User, object: &mut Value) -> Result<(), ApiError> {
+        // A new budget's status is the controller's to compute, whatever the client sent
+        // (Kubernetes' PrepareForCreate clears it).
+        if let Some(o) = object.as_object_mut() {
+            o.remove("status");
+        }
+        self.defaults(object);
+        Ok(())
+    }
+
     fn defaults(&self, object: &mut Value) {
-        // A new budget has not been computed yet: no disruption is allowed until the
-        // controller says so (Kubernetes' PrepareForCreate clears the status).
+        // A budget not computed yet allows no disruption until the controller says so.
         if let Some(o) = object.as_object_mut() {
             let status = o.entry("status").or_insert_with(|| json!({}));
             if let Some(s) = status.as_object_mut() {
@@ -72,6 +82,21 @@ mod tests {
         let mut c = Vec::new();
         PodDisruptionBudget.validate(&pdb, &mut c);
         c.into_iter().map(|c| (c.field, c.message)).collect()
+    }
+
+    #[test]
+    fn a_new_budget_allows_no_disruption_until_computed() {
+        let mut pdb = json!({"metadata": {"name": "web"}, "spec": {"minAvailable": 1},
+                             "status": {"disruptionsAllowed": 5, "expectedPods": 9}});
+        let user = User::default();
+        PodDisruptionBudget
+            .prepare_for_user(&user, &mut pdb)
+            .expect("prepared");
+        assert_eq!(
+            pdb["status"],
+            json!({"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0,
+                   "expectedPods": 0})
+        );
     }
 
     #[test]

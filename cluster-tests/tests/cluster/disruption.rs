@@ -168,6 +168,14 @@ async fn a_budget_follows_its_pods_and_refuses_evictions_that_would_break_it() {
         .await
         .ok();
     assert_eq!(condition, "DisruptionAllowed False InsufficientPods 1");
+    let described = k.run(&["describe", "pdb", "web"]).await.ok();
+    for line in [
+        "Min available:  2",
+        "Selector:       app=web",
+        "Allowed disruptions:  0",
+    ] {
+        assert!(described.contains(line), "{described}");
+    }
 
     // An eviction now would leave one pod of the two the budget needs.
     let pods = ready_web_pods(&k).await;
