@@ -64,7 +64,7 @@ fn int(v: &Value, ptr: &str) -> i64 {
 pub(crate) fn decide(pod: &Value, pdbs: &[&Value], now: &str) -> Decision {
     let phase = pod.pointer("/status/phase").and_then(Value::as_str);
     let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
-    if deleting || matches!(phase, Some("Succeeded" | "Failed" | "Pending") | None) {
+    if deleting || matches!(phase, Some("Succeeded" | "Failed" | "Pending")) {
         return Decision::Delete;
     }
     let pdb = match pdbs {
