@@ -241,6 +241,8 @@ struct StatusDetails<'a> {
 struct StatusCause<'a> {
     reason: &'static str,
     message: &'a str,
+    /// Omitted when empty, as Go's `omitempty` does (an eviction's DisruptionBudget cause).
+    #[serde(skip_serializing_if = "str::is_empty")]
     field: &'a str,
 }
 

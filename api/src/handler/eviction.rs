@@ -406,10 +406,15 @@ mod tests {
         let Decision::Refuse(e) = decide(&pod("Running", true), &[&none], "now") else {
             panic!("not refused");
         };
-        assert_eq!(e.causes[0].reason, "DisruptionBudget");
+        let status = e.status();
         assert_eq!(
-            e.causes[0].message,
-            "The disruption budget web needs 1 healthy pods and has 1 currently"
+            (&status["code"], &status["reason"]),
+            (&json!(429), &json!("TooManyRequests"))
+        );
+        assert_eq!(
+            status["details"]["causes"],
+            json!([{"reason": "DisruptionBudget",
+                    "message": "The disruption budget web needs 1 healthy pods and has 1 currently"}])
         );
     }
 
