@@ -357,16 +357,47 @@ impl Cluster {
             .ok()
     }
 
+    /// Whether process `pid` was started for this cluster: its command line names the cluster's
+    /// directory. A pid file outlives its process, and this machine's pid space is small
+    /// (`kernel.pid_max` may be 32768), so a stale pid can belong to another test's process
+    /// by the time it is signalled (another cluster's member, killed as it started).
+    fn started_here(&self, pid: i32) -> bool {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let dir = self.path();
+        let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        [dir.to_path_buf(), canonical].iter().any(|d| {
+            let d = d.as_os_str().as_encoded_bytes();
+            !d.is_empty() && cmdline.windows(d.len()).any(|w| w == d)
+        })
+    }
+
+    /// Sends `sig` to process `pid` if it was started for this cluster.
+    fn signal_pid(&self, pid: i32, sig: i32) -> bool {
+        self.started_here(pid) && unsafe { libc::kill(pid, sig) } == 0
+    }
+
     fn signal(&self, i: usize, sig: i32) {
         if let Some(pid) = self.pid(i) {
-            unsafe { libc::kill(pid, sig) };
+            self.signal_pid(pid, sig);
         }
     }
 
     /// SIGKILL a member and wait until its process is gone.
     pub async fn kill(&self, i: usize) {
-        self.signal(i, libc::SIGKILL);
-        if let Some(pid) = self.pid(i) {
+        let Some(pid) = self.pid(i) else {
+            return;
+        };
+        // A process whose command line is empty is exiting (or a zombie): it is waited for
+        // below like a killed one. One with another command line is not ours any more.
+        let reused = |pid: i32| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            !cmdline.is_empty() && !self.started_here(pid)
+        };
+        if reused(pid) {
+            return;
+        }
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        {
             wait_for(
                 "killed process to exit",
                 Duration::from_secs(10),
@@ -386,7 +417,9 @@ impl Cluster {
                     // data dir lock free.
                     let threads =
                         std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
-                    let gone = stat.is_empty() || ((state == "Z" || state == "X") && threads <= 1);
+                    let gone = stat.is_empty()
+                        || ((state == "Z" || state == "X") && threads <= 1)
+                        || reused(pid);
                     gone.then_some(())
                 },
             )
@@ -716,7 +749,10 @@ impl Cluster {
         let Some(pid) = self.agent_pid(name) else {
             return;
         };
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        if !self.signal_pid(pid, libc::SIGKILL) {
+            let _ = std::fs::remove_file(self.path().join(format!("{name}.pid")));
+            return;
+        }
         wait_for(
             "the killed agent to exit",
             Duration::from_secs(10),
@@ -762,9 +798,10 @@ impl Drop for Cluster {
         }
         for a in self.agent_names() {
             if let Some(pid) = self.agent_pid(&a) {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                let mut status = 0;
-                unsafe { libc::waitpid(pid, &mut status, 0) };
+                if self.signal_pid(pid, libc::SIGKILL) {
+                    let mut status = 0;
+                    unsafe { libc::waitpid(pid, &mut status, 0) };
+                }
             }
         }
         for i in 0..self.members.len() {

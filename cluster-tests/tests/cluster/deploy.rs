@@ -189,11 +189,26 @@ impl Deployment {
                 }
                 earlier = max;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out after {BOUND:?} waiting for {members:?} voting and caught up; \
-                 last answer from {from}: {rows:?}"
-            );
+            if std::time::Instant::now() >= deadline {
+                // What each member said last, for the next engineer.
+                let logs: Vec<String> = members
+                    .iter()
+                    .map(|m| {
+                        let c = self.container(m);
+                        let out = Command::new("docker")
+                            .args(["logs", "--tail", "30", &c])
+                            .output()
+                            .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+                            .unwrap_or_default();
+                        format!("--- docker logs {c} ---\n{out}")
+                    })
+                    .collect();
+                panic!(
+                    "timed out after {BOUND:?} waiting for {members:?} voting and caught up; \
+                     last answer from {from}: {rows:?}\n{}",
+                    logs.join("\n")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
