@@ -137,3 +137,24 @@ pub(crate) fn b64(s: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(s)
 }
+
+/// A DaemonSet that every simulated node runs, as the daemonsets and disruption suites use it.
+pub(crate) const NODE_AGENT: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: node-agent
+spec:
+  selector:
+    matchLabels:
+      app: node-agent
+  template:
+    metadata:
+      labels:
+        app: node-agent
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: agent
+        image: rkube.local/busybox:1
+"#;

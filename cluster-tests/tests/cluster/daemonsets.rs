@@ -9,27 +9,9 @@ use std::time::Duration;
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
 
-const BOUND: Duration = Duration::from_secs(90);
+use super::common::NODE_AGENT;
 
-const NODE_AGENT: &str = r#"
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: node-agent
-spec:
-  selector:
-    matchLabels:
-      app: node-agent
-  template:
-    metadata:
-      labels:
-        app: node-agent
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: agent
-        image: rkube.local/busybox:1
-"#;
+const BOUND: Duration = Duration::from_secs(90);
 
 const SSD_CACHE: &str = r#"
 apiVersion: apps/v1

@@ -10,6 +10,8 @@ use std::time::Duration;
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{wait_for, Cluster, Options};
 
+use super::common::NODE_AGENT;
+
 const BOUND: Duration = Duration::from_secs(90);
 
 const WEB: &str = r#"
@@ -30,26 +32,6 @@ spec:
       terminationGracePeriodSeconds: 0
       containers:
       - name: web
-        image: rkube.local/busybox:1
-"#;
-
-const NODE_AGENT: &str = r#"
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: node-agent
-spec:
-  selector:
-    matchLabels:
-      app: node-agent
-  template:
-    metadata:
-      labels:
-        app: node-agent
-    spec:
-      terminationGracePeriodSeconds: 0
-      containers:
-      - name: agent
         image: rkube.local/busybox:1
 "#;
 
