@@ -130,9 +130,11 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         client.clone(),
     );
     let node_controller = crate::nodelifecycle::Controller::new(
-        inf.of("/registry/minions/"),
-        inf.of("/registry/leases/"),
-        inf.of("/registry/pods/"),
+        inf.of("/registry/minions/")
+            .typed::<k8s_openapi::api::core::v1::Node>(),
+        inf.of("/registry/leases/")
+            .typed::<k8s_openapi::api::coordination::v1::Lease>(),
+        pods.clone(),
         client.clone(),
         settings.node_lifecycle,
     );
@@ -174,8 +176,9 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         );
     }
     crate::podgc::run(
-        inf.of("/registry/pods/"),
-        inf.of("/registry/minions/"),
+        pods.clone(),
+        inf.of("/registry/minions/")
+            .typed::<k8s_openapi::api::core::v1::Node>(),
         client.clone(),
         crate::podgc::CHECK_PERIOD,
         rx.clone(),

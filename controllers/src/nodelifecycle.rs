@@ -14,14 +14,19 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::json::str_at as s;
-use rkube_core::taints::tolerates;
-use serde_json::{json, Value};
+use rkube_core::meta::{name, namespace};
+use rkube_core::taints::tolerates_taint;
+use serde_json::json;
 
+use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
-use rkube_runtime::informer::Informer;
+use rkube_runtime::store::Store;
 
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -47,17 +52,27 @@ impl Default for Settings {
     }
 }
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+fn now() -> Time {
+    Time(crate::pods::now())
+}
+
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
 }
 
 /// The node's Ready status; empty when its agent never reported one (a node just registered
 /// is given the grace period, then marked Unknown).
-fn ready_status(node: &Value) -> String {
-    node.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "Ready"))
-        .map(|c| s(c, "/status").to_string())
+fn ready_status(node: &Node) -> &str {
+    ready_condition(node).map_or("", |c| c.status.as_str())
+}
+
+fn taints_of(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
         .unwrap_or_default()
 }
 
@@ -70,29 +85,32 @@ fn wanted_taints(ready: &str) -> Vec<(&'static str, &'static str)> {
     }
 }
 
-/// When a pod on a node with these NoExecute taints must go (a time that may have passed), or
-/// None when it tolerates them all forever.
-pub fn eviction_deadline(pod: &Value, taints: &[Value]) -> Option<chrono::DateTime<chrono::Utc>> {
-    let tolerations: Vec<Value> = pod
-        .pointer("/spec/tolerations")
-        .and_then(Value::as_array)
-        .cloned()
+/// When a pod on a node with these taints must go (a time that may have passed), or None when
+/// it tolerates their NoExecute ones forever.
+fn eviction_deadline(pod: &Pod, taints: &[Taint]) -> Option<Timestamp> {
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
         .unwrap_or_default();
-    let mut deadline: Option<chrono::DateTime<chrono::Utc>> = None;
-    for taint in taints.iter().filter(|t| s(t, "/effect") == "NoExecute") {
-        let added = chrono::DateTime::parse_from_rfc3339(s(taint, "/timeAdded"))
-            .map(|t| t.with_timezone(&chrono::Utc))
-            .unwrap_or_else(|_| chrono::Utc::now());
-        let matching: Vec<&Value> = tolerations.iter().filter(|t| tolerates(t, taint)).collect();
-        let at = if matching.is_empty() {
+    let mut deadline: Option<Timestamp> = None;
+    for taint in taints.iter().filter(|t| t.effect == "NoExecute") {
+        let added = taint
+            .time_added
+            .as_ref()
+            .map_or_else(Timestamp::now, |t| t.0);
+        let mut matching = tolerations
+            .iter()
+            .filter(|t| tolerates_taint(t, taint))
+            .peekable();
+        let at = if matching.peek().is_none() {
             Some(added)
         } else {
             // The shortest tolerationSeconds among the matching tolerations; none means forever.
             matching
-                .iter()
-                .filter_map(|t| t.get("tolerationSeconds").and_then(Value::as_i64))
+                .filter_map(|t| t.toleration_seconds)
                 .min()
-                .map(|secs| added + chrono::Duration::seconds(secs.max(0)))
+                .map(|secs| added + SignedDuration::from_secs(secs.max(0)))
         };
         if let Some(at) = at {
             deadline = Some(deadline.map_or(at, |d| d.min(at)));
@@ -102,9 +120,9 @@ pub fn eviction_deadline(pod: &Value, taints: &[Value]) -> Option<chrono::DateTi
 }
 
 pub struct Controller {
-    nodes: Arc<Informer>,
-    leases: Arc<Informer>,
-    pods: Arc<Informer>,
+    nodes: Arc<Store<Node>>,
+    leases: Arc<Store<Lease>>,
+    pods: Arc<Store<Pod>>,
     client: LocalClient,
     settings: Settings,
     /// node -> (last heartbeat seen, when it was seen to change)
@@ -116,9 +134,9 @@ pub struct Controller {
 
 impl Controller {
     pub fn new(
-        nodes: Arc<Informer>,
-        leases: Arc<Informer>,
-        pods: Arc<Informer>,
+        nodes: Arc<Store<Node>>,
+        leases: Arc<Store<Lease>>,
+        pods: Arc<Store<Pod>>,
         client: LocalClient,
         settings: Settings,
     ) -> Arc<Controller> {
@@ -137,8 +155,8 @@ impl Controller {
     pub fn run(self: &Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
         tokio::spawn(async move {
-            for i in [&c.nodes, &c.leases, &c.pods] {
-                i.wait_synced().await;
+            for mut synced in [c.nodes.synced(), c.leases.synced(), c.pods.synced()] {
+                let _ = synced.wait_for(|s| *s).await;
             }
             loop {
                 if let Err(e) = c.monitor().await {
@@ -167,39 +185,45 @@ impl Controller {
 
     /// The node's heartbeat as last written: its Lease's renewTime and its Ready condition's
     /// lastHeartbeatTime.
-    fn heartbeat(&self, node: &Value) -> String {
-        let name = s(node, "/metadata/name");
+    fn heartbeat(&self, node: &Node) -> String {
         let lease = self
             .leases
-            .get(&format!("kube-node-lease/{name}"))
-            .map(|l| s(&l, "/spec/renewTime").to_string())
+            .get(&format!("kube-node-lease/{}", name(&node.metadata)))
+            .and_then(|l| {
+                l.spec
+                    .as_ref()?
+                    .renew_time
+                    .as_ref()
+                    .map(|t| t.0.to_string())
+            })
             .unwrap_or_default();
-        let ready = node
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "Ready"))
-            .map(|c| s(c, "/lastHeartbeatTime").to_string())
+        let ready = ready_condition(node)
+            .and_then(|c| c.last_heartbeat_time.as_ref())
+            .map(|t| t.0.to_string())
             .unwrap_or_default();
         format!("{lease}|{ready}")
     }
 
     async fn monitor(&self) -> Result<(), ApiError> {
         for node in self.nodes.list("") {
-            let name = s(&node, "/metadata/name").to_string();
+            let node_name = name(&node.metadata).to_string();
             let beat = self.heartbeat(&node);
             let silent_for = {
                 let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
                 let entry = seen
-                    .entry(name.clone())
+                    .entry(node_name.clone())
                     .or_insert_with(|| (beat.clone(), Instant::now()));
                 if entry.0 != beat {
                     *entry = (beat.clone(), Instant::now());
                 }
                 entry.1.elapsed()
             };
-            let mut node = node.as_ref().clone();
+            let mut node = node;
             if silent_for > self.settings.grace_period && ready_status(&node) != "Unknown" {
-                node = self.mark_unknown(&node).await?;
+                match self.mark_unknown(&node).await? {
+                    Some(written) => node = Arc::new(written),
+                    None => continue,
+                }
             }
             self.reconcile_taints(&node).await?;
             self.evict(&node).await?;
@@ -209,7 +233,7 @@ impl Controller {
             .nodes
             .list("")
             .iter()
-            .map(|n| s(n, "/metadata/name").to_string())
+            .map(|n| name(&n.metadata).to_string())
             .collect();
         self.seen
             .lock()
@@ -218,145 +242,123 @@ impl Controller {
         Ok(())
     }
 
-    async fn mark_unknown(&self, node: &Value) -> Result<Value, ApiError> {
-        let name = s(node, "/metadata/name");
+    /// Every condition Unknown; None when the node changed or went meanwhile.
+    async fn mark_unknown(&self, node: &Node) -> Result<Option<Node>, ApiError> {
+        let node_name = name(&node.metadata);
         let stamp = now();
         let mut updated = node.clone();
-        let mut conditions: Vec<Value> = node
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let (reason, message) = if conditions.iter().any(|c| s(c, "/type") == "Ready") {
+        let status = updated.status.get_or_insert_with(Default::default);
+        let conditions = status.conditions.get_or_insert_with(Vec::new);
+        let (reason, message) = if conditions.iter().any(|c| c.type_ == "Ready") {
             ("NodeStatusUnknown", "Kubelet stopped posting node status.")
         } else {
-            conditions.push(json!({"type": "Ready"}));
+            conditions.push(NodeCondition {
+                type_: "Ready".into(),
+                ..Default::default()
+            });
             (
                 "NodeStatusNeverUpdated",
                 "Kubelet never posted node status.",
             )
         };
         for c in conditions.iter_mut() {
-            c["status"] = json!("Unknown");
-            c["reason"] = json!(reason);
-            c["message"] = json!(message);
-            c["lastTransitionTime"] = json!(stamp);
+            c.status = "Unknown".into();
+            c.reason = Some(reason.into());
+            c.message = Some(message.into());
+            c.last_transition_time = Some(stamp.clone());
         }
-        rkube_api::value::set(&mut updated, &["status", "conditions"], json!(conditions));
-        let path = format!("/api/v1/nodes/{name}/status");
-        let written = self.client.update(&path, &updated).await?;
+        let written = ignore_gone(
+            Objects::<Node>::namespaced(&self.client, "")
+                .replace_status(node_name, &updated)
+                .await,
+        )?;
+        if written.is_none() {
+            return Ok(None);
+        }
         self.recorder
-            .event(
+            .event_for(
                 node,
-                "Node",
                 NORMAL,
                 "NodeNotReady",
-                &format!("Node {name} status is now: NodeNotReady"),
+                &format!("Node {node_name} status is now: NodeNotReady"),
             )
             .await;
         // Each pod on the node hears of it too, as in Kubernetes.
-        for pod in self.pods.list("") {
-            if s(&pod, "/spec/nodeName") == name {
-                self.recorder
-                    .event(&pod, "Pod", WARNING, "NodeNotReady", "Node is not ready")
-                    .await;
-            }
+        for pod in self.pods_on(node_name) {
+            self.recorder
+                .event_for(pod.as_ref(), WARNING, "NodeNotReady", "Node is not ready")
+                .await;
         }
         Ok(written)
     }
 
-    async fn reconcile_taints(&self, node: &Value) -> Result<(), ApiError> {
-        let name = s(node, "/metadata/name");
-        let wanted = wanted_taints(&ready_status(node));
-        let current: Vec<Value> = node
-            .pointer("/spec/taints")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let ours = |t: &Value| [UNREACHABLE, NOT_READY].contains(&s(t, "/key"));
-        let mut taints: Vec<Value> = current
+    fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .list("")
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .collect()
+    }
+
+    async fn reconcile_taints(&self, node: &Node) -> Result<(), ApiError> {
+        let wanted = wanted_taints(ready_status(node));
+        let current = taints_of(node);
+        let ours = |t: &Taint| [UNREACHABLE, NOT_READY].contains(&t.key.as_str());
+        let mut taints: Vec<Taint> = current
             .iter()
-            .filter(|t| {
-                !ours(t)
-                    || wanted
-                        .iter()
-                        .any(|(k, e)| s(t, "/key") == *k && s(t, "/effect") == *e)
-            })
+            .filter(|t| !ours(t) || wanted.iter().any(|(k, e)| t.key == *k && t.effect == *e))
             .cloned()
             .collect();
         for (key, effect) in &wanted {
-            if taints
-                .iter()
-                .any(|t| s(t, "/key") == *key && s(t, "/effect") == *effect)
-            {
+            if taints.iter().any(|t| t.key == *key && t.effect == *effect) {
                 continue;
             }
             if *effect == "NoExecute" && !self.take_token() {
                 // Rate-limited: the next monitor pass adds it.
                 continue;
             }
-            let mut t = json!({"key": key, "effect": effect});
-            if *effect == "NoExecute" {
-                t["timeAdded"] = json!(now());
-            }
-            taints.push(t);
+            taints.push(Taint {
+                key: key.to_string(),
+                effect: effect.to_string(),
+                time_added: (*effect == "NoExecute").then(now),
+                value: None,
+            });
         }
         if taints == current {
             return Ok(());
         }
-        let patch = json!({"metadata": {"resourceVersion": s(node, "/metadata/resourceVersion")},
-                           "spec": {"taints": if taints.is_empty() { Value::Null } else { json!(taints) }}});
-        match self
-            .client
-            .merge_patch(&format!("/api/v1/nodes/{name}"), &patch)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code == 404 || e.code == 409 => Ok(()),
-            Err(e) => Err(e),
-        }
+        let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version},
+                           "spec": {"taints": if taints.is_empty() { None } else { Some(taints) }}});
+        let nodes = Objects::<Node>::namespaced(&self.client, "");
+        ignore_gone(nodes.merge_patch(name(&node.metadata), &patch).await).map(|_| ())
     }
 
     /// Deletes the node's pods whose toleration of its NoExecute taints has run out.
-    async fn evict(&self, node: &Value) -> Result<(), ApiError> {
-        let name = s(node, "/metadata/name");
-        let taints: Vec<Value> = node
-            .pointer("/spec/taints")
-            .and_then(Value::as_array)
-            .map(|ts| {
-                ts.iter()
-                    .filter(|t| s(t, "/effect") == "NoExecute")
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        if taints.is_empty() {
+    async fn evict(&self, node: &Node) -> Result<(), ApiError> {
+        let taints = taints_of(node);
+        if !taints.iter().any(|t| t.effect == "NoExecute") {
             return Ok(());
         }
-        let now = chrono::Utc::now();
-        for pod in self.pods.list("") {
-            if s(&pod, "/spec/nodeName") != name
-                || pod.pointer("/metadata/deletionTimestamp").is_some()
+        let now = Timestamp::now();
+        for pod in self.pods_on(name(&node.metadata)) {
+            if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if eviction_deadline(&pod, taints).is_none_or(|at| at > now) {
+                continue;
+            }
+            let (ns, pod_name) = (namespace(&pod.metadata), name(&pod.metadata));
+            match Objects::<Pod>::namespaced(&self.client, ns)
+                .delete(pod_name)
+                .await
             {
-                continue;
-            }
-            let Some(at) = eviction_deadline(&pod, &taints) else {
-                continue;
-            };
-            if at > now {
-                continue;
-            }
-            let (ns, pname) = (s(&pod, "/metadata/namespace"), s(&pod, "/metadata/name"));
-            let path = format!("/api/v1/namespaces/{ns}/pods/{pname}");
-            match self.client.delete(&path, None).await {
-                Ok(_) => {
+                Ok(()) => {
                     self.recorder
-                        .event(
-                            &pod,
-                            "Pod",
+                        .event_for(
+                            pod.as_ref(),
                             NORMAL,
                             "TaintManagerEviction",
-                            &format!("Marking for deletion Pod {ns}/{pname}"),
+                            &format!("Marking for deletion Pod {ns}/{pod_name}"),
                         )
                         .await;
                 }
@@ -371,52 +373,36 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
-    #[test]
-    fn tolerations_match_as_kubernetes_matches_them() {
-        let taint = json!({"key": UNREACHABLE, "effect": "NoExecute"});
-        for (t, want) in [
-            (
-                json!({"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute"}),
-                true,
-            ),
-            (json!({"key": UNREACHABLE, "operator": "Exists"}), true),
-            (json!({"operator": "Exists"}), true),
-            (json!({"key": NOT_READY, "operator": "Exists"}), false),
-            (
-                json!({"key": UNREACHABLE, "operator": "Exists", "effect": "NoSchedule"}),
-                false,
-            ),
-            (
-                json!({"key": UNREACHABLE, "operator": "Equal", "value": "x"}),
-                false,
-            ),
-            (
-                json!({"key": UNREACHABLE, "operator": "Equal", "value": ""}),
-                true,
-            ),
-        ] {
-            assert_eq!(tolerates(&t, &taint), want, "{t}");
-        }
+    fn pod(spec: Value) -> Pod {
+        serde_json::from_value(json!({"spec": spec})).expect("pod")
     }
 
     #[test]
     fn pods_go_when_their_toleration_runs_out() {
         let added = "2026-01-01T00:00:00Z";
-        let taints = vec![json!({"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": added})];
-        let t0 = chrono::DateTime::parse_from_rfc3339(added)
-            .unwrap()
-            .with_timezone(&chrono::Utc);
-        let none = json!({"spec": {}});
+        let taints: Vec<Taint> = serde_json::from_value(
+            json!([{"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": added},
+                   {"key": "other", "effect": "NoSchedule"}]),
+        )
+        .expect("taints");
+        let t0: Timestamp = added.parse().unwrap();
+        let none = pod(json!({"containers": []}));
         assert_eq!(eviction_deadline(&none, &taints), Some(t0));
-        let for_300 = json!({"spec": {"tolerations": [
-            {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]}});
+        let for_300 = pod(json!({"containers": [], "tolerations": [
+            {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": UNREACHABLE, "operator": "Exists", "tolerationSeconds": 600}]}));
         assert_eq!(
             eviction_deadline(&for_300, &taints),
-            Some(t0 + chrono::Duration::seconds(300))
+            Some(t0 + SignedDuration::from_secs(300))
         );
-        let forever = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        let forever = pod(json!({"containers": [], "tolerations": [{"operator": "Exists"}]}));
         assert_eq!(eviction_deadline(&forever, &taints), None);
+        let other = pod(
+            json!({"containers": [], "tolerations": [{"key": NOT_READY, "operator": "Exists"}]}),
+        );
+        assert_eq!(eviction_deadline(&other, &taints), Some(t0));
     }
 
     #[test]

@@ -7,27 +7,28 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
 use rkube_api::client::LocalClient;
-use rkube_core::json::str_at as s;
-use serde_json::json;
+use rkube_core::meta::{name, namespace};
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::store::Store;
 use tokio::sync::watch;
-
-use crate::ignore_gone;
-use rkube_runtime::informer::Informer;
 
 /// kube-controller-manager's --terminated-pod-gc period of checks (gcCheckPeriod).
 pub const CHECK_PERIOD: Duration = Duration::from_secs(20);
 
 pub fn run(
-    pods: Arc<Informer>,
-    nodes: Arc<Informer>,
+    pods: Arc<Store<Pod>>,
+    nodes: Arc<Store<Node>>,
     client: LocalClient,
     period: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     tokio::spawn(async move {
-        pods.wait_synced().await;
-        nodes.wait_synced().await;
+        for mut synced in [pods.synced(), nodes.synced()] {
+            let _ = synced.wait_for(|s| *s).await;
+        }
         // Nodes found missing at the previous check.
         let mut missing_before: BTreeSet<String> = BTreeSet::new();
         loop {
@@ -37,8 +38,12 @@ pub fn run(
             }
             let mut missing_now = BTreeSet::new();
             for pod in pods.list("") {
-                let node = s(&pod, "/spec/nodeName");
-                let terminating = pod.pointer("/metadata/deletionTimestamp").is_some();
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or("");
+                let terminating = pod.metadata.deletion_timestamp.is_some();
                 let orphaned = !node.is_empty() && nodes.get(node).is_none();
                 if orphaned {
                     missing_now.insert(node.to_string());
@@ -48,20 +53,24 @@ pub fn run(
                 if !collect {
                     continue;
                 }
-                let path = format!(
-                    "/api/v1/namespaces/{}/pods/{}",
-                    s(&pod, "/metadata/namespace"),
-                    s(&pod, "/metadata/name")
-                );
-                let opts = json!({"kind": "DeleteOptions", "apiVersion": "v1",
-                                  "gracePeriodSeconds": 0,
-                                  "preconditions": {"uid": s(&pod, "/metadata/uid")}});
-                match ignore_gone(client.delete(&path, Some(&opts)).await) {
+                let (ns, pod_name) = (namespace(&pod.metadata), name(&pod.metadata));
+                let options = DeleteOptions {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: pod.metadata.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                let deleted = Objects::<Pod>::namespaced(&client, ns)
+                    .delete_with(pod_name, &options)
+                    .await;
+                match ignore_gone(deleted) {
                     Ok(_) => {
-                        tracing::info!(pod = %path, node, "garbage-collected a pod whose node is gone")
+                        tracing::info!(pod = %format!("{ns}/{pod_name}"), node, "garbage-collected a pod whose node is gone")
                     }
                     Err(e) => {
-                        tracing::debug!(pod = %path, error = %e, "pod garbage collection failed")
+                        tracing::debug!(pod = %format!("{ns}/{pod_name}"), error = %e, "pod garbage collection failed")
                     }
                 }
             }

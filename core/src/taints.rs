@@ -2,9 +2,6 @@
 //! lifecycle controller's evictions.
 
 use k8s_openapi::api::core::v1::{Taint, Toleration};
-use serde_json::Value;
-
-use crate::json::str_field as s;
 
 /// Whether a toleration tolerates a taint (Kubernetes' matching: key, or empty key with
 /// Exists; operator Equal compares values; an empty effect matches every effect).
@@ -21,26 +18,6 @@ pub fn tolerates_taint(t: &Toleration, taint: &Taint) -> bool {
     };
     let empty_key_needs_exists = !key.is_empty() || operator == "Exists";
     effect_ok && key_ok && value_ok && empty_key_needs_exists
-}
-
-/// [`tolerates_taint`] for a toleration and a taint still held as JSON (a field that is absent
-/// or not a string reads as empty).
-pub fn tolerates(t: &Value, taint: &Value) -> bool {
-    let field = |v: &Value, f: &str| Some(s(v, f).to_string());
-    let toleration = Toleration {
-        key: field(t, "key"),
-        operator: field(t, "operator"),
-        value: field(t, "value"),
-        effect: field(t, "effect"),
-        toleration_seconds: None,
-    };
-    let taint = Taint {
-        key: s(taint, "key").to_string(),
-        value: field(taint, "value"),
-        effect: s(taint, "effect").to_string(),
-        time_added: None,
-    };
-    tolerates_taint(&toleration, &taint)
 }
 
 #[cfg(test)]
@@ -72,7 +49,6 @@ mod tests {
             ),
             (json!({"value": ""}), false),
         ] {
-            assert_eq!(tolerates(&t, &taint), want, "{t}");
             let typed: Toleration = serde_json::from_value(t.clone()).unwrap();
             let typed_taint: Taint = serde_json::from_value(taint.clone()).unwrap();
             assert_eq!(tolerates_taint(&typed, &typed_taint), want, "{t}");

@@ -5,6 +5,7 @@
 
 use std::marker::PhantomData;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 use k8s_openapi::Resource;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
@@ -91,5 +92,18 @@ impl<'c, K: Resource + Serialize + DeserializeOwned> Objects<'c, K> {
     /// Deletes object `name` (with the API's default propagation).
     pub async fn delete(&self, name: &str) -> Result<(), ApiError> {
         self.client.delete(&self.path(name), None).await.map(|_| ())
+    }
+
+    /// Deletes object `name` with `options` (grace period, preconditions, propagation).
+    pub async fn delete_with(&self, name: &str, options: &DeleteOptions) -> Result<(), ApiError> {
+        let mut body = encode(options)?;
+        if let Some(o) = body.as_object_mut() {
+            o.insert("kind".into(), "DeleteOptions".into());
+            o.insert("apiVersion".into(), "v1".into());
+        }
+        self.client
+            .delete(&self.path(name), Some(&body))
+            .await
+            .map(|_| ())
     }
 }
