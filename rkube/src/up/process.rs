@@ -14,12 +14,17 @@ pub fn running_pid(dir: &Path, name: &str) -> Option<i32> {
         .trim()
         .parse()
         .ok()?;
-    // Signal 0 checks existence; the command line check guards against a reused pid.
+    // Signal 0 checks existence; the command line check guards against a reused pid. Every
+    // process `up` starts names its own directory under DIR by absolute path: the name alone
+    // would match the member of the same name of another cluster on this machine, which a
+    // stale pid file can point at once the pid is reused (then `down` would stop it).
     let alive = unsafe { libc::kill(pid, 0) } == 0;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let cmdline = String::from_utf8_lossy(&cmdline);
-    let ours = cmdline.contains(&format!("{name}\0")) || cmdline.contains(&format!("/{name}/"));
-    (alive && ours).then_some(pid)
+    let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let in_dir = cmdline.contains(&format!("{}/", abs.display()));
+    let named = cmdline.contains(&format!("{name}\0")) || cmdline.contains(&format!("/{name}/"));
+    (alive && in_dir && named).then_some(pid)
 }
 
 /// The last `n` lines of a log file (empty if it cannot be read).
