@@ -61,7 +61,7 @@ pub async fn serve(
         .and_then(|v| v.to_str().ok())
         .ok_or("a WebSocket request without Sec-WebSocket-Key")?
         .to_string();
-    let runtime = open_runtime(url).await?;
+    let runtime = open_runtime(url, "v4.channel.k8s.io").await?;
     tracing::info!(
         path = req.uri().path(),
         "a WebSocket stream with {PROTOCOL}, translated to SPDY toward the runtime"
@@ -96,8 +96,12 @@ pub async fn serve(
         .map_err(|e| e.to_string())
 }
 
-/// The runtime's streaming server, upgraded to SPDY/3.1 with Kubernetes' v4 stream protocol.
-async fn open_runtime(url: &str) -> Result<hyper::upgrade::Upgraded, String> {
+/// The runtime's streaming server, upgraded to SPDY/3.1 with `protocol` (Kubernetes' v4 stream
+/// protocol for exec and attach, `portforward.k8s.io` for port-forward).
+pub(crate) async fn open_runtime(
+    url: &str,
+    protocol: &str,
+) -> Result<hyper::upgrade::Upgraded, String> {
     let uri: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
     let (Some(authority), Some(path)) = (uri.authority(), uri.path_and_query()) else {
         return Err(format!("{url}: not an http URL"));
@@ -116,7 +120,7 @@ async fn open_runtime(url: &str) -> Result<hyper::upgrade::Upgraded, String> {
         .header("host", authority.as_str())
         .header("connection", "Upgrade")
         .header("upgrade", "SPDY/3.1")
-        .header("x-stream-protocol-version", "v4.channel.k8s.io")
+        .header("x-stream-protocol-version", protocol)
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .map_err(|e| e.to_string())?;
     let mut resp = sender

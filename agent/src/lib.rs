@@ -18,6 +18,7 @@ pub mod exec_websocket;
 pub mod join;
 pub mod node;
 pub mod pods;
+pub mod portforward_tunnel;
 pub mod podspec;
 pub mod probe;
 pub mod projected;

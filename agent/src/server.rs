@@ -8,7 +8,9 @@
 //! `/exec/<namespace>/<pod>/<container>?command=&stdin=&stdout=&stderr=&tty=`,
 //! `/attach/<namespace>/<pod>/<container>` and `/portForward/<namespace>/<pod>` ask the runtime
 //! for a stream (CRI Exec, Attach, PortForward) and join the API server's upgraded connection
-//! with the runtime's streaming server.
+//! with the runtime's streaming server; exec and attach over WebSocket v5
+//! (`exec_websocket.rs`) and port-forward's SPDY tunnel in a WebSocket (`portforward_tunnel.rs`)
+//! are answered here and translated to SPDY toward the runtime.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -233,6 +235,9 @@ async fn route(
                         .unwrap_or_default(),
                 },
             };
+            // kubectl's port-forward over a WebSocket: a SPDY session tunnelled in it, unwrapped
+            // here toward the runtime.
+            let tunnel = *kind == "portForward" && crate::portforward_tunnel::wants_tunnel(&req);
             let (ns, pod) = (ns.to_string(), pod.to_string());
             let forwarded_ports = match &request {
                 // Over a WebSocket the ports are named only in the URL, as `port` (over SPDY each
@@ -249,6 +254,12 @@ async fn route(
             match (cri.stream_url(&ns, &pod, request).await, v5) {
                 (Ok(url), Some(streams)) => {
                     match crate::exec_websocket::serve(&url, streams, req).await {
+                        Ok(resp) => resp,
+                        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e),
+                    }
+                }
+                (Ok(url), None) if tunnel => {
+                    match crate::portforward_tunnel::serve(&url, req).await {
                         Ok(resp) => resp,
                         Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e),
                     }

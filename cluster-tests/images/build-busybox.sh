@@ -2,6 +2,7 @@
 # Builds two OCI image archives from the host's static busybox (Debian's busybox-static), for
 # tests and for `ctr images import`, since no image can be pulled here:
 #   OUT/busybox.tar  rkube.local/busybox:1  (every busybox applet on PATH; CMD sh)
+#   OUT/busybox2.tar rkube.local/busybox:2  (the same, labelled version 2: an image to roll to)
 #   OUT/pause.tar    rkube.local/pause:1    (a sandbox process that sleeps until stopped)
 #   OUT/kubectl.tar  rkube.local/kubectl:1  (busybox and the host's kubectl, when that is a static
 #                                            binary: a client for pods that use the API)
@@ -51,6 +52,7 @@ image() { # name config-json-fragment out
 
 layer
 image rkube.local/busybox:1 '{"Env":["PATH=/bin"],"Cmd":["sh"]}' "$OUT/busybox.tar"
+image rkube.local/busybox:2 '{"Env":["PATH=/bin"],"Cmd":["sh"],"Labels":{"version":"2"}}' "$OUT/busybox2.tar"
 image rkube.local/pause:1 \
   '{"Env":["PATH=/bin"],"Entrypoint":["/bin/sh","-c","trap \"exit 0\" TERM INT; sleep 2147483647 & wait"]}' \
   "$OUT/pause.tar"

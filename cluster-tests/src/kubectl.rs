@@ -184,6 +184,13 @@ impl Kubectl {
         }
     }
 
+    /// Starts a command on a terminal of its own of `rows` x `cols` (`attach -it`, `run -it`).
+    pub fn in_terminal(&self, args: &[&str], rows: u16, cols: u16) -> crate::pty::Terminal {
+        let mut cmd = self.command(args);
+        cmd.env("TERM", "xterm");
+        crate::pty::Terminal::spawn(cmd, rows, cols).expect("kubectl starts on a terminal")
+    }
+
     /// Starts a long-running command (`get -w`); its output lines arrive on the receiver.
     pub fn spawn_lines(
         &self,

@@ -19,6 +19,7 @@ pub mod etcdctl;
 pub mod kubectl;
 pub mod powerfs;
 mod process;
+pub mod pty;
 
 pub use etcdctl::{Etcdctl, EtcdctlChild, EtcdctlOutput};
 pub use pb::cluster_client::ClusterClient;

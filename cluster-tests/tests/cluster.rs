@@ -59,5 +59,7 @@ mod snapshots;
 mod status_page;
 #[path = "cluster/stored_kinds.rs"]
 mod stored_kinds;
+#[path = "cluster/streams.rs"]
+mod streams;
 #[path = "cluster/watch.rs"]
 mod watch;

@@ -27,10 +27,17 @@ pub const WEBSOCKET_PROTOCOLS: [&str; 4] = [
 /// runtime (the runtime does not speak it).
 pub const EXEC_V5: &str = "v5.channel.k8s.io";
 
+/// The WebSocket subprotocol of kubectl's port-forward (client-go's tunneling dialer, the
+/// PortForwardWebsockets feature): a SPDY/3.1 session of `portforward.k8s.io`, its bytes carried
+/// as they are in binary WebSocket messages. The agent unwraps it toward the runtime, which
+/// speaks the SPDY session but not the tunnel.
+pub const PORTFORWARD_TUNNEL: &str = "SPDY/3.1+portforward.k8s.io";
+
 /// Whether a request's `Sec-WebSocket-Protocol` (comma-separated, possibly in several headers)
-/// offers one of [`WEBSOCKET_PROTOCOLS`].
+/// offers one of [`WEBSOCKET_PROTOCOLS`], or names no subprotocol at all (which the runtime's
+/// streaming server takes as the binary channel protocol, as the kubelet does).
 pub fn offers_served_websocket_protocol(headers: &hyper::HeaderMap) -> bool {
-    offers(headers, &WEBSOCKET_PROTOCOLS)
+    !headers.contains_key("sec-websocket-protocol") || offers(headers, &WEBSOCKET_PROTOCOLS)
 }
 
 /// Whether a request's `Sec-WebSocket-Protocol` offers one of `protocols`.

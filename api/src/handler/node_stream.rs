@@ -84,7 +84,8 @@ impl Api {
         // exec, attach, portforward: a stream the client upgrades to, SPDY/3.1 or a WebSocket
         // with one of the channel subprotocols the runtime's streaming server speaks, passed on
         // to the agent and from there to the runtime; for exec and attach also
-        // v5.channel.k8s.io (kubectl 1.32's), which the agent translates to SPDY.
+        // v5.channel.k8s.io (kubectl 1.32's), for port-forward kubectl 1.32's SPDY tunnel
+        // (SPDY/3.1+portforward.k8s.io), which the agent translates to SPDY.
         let upgrade = req
             .headers()
             .get(hyper::header::UPGRADE)
@@ -95,17 +96,30 @@ impl Api {
             return Err(ApiError::bad_request("Upgrade request required"));
         }
         if upgrade.eq_ignore_ascii_case("websocket") {
-            let v5 = sub != "portforward"
-                && rkube_core::upgrade::offers(req.headers(), &[rkube_core::upgrade::EXEC_V5]);
-            if !v5 && !rkube_core::upgrade::offers_served_websocket_protocol(req.headers()) {
+            // What the agent answers itself and translates to SPDY toward the runtime.
+            let translated = rkube_core::upgrade::offers(
+                req.headers(),
+                &[if sub == "portforward" {
+                    rkube_core::upgrade::PORTFORWARD_TUNNEL
+                } else {
+                    rkube_core::upgrade::EXEC_V5
+                }],
+            );
+            if !translated && !rkube_core::upgrade::offers_served_websocket_protocol(req.headers())
+            {
                 let offered: Vec<&str> = req
                     .headers()
                     .get_all("sec-websocket-protocol")
                     .iter()
                     .filter_map(|v| v.to_str().ok())
                     .collect();
+                let translated = if sub == "portforward" {
+                    rkube_core::upgrade::PORTFORWARD_TUNNEL
+                } else {
+                    rkube_core::upgrade::EXEC_V5
+                };
                 return Err(ApiError::bad_request(format!(
-                    "unable to upgrade: none of the WebSocket subprotocols requested ({}) is served for pods/{sub}; use one of {} or SPDY/3.1",
+                    "unable to upgrade: none of the WebSocket subprotocols requested ({}) is served for pods/{sub}; use one of {translated}, {} or SPDY/3.1",
                     offered.join(", "),
                     rkube_core::upgrade::WEBSOCKET_PROTOCOLS.join(", ")
                 )));

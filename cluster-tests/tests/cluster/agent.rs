@@ -1850,7 +1850,7 @@ async fn an_agent_renews_its_client_certificate_before_it_expires() {
 /// offers v5.channel.k8s.io and v4.channel.k8s.io: exec gets v5, which the agent translates to
 /// SPDY, port-forward v4, which the runtime speaks): the command's output and exit status come
 /// back, and a forwarded port carries an HTTP exchange. kubectl's own exec (above) asks for v5
-/// only and takes the same path; its port-forward tunnel is refused with a sentence.
+/// only and takes the same path; a subprotocol nobody serves is refused with a sentence.
 async fn websocket_streams(c: &Cluster, pod: &str) {
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::AttachParams;
@@ -1911,8 +1911,8 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     drop(conn);
     forward.abort();
 
-    // kubectl's port-forward tunnel (SPDY inside a WebSocket) is not served: refused before
-    // the agent is asked, with the subprotocols that work, so kubectl takes SPDY.
+    // A subprotocol nobody serves is refused before the agent is asked, with the ones that
+    // work (kubectl's tunnel among them; the streams suite uses it).
     let request = http::Request::get(format!(
         "/api/v1/namespaces/default/pods/{pod}/portforward?ports=8080"
     ))
@@ -1920,7 +1920,7 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     .header("upgrade", "websocket")
     .header("sec-websocket-version", "13")
     .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
-    .header("sec-websocket-protocol", "SPDY/3.1+portforward.k8s.io")
+    .header("sec-websocket-protocol", "v9.channel.k8s.io")
     .body(kube::client::Body::from(Vec::new()))
     .expect("a request");
     let answer = pods.into_client().send(request).await.expect("an answer");
@@ -1928,7 +1928,9 @@ async fn websocket_streams(c: &Cluster, pod: &str) {
     let body = answer.into_body().collect_bytes().await.expect("a body");
     let body = String::from_utf8_lossy(&body);
     assert!(
-        body.contains("SPDY/3.1+portforward.k8s.io") && body.contains("v4.channel.k8s.io"),
+        body.contains("v9.channel.k8s.io")
+            && body.contains("SPDY/3.1+portforward.k8s.io")
+            && body.contains("v4.channel.k8s.io"),
         "{body}"
     );
 }

@@ -158,3 +158,42 @@ spec:
       - name: agent
         image: rkube.local/busybox:1
 "#;
+
+/// A cluster whose `agents` agents run real containers (`rkube up --runtime cri`), with the
+/// images built here (`rkube.local/busybox:1` and `:2`) loaded into every agent's containerd,
+/// its nodes Ready.
+pub(crate) async fn cri_cluster(agents: usize) -> (Cluster, cluster_tests::kubectl::Kubectl) {
+    let images = tempfile::tempdir().unwrap();
+    cluster_tests::build_images(images.path());
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents,
+        up_args: vec!["--runtime".into(), "cri".into()],
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = cluster_tests::kubectl::Kubectl::from_env_file(
+        &c.path().join("env"),
+        &c.path().join("home"),
+    )
+    .expect("env");
+    let names = c.agent_names();
+    k.wait_nodes_ready(&names.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    for image in ["busybox.tar", "busybox2.tar"] {
+        let load = std::process::Command::new(cluster_tests::rkube_bin())
+            .args(["image", "load", "--dir"])
+            .arg(c.path())
+            .arg(images.path().join(image))
+            .output()
+            .unwrap();
+        assert!(
+            load.status.success(),
+            "{}",
+            String::from_utf8_lossy(&load.stderr)
+        );
+    }
+    (c, k)
+}
