@@ -94,9 +94,10 @@ async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> Stri
         answer
             .headers()
             .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok()),
-        protocol,
-        "the subprotocol agreed"
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(""),
+        protocol.unwrap_or(""),
+        "the subprotocol agreed (none is an empty one, as the kubelet answers it)"
     );
     let upgraded = hyper::upgrade::on(&mut answer).await.expect("upgraded");
     let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
