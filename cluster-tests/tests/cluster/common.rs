@@ -197,3 +197,31 @@ pub(crate) async fn cri_cluster(agents: usize) -> (Cluster, cluster_tests::kubec
     }
     (c, k)
 }
+
+/// [`NODE_AGENT`] for real containers: its container says which node it runs on and runs
+/// until it is stopped.
+pub(crate) const NODE_AGENT_PROCESS: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: node-agent
+spec:
+  selector:
+    matchLabels:
+      app: node-agent
+  template:
+    metadata:
+      labels:
+        app: node-agent
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: agent
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "echo node-agent on $NODE_NAME; trap 'exit 0' TERM; sleep 3600 & wait"]
+        env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: spec.nodeName
+"#;

@@ -489,3 +489,110 @@ async fn taints_cordons_surge_on_delete_and_cascading_deletion() {
     })
     .await;
 }
+
+/// The DaemonSet's pods that run and are Ready, not being deleted, as (node, pod, image of
+/// its running container).
+async fn running_daemon_pods(k: &Kubectl, app: &str) -> Vec<(String, String, String)> {
+    let selector = format!("app={app}");
+    let out = k
+        .run(&["get", "pods", "-l", &selector, "-o",
+               "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} {.status.containerStatuses[0].image} {.status.phase} {.status.conditions[?(@.type==\"Ready\")].status} {.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    let mut pods: Vec<(String, String, String)> = out
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [node, pod, image, "Running", "True"] => {
+                Some((node.to_string(), pod.to_string(), image.to_string()))
+            }
+            _ => None,
+        })
+        .collect();
+    pods.sort();
+    pods
+}
+
+/// On real containers (`rkube up --runtime cri`, two agents, busybox built here): a pod Running
+/// on each node whose process says where it runs, then `kubectl set image` rolls the new image
+/// out node by node (never both nodes without a Ready pod, maxUnavailable 1) until each node
+/// runs a container of the new image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
+    let (_c, k) = super::common::cri_cluster(2).await;
+    k.run_with_input(&["apply", "-f", "-"], super::common::NODE_AGENT_PROCESS)
+        .await
+        .ok();
+    rollout_status(&k, "node-agent").await;
+    let pods = wait_for("a Running, Ready daemon pod on each node", BOUND, || async {
+        let pods = running_daemon_pods(&k, "node-agent").await;
+        let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
+        (nodes == ["agent1", "agent2"]).then_some(pods)
+    })
+    .await;
+    for (node, pod, image) in &pods {
+        assert_eq!(image, "rkube.local/busybox:1");
+        let said = wait_for(&format!("{pod}'s log"), BOUND, || async {
+            let out = k.run(&["logs", pod]).await;
+            out.stdout.contains("node-agent on").then_some(out.stdout)
+        })
+        .await;
+        assert_eq!(said.trim(), format!("node-agent on {node}"));
+    }
+    let table = k.run(&["get", "daemonset", "node-agent"]).await.ok();
+    let row: Vec<&str> = table.lines().nth(1).unwrap_or("").split_whitespace().collect();
+    assert_eq!(row[..6], ["node-agent", "2", "2", "2", "2", "2"], "{table}");
+
+    // The image rolls out: the old pods' containers stop, the new ones run the new image.
+    k.run(&[
+        "set",
+        "image",
+        "daemonset/node-agent",
+        "agent=rkube.local/busybox:2",
+    ])
+    .await
+    .ok();
+    // What the pods looked like during the rollout, sampled.
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watcher = {
+        let (k, samples) = (k.clone(), samples.clone());
+        tokio::spawn(async move {
+            loop {
+                let pods = running_daemon_pods(&k, "node-agent").await;
+                let raw = k.run(&["get", "pods", "-l", "app=node-agent", "-o",
+               "jsonpath={range .items[*]}{.spec.nodeName} {.metadata.name} {.status.containerStatuses[0].image} {.status.phase} {.status.conditions[?(@.type==\"Ready\")]} {.metadata.deletionTimestamp}{\"\\n\"}{end}"]).await.stdout;
+                samples.lock().unwrap().push((pods, raw));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    rollout_status(&k, "node-agent").await;
+    let rolled = wait_for("a Running pod of the new image on each node", BOUND, || async {
+        let pods = running_daemon_pods(&k, "node-agent").await;
+        let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
+        (nodes == ["agent1", "agent2"]
+            && pods.iter().all(|(_, _, image)| image == "rkube.local/busybox:2"))
+        .then_some(pods)
+    })
+    .await;
+    watcher.abort();
+    let samples = samples.lock().unwrap().clone();
+    assert!(
+        samples.iter().all(|(pods, _)| !pods.is_empty()),
+        "both nodes were without a Ready daemon pod during the rollout: {samples:#?}"
+    );
+    for ((_, old, _), (_, new, _)) in pods.iter().zip(&rolled) {
+        assert_ne!(old, new, "a pod was updated in place");
+    }
+    // The old pods are gone for good: their agents stopped their containers.
+    wait_for("the old pods gone", BOUND, || async {
+        let out = k
+            .run(&["get", "pods", "-l", "app=node-agent", "-o", "name"])
+            .await
+            .ok();
+        pods.iter()
+            .all(|(_, old, _)| !out.contains(old.as_str()))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(history(&k, "node-agent").await, ["1", "2"]);
+}

@@ -357,3 +357,125 @@ async fn drain_evicts_within_the_budget_and_leaves_daemon_pods() {
         .ok();
     assert_eq!(unschedulable, "");
 }
+
+/// [`WEB`] for real containers: busybox's httpd, Ready when it answers.
+const WEB_HTTPD: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: web
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "echo hello from $(hostname) > /www/index.html; exec httpd -f -p 8080 -h /www"]
+        readinessProbe:
+          httpGet:
+            path: /
+            port: 8080
+          periodSeconds: 1
+"#;
+
+/// The same drain on a node of real containers (`rkube up --runtime cri`, two agents): the
+/// evicted pods' containers are stopped and the pods gone, their replacements serve on the
+/// other node, the budget is kept throughout, and the daemon pod keeps running on the drained
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_of_a_node_running_real_containers() {
+    let (_c, k) = super::common::cri_cluster(2).await;
+    k.run(&["cordon", "agent2"]).await.ok();
+    k.run_with_input(&["apply", "-f", "-"], WEB_HTTPD)
+        .await
+        .ok();
+    k.run_with_input(&["apply", "-f", "-"], super::common::NODE_AGENT_PROCESS)
+        .await
+        .ok();
+    k.run_with_input(&["apply", "-f", "-"], &budget("web", "minAvailable: 1"))
+        .await
+        .ok();
+    let before = wait_for("both web pods Ready on agent1", BOUND, || async {
+        let pods = ready_web_pods(&k).await;
+        (pods.len() == 2 && pods.iter().all(|(_, n)| n == "agent1")).then_some(pods)
+    })
+    .await;
+    k.run(&["uncordon", "agent2"]).await.ok();
+    wait_numbers(&k, "web", "2 1 2 1").await;
+    let daemon_on_agent1 = || async {
+        k.run(&[
+            "get",
+            "pods",
+            "-l",
+            "app=node-agent",
+            "--field-selector",
+            "spec.nodeName=agent1,status.phase=Running",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])
+        .await
+        .ok()
+    };
+    let daemon = wait_for("the daemon pod Running on agent1", BOUND, || async {
+        let name = daemon_on_agent1().await;
+        (!name.is_empty()).then_some(name)
+    })
+    .await;
+
+    let drained = k
+        .run(&[
+            "drain",
+            "agent1",
+            "--ignore-daemonsets",
+            "--timeout=80s",
+        ])
+        .await;
+    let all = format!("{}{}", drained.stdout, drained.stderr);
+    assert!(drained.success, "{all}");
+    assert!(all.contains("node/agent1 cordoned"), "{all}");
+    assert!(
+        all.contains(&format!(
+            "Warning: ignoring DaemonSet-managed Pods: default/{daemon}"
+        )),
+        "{all}"
+    );
+    for (pod, _) in &before {
+        assert!(all.contains(&format!("pod/{pod} evicted")), "{all}");
+    }
+    assert!(all.contains("node/agent1 drained"), "{all}");
+
+    // drain returned once the evicted pods were gone: their containers stopped on agent1.
+    let names = k
+        .run(&["get", "pods", "-l", "app=web", "-o", "name"])
+        .await
+        .ok();
+    for (pod, _) in &before {
+        assert!(!names.contains(pod.as_str()), "{pod} is still there: {names}");
+    }
+    let after = wait_for("both web pods Ready on agent2", BOUND, || async {
+        let pods = ready_web_pods(&k).await;
+        (pods.len() == 2 && pods.iter().all(|(_, n)| n == "agent2")).then_some(pods)
+    })
+    .await;
+    for (pod, _) in &after {
+        let ip = k
+            .run(&["get", "pod", pod, "-o", "jsonpath={.status.podIP}"])
+            .await
+            .ok();
+        let body = wait_for(&format!("{pod} answering"), BOUND, || async {
+            cluster_tests::http_get(&format!("{ip}:8080")).await
+        })
+        .await;
+        assert!(body.contains(&format!("hello from {pod}")), "{body}");
+    }
+    assert_eq!(daemon_on_agent1().await, daemon, "the daemon pod left agent1");
+    wait_numbers(&k, "web", "2 1 2 1").await;
+}

@@ -364,7 +364,9 @@ fn plan(
     plan
 }
 
-/// What each node holds for the rolling update.
+/// What each node holds for the rolling update: every node with daemon pods, and every node
+/// that should run one even while it has none (its old pod deleted for good and the new one
+/// not yet seen), which counts as unavailable: as Kubernetes' controller walks the nodes.
 fn slots(
     placements: &BTreeMap<String, Placement>,
     by_node: &ByNode,
@@ -372,9 +374,15 @@ fn slots(
     min_ready: i64,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Vec<NodeSlot> {
-    by_node
+    let wanted = placements
         .iter()
-        .map(|(node, pods)| {
+        .filter(|(_, p)| p.should_run)
+        .map(|(node, _)| node);
+    let nodes: std::collections::BTreeSet<&String> = by_node.keys().chain(wanted).collect();
+    nodes
+        .into_iter()
+        .map(|node| {
+            let pods = by_node.get(node).map(Vec::as_slice).unwrap_or(&[]);
             let (mut new, mut old, mut excess) = (None, None, false);
             for pod in pods.iter().filter(|p| !deleting(p)) {
                 let state = PodState {
@@ -875,6 +883,28 @@ mod tests {
             assert_eq!(got.create_on, *create_on, "{what}: created on");
             assert_eq!(deleted, *delete, "{what}: deleted");
         }
+    }
+
+    /// A node that should run the pod but holds none (its old pod gone for good, the new one
+    /// not in the cache yet) is unavailable: the next old pod waits (a rollout on real
+    /// containers took both nodes' pods down at once without it).
+    #[test]
+    fn a_node_between_its_old_and_new_pod_holds_the_rollout() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
+        let run = Placement {
+            should_run: true,
+            may_stay: true,
+        };
+        let placements = BTreeMap::from([("n1".to_string(), run), ("n2".to_string(), run)]);
+        let by_node = ByNode::from([(
+            "n2".to_string(),
+            vec![pod("old", "h0", "2026-01-01T00:00:00Z", ready())],
+        )]);
+        let slots = slots(&placements, &by_node, "h", 0, now);
+        assert_eq!(slots.len(), 2);
+        assert_eq!((&slots[0].new, &slots[0].old), (&None, &None));
+        let step = rolling::next_step(&slots, 0, 1, 2);
+        assert!(step.delete.is_empty(), "{step:?}");
     }
 
     #[test]
