@@ -50,6 +50,13 @@ pub fn offers(headers: &hyper::HeaderMap, protocols: &[&str]) -> bool {
         .any(|p| protocols.contains(&p.trim()))
 }
 
+/// A boolean query parameter of exec, attach and logs (`stdin=`, `tty=`, `follow=`) as
+/// Kubernetes parses it (Go's `strconv.ParseBool`): `1`, `t`, `T`, `true`, `TRUE` and `True`
+/// are true (the Python client sends `True`), anything else false.
+pub fn query_flag(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
+}
+
 /// An upgrade request to pass on: the client's method, headers and (once answered) connection.
 pub struct UpgradeRequest<'a> {
     pub method: &'a hyper::Method,
@@ -101,4 +108,34 @@ where
         });
     }
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_as_go_does() {
+        for v in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert!(query_flag(v), "{v}");
+        }
+        for v in ["0", "false", "False", "", "yes", "tRuE"] {
+            assert!(!query_flag(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn subprotocols_offered() {
+        let mut h = hyper::HeaderMap::new();
+        assert!(offers_served_websocket_protocol(&h), "none offered is the binary protocol");
+        h.insert(
+            "sec-websocket-protocol",
+            "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap(),
+        );
+        assert!(offers(&h, &[EXEC_V5]));
+        assert!(offers_served_websocket_protocol(&h));
+        h.insert("sec-websocket-protocol", PORTFORWARD_TUNNEL.parse().unwrap());
+        assert!(offers(&h, &[PORTFORWARD_TUNNEL]));
+        assert!(!offers_served_websocket_protocol(&h));
+    }
 }

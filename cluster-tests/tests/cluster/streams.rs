@@ -72,12 +72,12 @@ async fn forward_and_get(k: &Kubectl) -> String {
     body
 }
 
-/// Port-forward to the pod's 8080 over a WebSocket as the older protocol has it (`protocol`
-/// offered, or none): per port a data channel (0) and an error channel (1), each message's
-/// first byte its channel, each channel's first message the port in little endian. Returns
-/// what came back on the data channel for an HTTP request.
-async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> String {
-    let mut request = http::Request::get("/api/v1/namespaces/default/pods/web/portforward?ports=8080")
+type Ws = tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// A WebSocket to `path` through the API, offering `protocol` (or none), as a client that
+/// speaks the channel protocols itself opens it; the subprotocol agreed is checked.
+async fn open_ws(client: &kube::Client, path: &str, protocol: Option<&str>) -> Ws {
+    let mut request = http::Request::get(path)
         .header("connection", "Upgrade")
         .header("upgrade", "websocket")
         .header("sec-websocket-version", "13")
@@ -100,12 +100,21 @@ async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> Stri
         "the subprotocol agreed (none is an empty one, as the kubelet answers it)"
     );
     let upgraded = hyper::upgrade::on(&mut answer).await.expect("upgraded");
-    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+    tokio_tungstenite::WebSocketStream::from_raw_socket(
         hyper_util::rt::TokioIo::new(upgraded),
         Role::Client,
         None,
     )
-    .await;
+    .await
+}
+
+/// Port-forward to the pod's 8080 over a WebSocket as the older protocol has it (`protocol`
+/// offered, or none): per port a data channel (0) and an error channel (1), each message's
+/// first byte its channel, each channel's first message the port in little endian. Returns
+/// what came back on the data channel for an HTTP request.
+async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> String {
+    let path = "/api/v1/namespaces/default/pods/web/portforward?ports=8080";
+    let mut ws = open_ws(client, path, protocol).await;
     let port = 8080u16.to_le_bytes();
     let mut firsts = Vec::new();
     while firsts.len() < 2 {
@@ -142,6 +151,30 @@ async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> Stri
     .await;
     assert!(ended.is_ok(), "{protocol:?}: the connection did not end");
     String::from_utf8_lossy(&data).to_string()
+}
+
+/// exec over a WebSocket with v4.channel.k8s.io as the Python client asks for it (its flags
+/// spelled `True`): stdout on channel 1, the command's status on channel 3.
+async fn raw_exec(client: &kube::Client) -> (String, String) {
+    let path = "/api/v1/namespaces/default/pods/web/exec?command=cat&command=/www/index.html&stdin=False&stdout=True&stderr=True&tty=False";
+    let mut ws = open_ws(client, path, Some("v4.channel.k8s.io")).await;
+    let (mut stdout, mut status) = (Vec::new(), Vec::new());
+    let ended = tokio::time::timeout(BOUND, async {
+        while let Some(Ok(message)) = ws.next().await {
+            match message {
+                Message::Binary(m) if m.first() == Some(&1) => stdout.extend_from_slice(&m[1..]),
+                Message::Binary(m) if m.first() == Some(&3) => status.extend_from_slice(&m[1..]),
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the exec did not end");
+    (
+        String::from_utf8_lossy(&stdout).to_string(),
+        String::from_utf8_lossy(&status).to_string(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,6 +214,10 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
             "{protocol:?}: {answer}"
         );
     }
+
+    let (stdout, status) = raw_exec(&client).await;
+    assert_eq!(stdout, "hello from web\n");
+    assert!(status.contains("\"status\":\"Success\""), "{status}");
 
     // kubectl attach -it to a shell on a terminal, over a WebSocket (v5): what is typed runs,
     // the terminal's size reaches the container, and so does a resize.
