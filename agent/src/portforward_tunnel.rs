@@ -81,7 +81,10 @@ pub async fn serve(
 
 /// Copies the payloads of the client's binary messages to `runtime` and what `runtime` writes
 /// back as binary messages, until either side closes; then closes the other.
-async fn relay<S, R>(mut ws: tokio_tungstenite::WebSocketStream<S>, runtime: R) -> Result<(), String>
+async fn relay<S, R>(
+    mut ws: tokio_tungstenite::WebSocketStream<S>,
+    runtime: R,
+) -> Result<(), String>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     R: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -138,12 +141,9 @@ mod tests {
         let (client_io, server_io) = tokio::io::duplex(1 << 16);
         let (runtime_io, mut runtime) = tokio::io::duplex(1 << 16);
         let server = tokio::spawn(async move {
-            let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                server_io,
-                Role::Server,
-                None,
-            )
-            .await;
+            let ws =
+                tokio_tungstenite::WebSocketStream::from_raw_socket(server_io, Role::Server, None)
+                    .await;
             relay(ws, runtime_io).await
         });
         let mut client =
@@ -153,7 +153,10 @@ mod tests {
             .send(Message::binary(b"\x80\x03\x00\x01".to_vec()))
             .await
             .unwrap();
-        client.send(Message::binary(b"more".to_vec())).await.unwrap();
+        client
+            .send(Message::binary(b"more".to_vec()))
+            .await
+            .unwrap();
         let mut got = [0u8; 8];
         runtime.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"\x80\x03\x00\x01more");

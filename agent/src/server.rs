@@ -184,7 +184,11 @@ async fn route(
                     "this node runs the simulated runtime: its containers write no logs",
                 );
             };
-            let flag = |k: &str| query.get(k).is_some_and(|v| rkube_core::upgrade::query_flag(v));
+            let flag = |k: &str| {
+                query
+                    .get(k)
+                    .is_some_and(|v| rkube_core::upgrade::query_flag(v))
+            };
             let tail = query.get("tailLines").and_then(|v| v.parse::<usize>().ok());
             match log_file(root, ns, pod, container, flag("previous")) {
                 Ok(file) => stream_log(file, tail, flag("follow")).await,
@@ -198,7 +202,11 @@ async fn route(
                     "this node runs the simulated runtime: its containers are not processes",
                 );
             };
-            let flag = |k: &str| query.get(k).is_some_and(|v| rkube_core::upgrade::query_flag(v));
+            let flag = |k: &str| {
+                query
+                    .get(k)
+                    .is_some_and(|v| rkube_core::upgrade::query_flag(v))
+            };
             let container = rest.first().map(|c| c.to_string()).unwrap_or_default();
             // exec and attach over WebSocket v5: translated here to SPDY toward the runtime.
             let v5 = (*kind != "portForward" && crate::exec_websocket::wants_v5(&req)).then(|| {

@@ -127,14 +127,20 @@ mod tests {
     #[test]
     fn subprotocols_offered() {
         let mut h = hyper::HeaderMap::new();
-        assert!(offers_served_websocket_protocol(&h), "none offered is the binary protocol");
+        assert!(
+            offers_served_websocket_protocol(&h),
+            "none offered is the binary protocol"
+        );
         h.insert(
             "sec-websocket-protocol",
             "v5.channel.k8s.io, v4.channel.k8s.io".parse().unwrap(),
         );
         assert!(offers(&h, &[EXEC_V5]));
         assert!(offers_served_websocket_protocol(&h));
-        h.insert("sec-websocket-protocol", PORTFORWARD_TUNNEL.parse().unwrap());
+        h.insert(
+            "sec-websocket-protocol",
+            PORTFORWARD_TUNNEL.parse().unwrap(),
+        );
         assert!(offers(&h, &[PORTFORWARD_TUNNEL]));
         assert!(!offers_served_websocket_protocol(&h));
     }

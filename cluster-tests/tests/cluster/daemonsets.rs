@@ -523,11 +523,15 @@ async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
         .await
         .ok();
     rollout_status(&k, "node-agent").await;
-    let pods = wait_for("a Running, Ready daemon pod on each node", BOUND, || async {
-        let pods = running_daemon_pods(&k, "node-agent").await;
-        let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
-        (nodes == ["agent1", "agent2"]).then_some(pods)
-    })
+    let pods = wait_for(
+        "a Running, Ready daemon pod on each node",
+        BOUND,
+        || async {
+            let pods = running_daemon_pods(&k, "node-agent").await;
+            let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
+            (nodes == ["agent1", "agent2"]).then_some(pods)
+        },
+    )
     .await;
     for (node, pod, image) in &pods {
         assert_eq!(image, "rkube.local/busybox:1");
@@ -539,7 +543,12 @@ async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
         assert_eq!(said.trim(), format!("node-agent on {node}"));
     }
     let table = k.run(&["get", "daemonset", "node-agent"]).await.ok();
-    let row: Vec<&str> = table.lines().nth(1).unwrap_or("").split_whitespace().collect();
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     assert_eq!(row[..6], ["node-agent", "2", "2", "2", "2", "2"], "{table}");
 
     // The image rolls out: the old pods' containers stop, the new ones run the new image.
@@ -566,13 +575,19 @@ async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
         })
     };
     rollout_status(&k, "node-agent").await;
-    let rolled = wait_for("a Running pod of the new image on each node", BOUND, || async {
-        let pods = running_daemon_pods(&k, "node-agent").await;
-        let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
-        (nodes == ["agent1", "agent2"]
-            && pods.iter().all(|(_, _, image)| image == "rkube.local/busybox:2"))
-        .then_some(pods)
-    })
+    let rolled = wait_for(
+        "a Running pod of the new image on each node",
+        BOUND,
+        || async {
+            let pods = running_daemon_pods(&k, "node-agent").await;
+            let nodes: Vec<&str> = pods.iter().map(|(n, _, _)| n.as_str()).collect();
+            (nodes == ["agent1", "agent2"]
+                && pods
+                    .iter()
+                    .all(|(_, _, image)| image == "rkube.local/busybox:2"))
+            .then_some(pods)
+        },
+    )
     .await;
     watcher.abort();
     let samples = samples.lock().unwrap().clone();

@@ -431,12 +431,7 @@ async fn drain_of_a_node_running_real_containers() {
     .await;
 
     let drained = k
-        .run(&[
-            "drain",
-            "agent1",
-            "--ignore-daemonsets",
-            "--timeout=80s",
-        ])
+        .run(&["drain", "agent1", "--ignore-daemonsets", "--timeout=80s"])
         .await;
     let all = format!("{}{}", drained.stdout, drained.stderr);
     assert!(drained.success, "{all}");
@@ -458,7 +453,10 @@ async fn drain_of_a_node_running_real_containers() {
         .await
         .ok();
     for (pod, _) in &before {
-        assert!(!names.contains(pod.as_str()), "{pod} is still there: {names}");
+        assert!(
+            !names.contains(pod.as_str()),
+            "{pod} is still there: {names}"
+        );
     }
     let after = wait_for("both web pods Ready on agent2", BOUND, || async {
         let pods = ready_web_pods(&k).await;
@@ -476,6 +474,10 @@ async fn drain_of_a_node_running_real_containers() {
         .await;
         assert!(body.contains(&format!("hello from {pod}")), "{body}");
     }
-    assert_eq!(daemon_on_agent1().await, daemon, "the daemon pod left agent1");
+    assert_eq!(
+        daemon_on_agent1().await,
+        daemon,
+        "the daemon pod left agent1"
+    );
     wait_numbers(&k, "web", "2 1 2 1").await;
 }

@@ -203,7 +203,11 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
     );
     let body = forward_and_get(&k.with_env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")).await;
     assert!(body.contains("hello from web"), "{body}");
-    assert_eq!(agent_logged(&c, TUNNELLED), 1, "SPDY went through the tunnel");
+    assert_eq!(
+        agent_logged(&c, TUNNELLED),
+        1,
+        "SPDY went through the tunnel"
+    );
 
     // The older WebSocket protocol, with its subprotocol and with none.
     let client = super::kube_client::client_of(&c, 0).await;
@@ -223,8 +227,11 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
     // the terminal's size reaches the container, and so does a resize.
     let translated = agent_logged(&c, TRANSLATED);
     let mut t = k.in_terminal(&["attach", "-it", "shell"], 30, 100);
-    t.wait_for("If you don't see a command prompt, try pressing enter.", BOUND)
-        .await;
+    t.wait_for(
+        "If you don't see a command prompt, try pressing enter.",
+        BOUND,
+    )
+    .await;
     t.type_text("X=kept; echo marker-$((6*7))\r");
     t.wait_for("marker-42", BOUND).await;
     t.type_text("stty size\r");
@@ -239,8 +246,11 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
     t.kill().await;
     let spdy = k.with_env("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false");
     let mut t = spdy.in_terminal(&["attach", "-it", "shell"], 24, 80);
-    t.wait_for("If you don't see a command prompt, try pressing enter.", BOUND)
-        .await;
+    t.wait_for(
+        "If you don't see a command prompt, try pressing enter.",
+        BOUND,
+    )
+    .await;
     t.type_text("echo $X-again\r");
     t.wait_for("kept-again", BOUND).await;
     resize_and_see(&mut t, 50, 132).await;
@@ -274,8 +284,11 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
         24,
         80,
     );
-    t.wait_for("If you don't see a command prompt, try pressing enter.", BOUND)
-        .await;
+    t.wait_for(
+        "If you don't see a command prompt, try pressing enter.",
+        BOUND,
+    )
+    .await;
     t.type_text("abc\r");
     t.wait_for("got-abc", BOUND).await;
     let (status, rest) = t.wait_exit(BOUND).await;
@@ -296,7 +309,10 @@ async fn resize_and_see(t: &mut cluster_tests::pty::Terminal, rows: u16, cols: u
     let deadline = tokio::time::Instant::now() + BOUND;
     loop {
         t.type_text("stty size\r");
-        if t.try_wait_for(&size, Duration::from_secs(2)).await.is_some() {
+        if t.try_wait_for(&size, Duration::from_secs(2))
+            .await
+            .is_some()
+        {
             return;
         }
         assert!(
