@@ -35,38 +35,40 @@ pub struct Streams {
     pub tty: bool,
 }
 
-/// Whether `req` is a WebSocket upgrade offering v5.
-pub fn wants_v5<B>(req: &Request<B>) -> bool {
+/// Whether `req` is a WebSocket upgrade offering `protocol`.
+pub fn wants<B>(req: &Request<B>, protocol: &str) -> bool {
     let upgrade = req
         .headers()
         .get(hyper::header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
-    upgrade && rkube_core::upgrade::offers(req.headers(), &[PROTOCOL])
+    upgrade && rkube_core::upgrade::offers(req.headers(), &[protocol])
 }
 
-type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
+pub(crate) type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 
-/// Opens the runtime's SPDY stream at `url`, answers the client's WebSocket handshake with v5
-/// and relays between the two until the command ends. A runtime that refuses is the client's
-/// error, not a switched protocol.
-pub async fn serve(
-    url: &str,
-    streams: Streams,
-    mut req: Request<hyper::body::Incoming>,
-) -> Result<Response<Body>, String> {
+/// The client's WebSocket, as this side answered it.
+pub(crate) type ClientSocket =
+    tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Answers the client's WebSocket handshake with `protocol` (the 101 returned) and runs
+/// `session` on the WebSocket once the connection is upgraded.
+pub(crate) fn accept<F, Fut>(
+    req: &mut Request<hyper::body::Incoming>,
+    protocol: &'static str,
+    session: F,
+) -> Result<Response<Body>, String>
+where
+    F: FnOnce(ClientSocket) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let key = req
         .headers()
         .get("sec-websocket-key")
         .and_then(|v| v.to_str().ok())
         .ok_or("a WebSocket request without Sec-WebSocket-Key")?
         .to_string();
-    let runtime = open_runtime(url, "v4.channel.k8s.io").await?;
-    tracing::info!(
-        path = req.uri().path(),
-        "a WebSocket stream with {PROTOCOL}, translated to SPDY toward the runtime"
-    );
-    let client = hyper::upgrade::on(&mut req);
+    let client = hyper::upgrade::on(req);
     tokio::spawn(async move {
         let Ok(client) = client.await else {
             return;
@@ -77,9 +79,7 @@ pub async fn serve(
             None,
         )
         .await;
-        if let Err(e) = relay(ws, runtime, streams).await {
-            tracing::debug!("exec over WebSocket ended: {e}");
-        }
+        session(ws).await;
     });
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     Response::builder()
@@ -87,13 +87,33 @@ pub async fn serve(
         .header("connection", "Upgrade")
         .header("upgrade", "websocket")
         .header("sec-websocket-accept", accept)
-        .header("sec-websocket-protocol", PROTOCOL)
+        .header("sec-websocket-protocol", protocol)
         .body(
             http_body_util::Empty::new()
                 .map_err(|never| match never {})
                 .boxed(),
         )
         .map_err(|e| e.to_string())
+}
+
+/// Opens the runtime's SPDY stream at `url`, answers the client's WebSocket handshake with v5
+/// and relays between the two until the command ends. A runtime that refuses is the client's
+/// error, not a switched protocol.
+pub async fn serve(
+    url: &str,
+    streams: Streams,
+    mut req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, String> {
+    let runtime = open_runtime(url, "v4.channel.k8s.io").await?;
+    tracing::info!(
+        path = req.uri().path(),
+        "a WebSocket stream with {PROTOCOL}, translated to SPDY toward the runtime"
+    );
+    accept(&mut req, PROTOCOL, move |ws| async move {
+        if let Err(e) = relay(ws, runtime, streams).await {
+            tracing::debug!("exec over WebSocket ended: {e}");
+        }
+    })
 }
 
 /// The runtime's streaming server, upgraded to SPDY/3.1 with `protocol` (Kubernetes' v4 stream

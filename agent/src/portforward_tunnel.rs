@@ -8,28 +8,15 @@
 //! messages. As kube-apiserver's stream tunnel does; no SPDY frame is parsed here.
 
 use futures::{SinkExt, StreamExt};
-use http_body_util::BodyExt;
-use hyper::{Request, Response, StatusCode};
+use hyper::{Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame, Role};
+use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame};
 use tokio_tungstenite::tungstenite::Message;
 
-use rkube_core::upgrade::PORTFORWARD_TUNNEL as PROTOCOL;
+pub use rkube_core::upgrade::PORTFORWARD_TUNNEL as PROTOCOL;
 
 /// The SPDY protocol of port-forward, as the runtime is asked for it.
 const PORTFORWARD_V1: &str = "portforward.k8s.io";
-
-/// Whether `req` is a WebSocket upgrade offering the SPDY tunnel.
-pub fn wants_tunnel<B>(req: &Request<B>) -> bool {
-    let upgrade = req
-        .headers()
-        .get(hyper::header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
-    upgrade && rkube_core::upgrade::offers(req.headers(), &[PROTOCOL])
-}
-
-type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 
 /// Opens the runtime's SPDY port-forward at `url`, answers the client's WebSocket handshake with
 /// the tunnel subprotocol and relays until either side ends. A runtime that refuses is the
@@ -37,46 +24,17 @@ type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 pub async fn serve(
     url: &str,
     mut req: Request<hyper::body::Incoming>,
-) -> Result<Response<Body>, String> {
-    let key = req
-        .headers()
-        .get("sec-websocket-key")
-        .and_then(|v| v.to_str().ok())
-        .ok_or("a WebSocket request without Sec-WebSocket-Key")?
-        .to_string();
+) -> Result<Response<crate::exec_websocket::Body>, String> {
     let runtime = crate::exec_websocket::open_runtime(url, PORTFORWARD_V1).await?;
     tracing::info!(
         path = req.uri().path(),
         "a port-forward tunnelled in a WebSocket ({PROTOCOL}), unwrapped to SPDY toward the runtime"
     );
-    let client = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        let Ok(client) = client.await else {
-            return;
-        };
-        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-            hyper_util::rt::TokioIo::new(client),
-            Role::Server,
-            None,
-        )
-        .await;
+    crate::exec_websocket::accept(&mut req, PROTOCOL, move |ws| async move {
         if let Err(e) = relay(ws, hyper_util::rt::TokioIo::new(runtime)).await {
             tracing::debug!("port-forward over WebSocket ended: {e}");
         }
-    });
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    Response::builder()
-        .status(StatusCode::SWITCHING_PROTOCOLS)
-        .header("connection", "Upgrade")
-        .header("upgrade", "websocket")
-        .header("sec-websocket-accept", accept)
-        .header("sec-websocket-protocol", PROTOCOL)
-        .body(
-            http_body_util::Empty::new()
-                .map_err(|never| match never {})
-                .boxed(),
-        )
-        .map_err(|e| e.to_string())
+    })
 }
 
 /// Copies the payloads of the client's binary messages to `runtime` and what `runtime` writes
@@ -133,6 +91,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_tungstenite::tungstenite::protocol::Role;
 
     /// Bytes go through unchanged both ways, message boundaries aside, and the client's close
     /// ends the runtime's side.

@@ -209,13 +209,13 @@ async fn route(
             };
             let container = rest.first().map(|c| c.to_string()).unwrap_or_default();
             // exec and attach over WebSocket v5: translated here to SPDY toward the runtime.
-            let v5 = (*kind != "portForward" && crate::exec_websocket::wants_v5(&req)).then(|| {
-                crate::exec_websocket::Streams {
-                    stdin: flag("stdin"),
-                    stdout: flag("stdout"),
-                    stderr: flag("stderr"),
-                    tty: flag("tty"),
-                }
+            let v5 = (*kind != "portForward"
+                && crate::exec_websocket::wants(&req, rkube_core::upgrade::EXEC_V5))
+            .then(|| crate::exec_websocket::Streams {
+                stdin: flag("stdin"),
+                stdout: flag("stdout"),
+                stderr: flag("stderr"),
+                tty: flag("tty"),
             });
             let request = match *kind {
                 "exec" => StreamRequest::Exec {
@@ -245,7 +245,8 @@ async fn route(
             };
             // kubectl's port-forward over a WebSocket: a SPDY session tunnelled in it, unwrapped
             // here toward the runtime.
-            let tunnel = *kind == "portForward" && crate::portforward_tunnel::wants_tunnel(&req);
+            let tunnel = *kind == "portForward"
+                && crate::exec_websocket::wants(&req, crate::portforward_tunnel::PROTOCOL);
             let (ns, pod) = (ns.to_string(), pod.to_string());
             let forwarded_ports = match &request {
                 // Over a WebSocket the ports are named only in the URL, as `port` (over SPDY each

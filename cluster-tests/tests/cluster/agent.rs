@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use cluster_tests::kubectl::{self, Kubectl};
+use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -1122,21 +1122,8 @@ async fn an_agent_runs_real_containers_through_containerd() {
         "{missing}"
     );
     // kubectl port-forward: a local port reaches the pod's 8080.
-    let (mut forward, mut lines) =
-        k.spawn_lines(&["port-forward", &format!("pod/{first}"), ":8080"]);
-    let line = kubectl::wait_line(&mut lines, &["Forwarding from 127.0.0.1:"], BOUND).await;
-    let local: u16 = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
-    let body = wait_for("the forwarded port answering", BOUND, || async {
-        cluster_tests::http_get(&format!("127.0.0.1:{local}")).await
-    })
-    .await;
+    let body = super::common::port_forward_get(&k, &format!("pod/{first}"), 8080).await;
     assert!(body.contains(&format!("hello from {first}")), "{body}");
-    let _ = forward.kill().await;
     websocket_streams(&c, first).await;
     let image_id = k
         .run(&[

@@ -200,28 +200,43 @@ pub(crate) async fn cri_cluster(agents: usize) -> (Cluster, cluster_tests::kubec
 
 /// [`NODE_AGENT`] for real containers: its container says which node it runs on and runs
 /// until it is stopped.
-pub(crate) const NODE_AGENT_PROCESS: &str = r#"
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: node-agent
-spec:
-  selector:
-    matchLabels:
-      app: node-agent
-  template:
-    metadata:
-      labels:
-        app: node-agent
-    spec:
-      terminationGracePeriodSeconds: 5
-      containers:
-      - name: agent
-        image: rkube.local/busybox:1
-        command: ["sh", "-c", "echo node-agent on $NODE_NAME; trap 'exit 0' TERM; sleep 3600 & wait"]
+pub(crate) fn node_agent_process() -> String {
+    format!(
+        "{NODE_AGENT}        command: [\"sh\", \"-c\", \"echo node-agent on $NODE_NAME; trap 'exit 0' TERM; sleep 3600 & wait\"]
         env:
         - name: NODE_NAME
           valueFrom:
             fieldRef:
               fieldPath: spec.nodeName
-"#;
+"
+    )
+}
+
+/// `kubectl port-forward <target> :<port>`: the page the forwarded local port serves.
+pub(crate) async fn port_forward_get(
+    k: &cluster_tests::kubectl::Kubectl,
+    target: &str,
+    port: u16,
+) -> String {
+    let (mut forward, mut lines) = k.spawn_lines(&["port-forward", target, &format!(":{port}")]);
+    let line = cluster_tests::kubectl::wait_line(
+        &mut lines,
+        &["Forwarding from 127.0.0.1:"],
+        Duration::from_secs(60),
+    )
+    .await;
+    let local: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    let body = wait_for(
+        "the forwarded port answering",
+        Duration::from_secs(60),
+        || async { cluster_tests::http_get(&format!("127.0.0.1:{local}")).await },
+    )
+    .await;
+    let _ = forward.kill().await;
+    body
+}

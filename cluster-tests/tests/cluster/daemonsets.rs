@@ -519,7 +519,7 @@ async fn running_daemon_pods(k: &Kubectl, app: &str) -> Vec<(String, String, Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
     let (_c, k) = super::common::cri_cluster(2).await;
-    k.run_with_input(&["apply", "-f", "-"], super::common::NODE_AGENT_PROCESS)
+    k.run_with_input(&["apply", "-f", "-"], &super::common::node_agent_process())
         .await
         .ok();
     rollout_status(&k, "node-agent").await;

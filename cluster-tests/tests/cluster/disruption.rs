@@ -397,7 +397,7 @@ async fn drain_of_a_node_running_real_containers() {
     k.run_with_input(&["apply", "-f", "-"], WEB_HTTPD)
         .await
         .ok();
-    k.run_with_input(&["apply", "-f", "-"], super::common::NODE_AGENT_PROCESS)
+    k.run_with_input(&["apply", "-f", "-"], &super::common::node_agent_process())
         .await
         .ok();
     k.run_with_input(&["apply", "-f", "-"], &budget("web", "minAvailable: 1"))

@@ -564,30 +564,7 @@ spec:
 /// JOB_COMPLETION_INDEX.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_real_containers_to_completion() {
-    let images = tempfile::tempdir().unwrap();
-    cluster_tests::build_images(images.path());
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents: 1,
-        up_args: vec!["--runtime".into(), "cri".into()],
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    k.wait_nodes_ready(&["agent1"]).await;
-    let load = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["image", "load", "--dir"])
-        .arg(c.path())
-        .arg(images.path().join("busybox.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
+    let (_c, k) = super::common::cri_cluster(1).await;
     k.run_with_input(&["apply", "-f", "-"], CONTAINER_JOBS)
         .await
         .ok();

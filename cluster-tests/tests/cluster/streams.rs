@@ -6,13 +6,12 @@
 
 use std::time::Duration;
 
-use cluster_tests::kubectl::{self, Kubectl};
 use cluster_tests::{wait_for, Cluster};
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::common::cri_cluster;
+use super::common::{cri_cluster, port_forward_get};
 
 const BOUND: Duration = Duration::from_secs(90);
 
@@ -53,24 +52,6 @@ fn agent_logged(c: &Cluster, line: &str) -> usize {
 
 const TUNNELLED: &str = "unwrapped to SPDY toward the runtime";
 const TRANSLATED: &str = "translated to SPDY toward the runtime";
-
-/// `kubectl port-forward pod/web :8080` with `env`; the page the forwarded port serves.
-async fn forward_and_get(k: &Kubectl) -> String {
-    let (mut forward, mut lines) = k.spawn_lines(&["port-forward", "pod/web", ":8080"]);
-    let line = kubectl::wait_line(&mut lines, &["Forwarding from 127.0.0.1:"], BOUND).await;
-    let local: u16 = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
-    let body = wait_for("the forwarded port answering", BOUND, || async {
-        cluster_tests::http_get(&format!("127.0.0.1:{local}")).await
-    })
-    .await;
-    let _ = forward.kill().await;
-    body
-}
 
 type Ws = tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
@@ -194,14 +175,19 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
 
     // kubectl port-forward: by default a SPDY session tunnelled in a WebSocket, which the
     // agent unwraps; with KUBECTL_PORT_FORWARD_WEBSOCKETS=false plain SPDY, passed through.
-    let body = forward_and_get(&k).await;
+    let body = port_forward_get(&k, "pod/web", 8080).await;
     assert!(body.contains("hello from web"), "{body}");
     assert_eq!(
         agent_logged(&c, TUNNELLED),
         1,
         "kubectl port-forward did not arrive as a WebSocket tunnel"
     );
-    let body = forward_and_get(&k.with_env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")).await;
+    let body = port_forward_get(
+        &k.with_env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false"),
+        "pod/web",
+        8080,
+    )
+    .await;
     assert!(body.contains("hello from web"), "{body}");
     assert_eq!(
         agent_logged(&c, TUNNELLED),
