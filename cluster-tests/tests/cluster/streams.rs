@@ -25,7 +25,7 @@ spec:
   containers:
   - name: httpd
     image: rkube.local/busybox:1
-    command: ["sh", "-c", "echo hello from web > /www/index.html; exec httpd -f -p 8080 -h /www"]
+    command: ["sh", "-c", "echo hello from web > /www/index.html; yes 0123456789abcdef | head -c 2000000 >> /www/index.html; exec httpd -f -p 8080 -h /www"]
 ---
 apiVersion: v1
 kind: Pod
@@ -137,7 +137,7 @@ async fn raw_port_forward(client: &kube::Client, protocol: Option<&str>) -> Stri
 /// exec over a WebSocket with v4.channel.k8s.io as the Python client asks for it (its flags
 /// spelled `True`): stdout on channel 1, the command's status on channel 3.
 async fn raw_exec(client: &kube::Client) -> (String, String) {
-    let path = "/api/v1/namespaces/default/pods/web/exec?command=cat&command=/www/index.html&stdin=False&stdout=True&stderr=True&tty=False";
+    let path = "/api/v1/namespaces/default/pods/web/exec?command=head&command=-n1&command=/www/index.html&stdin=False&stdout=True&stderr=True&tty=False";
     let mut ws = open_ws(client, path, Some("v4.channel.k8s.io")).await;
     let (mut stdout, mut status) = (Vec::new(), Vec::new());
     let ended = tokio::time::timeout(BOUND, async {
@@ -175,8 +175,22 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
 
     // kubectl port-forward: by default a SPDY session tunnelled in a WebSocket, which the
     // agent unwraps; with KUBECTL_PORT_FORWARD_WEBSOCKETS=false plain SPDY, passed through.
+    // The page is 2 MB: more than any one message or SPDY window carries.
+    let page = |body: &str| {
+        body.contains("Content-Length: 2000015\r\n")
+            && body.split_once("\r\n\r\n").is_some_and(|(_, page)| {
+                page.len() == 2_000_015
+                    && page.starts_with("hello from web\n0123456789abcdef\n")
+                    && page.ends_with("0123456789abcdef\n0")
+            })
+    };
     let body = port_forward_get(&k, "pod/web", 8080).await;
-    assert!(body.contains("hello from web"), "{body}");
+    assert!(
+        page(&body),
+        "{} bytes: {}",
+        body.len(),
+        &body[..body.len().min(300)]
+    );
     assert_eq!(
         agent_logged(&c, TUNNELLED),
         1,
@@ -188,7 +202,12 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
         8080,
     )
     .await;
-    assert!(body.contains("hello from web"), "{body}");
+    assert!(
+        page(&body),
+        "{} bytes: {}",
+        body.len(),
+        &body[..body.len().min(300)]
+    );
     assert_eq!(
         agent_logged(&c, TUNNELLED),
         1,
@@ -200,8 +219,10 @@ async fn port_forward_attach_and_run_on_a_terminal_into_real_containers() {
     for protocol in [Some("v4.channel.k8s.io"), None] {
         let answer = raw_port_forward(&client, protocol).await;
         assert!(
-            answer.starts_with("HTTP/1.") && answer.contains("hello from web"),
-            "{protocol:?}: {answer}"
+            answer.starts_with("HTTP/1.") && page(&answer),
+            "{protocol:?}: {} bytes: {}",
+            answer.len(),
+            &answer[..answer.len().min(300)]
         );
     }
 
