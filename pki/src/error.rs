@@ -122,6 +122,10 @@ pub enum PkiError {
     /// The system clock reads before 1970, so no validity period can be computed.
     #[error("the system clock is set before 1970; set the clock correctly and try again")]
     ClockBeforeEpoch,
+
+    /// rustls refused the member's certificate, key or CA for a TLS configuration.
+    #[error("cannot build a TLS configuration from this member's certificate, key and CA: {0}")]
+    TlsConfig(String),
 }
 
 impl PkiError {

@@ -2,9 +2,10 @@
 //! client configurations built from them.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::PrivateKeyDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::ca::CA_CERT_FILE;
 use crate::cert::check_cert_pem;
@@ -96,9 +97,67 @@ impl TlsMaterial {
             .domain_name(domain)
     }
 
+    /// rustls server side of mutual TLS for a protocol of rkube's own, offered by `alpn`:
+    /// presents this member's certificate and requires a client certificate signed by the
+    /// cluster CA, as [`server_config`](Self::server_config) does for gRPC.
+    pub fn rustls_server(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, PkiError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots()?,
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| PkiError::TlsConfig(e.to_string()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(tls_config)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain()?, self.key()?)
+            .map_err(tls_config)?;
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+
+    /// rustls client side of mutual TLS for a protocol of rkube's own, asked for by `alpn`:
+    /// trusts only the cluster CA and presents this member's certificate.
+    pub fn rustls_client(&self, alpn: &[&[u8]]) -> Result<rustls::ClientConfig, PkiError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(tls_config)?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(self.chain()?, self.key()?)
+            .map_err(tls_config)?;
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(config)
+    }
+
+    fn roots(&self) -> Result<Arc<rustls::RootCertStore>, PkiError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&self.ca_pem) {
+            let cert = cert.map_err(|e| PkiError::TlsConfig(e.to_string()))?;
+            roots.add(cert).map_err(tls_config)?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    fn chain(&self) -> Result<Vec<CertificateDer<'static>>, PkiError> {
+        CertificateDer::pem_slice_iter(&self.cert_pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| PkiError::TlsConfig(e.to_string()))
+    }
+
+    fn key(&self) -> Result<PrivateKeyDer<'static>, PkiError> {
+        PrivateKeyDer::from_pem_slice(&self.key_pem).map_err(|e| PkiError::TlsConfig(e.to_string()))
+    }
+
     fn identity(&self) -> tonic::transport::Identity {
         tonic::transport::Identity::from_pem(&self.cert_pem, &self.key_pem)
     }
+}
+
+fn tls_config(e: rustls::Error) -> PkiError {
+    PkiError::TlsConfig(e.to_string())
 }
 
 #[cfg(test)]

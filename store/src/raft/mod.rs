@@ -1,10 +1,11 @@
 //! Consensus: openraft over a write-ahead log of its own (`wal`) and the MVCC store in sled.
-//! One file per openraft trait: the log storage, the state machine, and the network (a tonic
-//! client per peer).
+//! One file per openraft trait: the log storage, the state machine, and the network (the Raft
+//! stream per peer in `stream`, and a tonic client per peer for snapshots).
 
 pub mod log_store;
 pub mod network;
 pub mod state_machine;
+pub mod stream;
 pub mod wal;
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! openraft's network: one tonic channel per peer over mutual TLS, carrying bincode payloads.
+//! openraft's network: AppendEntries and Vote on the Raft stream to each peer (`stream`), and
+//! InstallSnapshot and forwarded requests on one tonic channel per peer, both over mutual TLS
+//! and carrying bincode payloads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,8 +16,10 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::stream::{self, Kind, Link};
 use super::wal::Wal;
 use super::{Member, NodeId, TypeConfig};
 use crate::proto::peer::peer_client::PeerClient;
@@ -31,17 +35,32 @@ use crate::proto::peer::Payload;
 pub struct PeerNetwork {
     tls: ClientTlsConfig,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    stream_tls: TlsConnector,
+    links: Arc<Mutex<HashMap<String, Arc<Link>>>>,
     /// This member's log: the commit index sent to followers is held to what it has synced.
     log: Option<Arc<Wal>>,
 }
 
 impl PeerNetwork {
-    pub fn new(tls: ClientTlsConfig) -> Self {
+    /// `tls` for the gRPC channels, `stream_tls` (offering [`stream::ALPN`]) for the Raft
+    /// stream.
+    pub fn new(tls: ClientTlsConfig, stream_tls: rustls::ClientConfig) -> Self {
         Self {
             tls,
             channels: Arc::default(),
+            stream_tls: TlsConnector::from(Arc::new(stream_tls)),
+            links: Arc::default(),
             log: None,
         }
+    }
+
+    /// The Raft stream to a peer address, shared by every clone.
+    fn link(&self, addr: &str) -> Arc<Link> {
+        let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        links
+            .entry(addr.to_string())
+            .or_insert_with(|| Arc::new(Link::new(addr.to_string(), self.stream_tls.clone())))
+            .clone()
     }
 
     /// Tells followers a commit index only up to what `log` has on stable storage. The leader
@@ -76,6 +95,7 @@ impl PeerNetwork {
 
 pub struct PeerConnection {
     target: NodeId,
+    link: Arc<Link>,
     client: Result<PeerClient<Channel>, String>,
     log: Option<Arc<Wal>>,
 }
@@ -90,6 +110,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             .map_err(|e| e.to_string());
         PeerConnection {
             target,
+            link: self.link(&node.peer_addr),
             client,
             log: self.log.clone(),
         }
@@ -99,12 +120,37 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
 
 impl PeerConnection {
+    /// AppendEntries and Vote, on the Raft stream.
     async fn call<Req, Resp, E>(
-        &mut self,
-        kind: Rpc,
+        &self,
+        kind: Kind,
         req: &Req,
         option: &RPCOption,
     ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let (outcome, reply) = self
+            .link
+            .call(kind, &data, option.hard_ttl())
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+        if outcome != stream::ANSWERED {
+            let why = String::from_utf8_lossy(&reply).into_owned();
+            return Err(RPCError::Network(NetworkError::new(
+                &std::io::Error::other(why),
+            )));
+        }
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            bincode::deserialize(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+
+    /// InstallSnapshot, on the gRPC channel.
+    async fn install<Req, Resp, E>(&mut self, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
@@ -121,28 +167,21 @@ impl PeerConnection {
         let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = tonic::Request::new(Payload { data });
         request.set_timeout(option.hard_ttl());
-        let reply = match kind {
-            Rpc::Append => client.append_entries(request).await,
-            Rpc::Vote => client.vote(request).await,
-            Rpc::Snapshot => client.install_snapshot(request).await,
-        };
-        let reply = reply.map_err(|status| match status.code() {
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-                RPCError::Unreachable(Unreachable::new(&status))
-            }
-            _ => RPCError::Network(NetworkError::new(&status)),
-        })?;
+        let reply =
+            client
+                .install_snapshot(request)
+                .await
+                .map_err(|status| match status.code() {
+                    tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&status)),
+                    _ => RPCError::Network(NetworkError::new(&status)),
+                })?;
         let result: Result<Resp, RaftError<NodeId, E>> =
             bincode::deserialize(&reply.into_inner().data)
                 .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
-}
-
-enum Rpc {
-    Append,
-    Vote,
-    Snapshot,
 }
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
@@ -154,7 +193,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if let (Some(log), Some(commit)) = (&self.log, rpc.leader_commit) {
             rpc.leader_commit = log.durable_commit(commit);
         }
-        self.call(Rpc::Append, &rpc, &option).await
+        self.call(Kind::Append, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -162,7 +201,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(Rpc::Snapshot, &rpc, &option).await
+        self.install(&rpc, &option).await
     }
 
     async fn vote(
@@ -170,6 +209,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        self.call(Kind::Vote, &rpc, &option).await
     }
 }

@@ -320,7 +320,11 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     .validate()
     .map_err(|e| ServerError::Config(e.to_string()))?;
 
-    let network = PeerNetwork::new(client_tls.clone()).holding_commit_to(log_store.wal());
+    let network = PeerNetwork::new(
+        client_tls.clone(),
+        tls.rustls_client(&[crate::raft::stream::ALPN])?,
+    )
+    .holding_commit_to(log_store.wal());
     let wal = log_store.wal();
     let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
         .await
@@ -367,22 +371,33 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     let mut tasks = Vec::new();
 
     // Peer port first, so that peers can reach this member as soon as it votes.
+    // Each connection's TLS handshake picks its protocol: the Raft stream, or gRPC.
     let peer_listener = bind(cfg.listen_peer, "peer").await?;
     let peer_service = PeerServer::new(peer::PeerService(node.clone()))
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
-    let peer_server = Server::builder()
-        .tls_config(server_tls.clone())?
-        .add_service(peer_service);
+    let peer_server = Server::builder().add_service(peer_service);
+    let (peer_grpc_tx, peer_grpc) = tokio::sync::mpsc::channel(64);
     let stop_peer = stopped();
     tasks.push(tokio::spawn(async move {
+        use tokio_stream::StreamExt;
+        let conns =
+            tokio_stream::wrappers::ReceiverStream::new(peer_grpc).map(Ok::<_, std::io::Error>);
         if let Err(e) = peer_server
-            .serve_with_incoming_shutdown(incoming(peer_listener), stop_peer)
+            .serve_with_incoming_shutdown(conns, stop_peer)
             .await
         {
             tracing::error!(error = %e, "peer server failed");
         }
     }));
+    let peer_tls = tls.rustls_server(&[crate::raft::stream::ALPN, b"h2"])?;
+    tasks.push(tokio::spawn(peer::accept(
+        node.clone(),
+        peer_listener,
+        tokio_rustls::TlsAcceptor::from(Arc::new(peer_tls)),
+        peer_grpc_tx,
+        stop_watch.clone(),
+    )));
 
     if forced {
         let me = BTreeMap::from([(
