@@ -156,6 +156,14 @@ pub static RESOURCES: &[Resource] = &[
     res!("", "v1", "PodTemplate", "podtemplates", "podtemplate", true, short: [], cat: [],
          sub: [], storage: "podtemplates", verbs: ALL_VERBS, spec: true,
          strategy: &strategy::podtemplate::PodTemplate),
+    // Storage: volumes, and claims bound to them by the PV binder.
+    res!("", "v1", "PersistentVolume", "persistentvolumes", "persistentvolume", false,
+         short: ["pv"], cat: [], sub: ["status"], storage: "persistentvolumes",
+         verbs: ALL_VERBS, spec: false, strategy: &strategy::persistentvolume::PersistentVolume),
+    res!("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", "persistentvolumeclaim",
+         true, short: ["pvc"], cat: [], sub: ["status"], storage: "persistentvolumeclaims",
+         verbs: ALL_VERBS, spec: false,
+         strategy: &strategy::persistentvolumeclaim::PersistentVolumeClaim),
     // A Binding assigns the pod it names to a node (pods/binding by another path); answered.
     res!("", "v1", "Binding", "bindings", "binding", true, short: [], cat: [], sub: [],
          storage: "", verbs: CREATE_ONLY, spec: false),
@@ -247,7 +255,11 @@ pub static RESOURCES: &[Resource] = &[
     res!("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", "runtimeclass", false,
          short: [], cat: [], sub: [], storage: "runtimeclasses", verbs: ALL_VERBS, spec: false,
          strategy: &strategy::runtimeclass::RuntimeClass),
-    // storage.k8s.io/v1: the CSI kinds, stored for CSI drivers and their sidecars.
+    // storage.k8s.io/v1: StorageClasses (the built-in local-path provisioner acts on its
+    // own), and the CSI kinds, stored for CSI drivers and their sidecars.
+    res!("storage.k8s.io", "v1", "StorageClass", "storageclasses", "storageclass", false,
+         short: ["sc"], cat: [], sub: [], storage: "storageclasses", verbs: ALL_VERBS,
+         spec: false, strategy: &strategy::storageclass::StorageClass),
     res!("storage.k8s.io", "v1", "CSIDriver", "csidrivers", "csidriver", false, short: [],
          cat: [], sub: [], storage: "csidrivers", verbs: ALL_VERBS, spec: true,
          strategy: &strategy::csidriver::CsiDriver),

@@ -22,6 +22,8 @@ pub mod job;
 pub mod namespace;
 pub mod networkpolicy;
 pub mod node;
+pub mod persistentvolume;
+pub mod persistentvolumeclaim;
 pub mod pod;
 pub mod poddisruptionbudget;
 pub mod podtemplate;
@@ -33,6 +35,7 @@ pub mod resourcequota;
 pub mod runtimeclass;
 pub mod secret;
 pub mod service;
+pub mod storageclass;
 pub mod volumeattachment;
 
 use std::future::Future;

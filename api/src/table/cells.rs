@@ -330,6 +330,13 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
             Some(rest) => std::iter::once(name).chain(rest).collect(),
             None => vec![name, Value::Null],
         },
+        ("", "PersistentVolume") => std::iter::once(name)
+            .chain(super::storage::volume_row(o))
+            .collect(),
+        ("", "PersistentVolumeClaim") => std::iter::once(name)
+            .chain(super::storage::claim_row(o))
+            .collect(),
+        ("storage.k8s.io", "StorageClass") => super::storage::class_row(o),
         (group, kind) => match stored_row(group, kind, o) {
             Some(rest) => std::iter::once(name).chain(rest).collect(),
             None => vec![name, Value::Null],

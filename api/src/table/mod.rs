@@ -4,7 +4,7 @@
 //!
 //! `columns.rs` holds each kind's columns, `cells.rs` fills a row's cells by kind (the longer
 //! Pod, Service and Node rows in `rows.rs`, those of the kinds stored for other programs in
-//! `stored.rs`, Jobs' and CronJobs' in `batch.rs`), and `format.rs` writes durations, ages, selectors
+//! `stored.rs`, volumes', claims' and storage classes' in `storage.rs`, Jobs' and CronJobs' in `batch.rs`), and `format.rs` writes durations, ages, selectors
 //! and `<none>` as kubectl does.
 
 mod batch;
@@ -12,6 +12,7 @@ mod cells;
 mod columns;
 mod format;
 mod rows;
+mod storage;
 mod stored;
 
 use chrono::Utc;

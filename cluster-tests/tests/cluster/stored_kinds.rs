@@ -82,9 +82,6 @@ const NOT_YET: &[&str] = &[
     ".flowcontrol.apiserver.k8s.io",
     "statefulsets.apps",
     "horizontalpodautoscalers.autoscaling",
-    "persistentvolumes",
-    "persistentvolumeclaims",
-    "storageclasses.storage.k8s.io",
 ];
 
 /// One object of each kind added, as a user writes them.
