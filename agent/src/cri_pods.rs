@@ -511,8 +511,11 @@ impl Work<'_> {
         let ip = self.ip();
         let prepared = async {
             let envs = crate::podspec::env(&self.client, self.pod, &slot.spec, &ip).await?;
-            let mounts =
-                crate::podspec::mounts(&slot.spec, self.volumes.as_ref().expect("made above"))?;
+            let mounts = crate::podspec::mounts(
+                &slot.spec,
+                self.volumes.as_ref().expect("made above"),
+                &crate::podspec::read_only_volumes(self.pod),
+            )?;
             anyhow::Ok((envs, mounts))
         }
         .await;

@@ -25,6 +25,7 @@ pub mod projected;
 pub mod proxy;
 pub mod server;
 pub mod spdy;
+pub mod volumes;
 
 /// The Kubernetes version the agent reports as its kubelet's.
 pub const KUBELET_VERSION: &str = "v1.32.0";
@@ -52,6 +53,9 @@ pub struct NodeConfig {
     pub sim_start_delay: Duration,
     /// The agent's HTTPS port for the API server (container logs); 0: none.
     pub kubelet_port: u16,
+    /// Where the node's local-path volumes live (containerd nodes: `<dir>/storage`), announced
+    /// to the provisioner on the Node; None: nowhere (simulated nodes mount nothing).
+    pub volumes_dir: Option<PathBuf>,
 }
 
 /// What `rkube agent` was asked to run.
@@ -222,6 +226,10 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
                 cfg.discovery_timeout,
             )
             .await?;
+            if runtime.is_some() {
+                let storage = std::path::absolute(dir.join("storage"))?;
+                node.volumes_dir = Some(storage);
+            }
             let node = Arc::new(node);
             tokio::spawn(clients.clone().rotate_forever());
             tokio::spawn(node::run(
@@ -274,6 +282,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             metrics,
         ));
     }
+    tokio::spawn(volumes::clean_up(joined.clone()));
     tokio::spawn(pods::run(joined, cri));
     tracing::info!(nodes = names.len(), "agent running");
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;

@@ -48,10 +48,13 @@ pub fn node_object(cfg: &NodeConfig) -> Value {
         spec["podCIDR"] = json!(cidr);
         spec["podCIDRs"] = json!([cidr]);
     }
+    let mut annotations = json!({"node.alpha.kubernetes.io/ttl": "0"});
+    if let Some(dir) = &cfg.volumes_dir {
+        annotations[rkube_core::volume::LOCAL_PATH_DIR] = json!(dir.display().to_string());
+    }
     json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": cfg.name, "labels": labels,
-                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "metadata": {"name": cfg.name, "labels": labels, "annotations": annotations},
         "spec": spec,
     })
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
 use kube::api::Api;
 use rkube_core::json::str_at as s;
 use serde_json::Value;
@@ -146,6 +146,10 @@ pub async fn volumes(
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::rename(&tmp, &dir)?;
             dir
+        } else if let Some(claim) = v.get("persistentVolumeClaim") {
+            claim_directory(client, ns, s(claim, "/claimName"))
+                .await
+                .with_context(|| format!("MountVolume.SetUp failed for volume {name:?}"))?
         } else if v.get("projected").is_some() {
             crate::projected::project(client, pod, v, &dir)
                 .await
@@ -163,8 +167,71 @@ pub async fn volumes(
     Ok(out)
 }
 
-/// The container's mounts of the pod's volumes.
-pub fn mounts(container: &Value, volumes: &HashMap<String, PathBuf>) -> Result<Vec<pb::Mount>> {
+/// The directory of a PersistentVolumeClaim's volume on this node: the bound volume's
+/// hostPath (made when its type is DirectoryOrCreate, as a local-path volume's is) or local
+/// path (which must exist).
+async fn claim_directory(client: &kube::Client, ns: &str, claim: &str) -> Result<PathBuf> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let pvc = claims.get(claim).await.map_err(|e| {
+        anyhow!(
+            "persistentvolumeclaim \"{claim}\" not found: {}",
+            crate::join::describe(&e)
+        )
+    })?;
+    let volume = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| anyhow!("PVC {ns}/{claim} is not bound"))?;
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let pv = volumes.get(&volume).await.map_err(|e| {
+        anyhow!(
+            "persistentvolume \"{volume}\" not found: {}",
+            crate::join::describe(&e)
+        )
+    })?;
+    let spec = pv.spec.unwrap_or_default();
+    if let Some(hp) = spec.host_path {
+        let p = PathBuf::from(&hp.path);
+        match hp.type_.as_deref().unwrap_or("") {
+            "DirectoryOrCreate" => std::fs::create_dir_all(&p)?,
+            "Directory" if !p.is_dir() => bail!(
+                "hostPath type check failed: {} is not a directory",
+                p.display()
+            ),
+            _ => {}
+        }
+        return Ok(p);
+    }
+    if let Some(local) = spec.local {
+        let p = PathBuf::from(&local.path);
+        if !p.exists() {
+            bail!("path {:?} does not exist", local.path);
+        }
+        return Ok(p);
+    }
+    bail!("volume {volume:?}: only hostPath and local persistent volumes are mounted by this agent")
+}
+
+/// The pod's volumes that every container mounts read-only (a claim marked readOnly).
+pub fn read_only_volumes(pod: &Value) -> std::collections::HashSet<String> {
+    arr(pod, "/spec/volumes")
+        .iter()
+        .filter(|v| {
+            v.pointer("/persistentVolumeClaim/readOnly")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        })
+        .map(|v| s(v, "/name").to_string())
+        .collect()
+}
+
+/// The container's mounts of the pod's volumes (read-only where the mount or the volume says).
+pub fn mounts(
+    container: &Value,
+    volumes: &HashMap<String, PathBuf>,
+    read_only: &std::collections::HashSet<String>,
+) -> Result<Vec<pb::Mount>> {
     arr(container, "/volumeMounts")
         .into_iter()
         .map(|m| {
@@ -181,7 +248,8 @@ pub fn mounts(container: &Value, volumes: &HashMap<String, PathBuf>) -> Result<V
             Ok(pb::Mount {
                 container_path: s(m, "/mountPath").to_string(),
                 host_path: host.display().to_string(),
-                readonly: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false),
+                readonly: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
+                    || read_only.contains(name),
             })
         })
         .collect()

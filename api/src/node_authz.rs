@@ -2,7 +2,9 @@
 //! `system:node:<name>` in group `system:nodes`) may do. A node reads what every node reads
 //! (nodes, pods, services, endpoints), writes events, its certificate requests and its Lease;
 //! it may read a Secret, ConfigMap or PersistentVolumeClaim only when a pod bound to it uses
-//! that object; it may change only its own Node and the pods bound to it; and it gets service
+//! that object; it reads PersistentVolumes; it may change only its own Node, the pods bound to
+//! it and the local-path volumes provisioned on it (to finish their deletion once it removed
+//! their directory); and it gets service
 //! account tokens only bound to a pod it runs as that service account.
 
 use serde_json::Value;
@@ -45,12 +47,14 @@ pub fn static_allows(a: &Attributes) -> bool {
             || is("", "services", "")
             || is("", "endpoints", "")
             || is("discovery.k8s.io", "endpointslices", "")
+            || is("", "persistentvolumes", "")
             || is("node.k8s.io", "runtimeclasses", "")))
         || (is("", "nodes", "") && matches!(verb, "create" | "update" | "patch" | "delete"))
         || (is("", "nodes", "status") && matches!(verb, "update" | "patch"))
         || ((is("", "events", "") || is("events.k8s.io", "events", ""))
             && matches!(verb, "create" | "update" | "patch"))
         || (is("", "pods", "") && verb == "delete")
+        || (is("", "persistentvolumes", "") && matches!(verb, "update" | "patch"))
         || (is("", "pods", "status") && matches!(verb, "update" | "patch"))
         || (is("", "pods", "eviction") && verb == "create")
         || (is("authentication.k8s.io", "tokenreviews", "") && verb == "create")
@@ -230,6 +234,24 @@ impl crate::handler::Api {
                     _ => deny(
                         "can only update pod status and delete pods bound to itself".to_string(),
                     ),
+                }
+            }
+            ("", "persistentvolumes") => {
+                let res = crate::resources::find("", "v1", "persistentvolumes")
+                    .ok_or_else(|| ApiError::internal("persistentvolumes are served"))?;
+                let stored = self
+                    .store
+                    .get(&res.key(None, named), Freshness::Latest)
+                    .await?;
+                let on = stored
+                    .as_ref()
+                    .and_then(|s| s.object.pointer("/metadata/annotations"))
+                    .and_then(|a| a.get(rkube_core::volume::LOCAL_PATH_NODE))
+                    .and_then(Value::as_str);
+                match on {
+                    None if stored.is_none() => Ok(()),
+                    Some(n) if n == node => Ok(()),
+                    _ => deny("can only update local-path volumes on itself".to_string()),
                 }
             }
             _ => Ok(()),

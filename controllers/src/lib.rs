@@ -10,7 +10,7 @@
 //! read), [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
 //! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
 //! NotReady/Unknown, taints and evictions), [`rootcacert`] (the cluster CA in every
-//! namespace), and the leader's [`compaction`] of the store's history.
+//! namespace), [`volume`] (the PV binder, volume protection and the local-path provisioner), and the leader's [`compaction`] of the store's history.
 
 // ApiError carries a Kubernetes Status; it is returned by value on error paths, which are not
 // hot.
@@ -32,6 +32,7 @@ pub mod podgc;
 pub mod pods;
 pub mod replicaset;
 pub mod rootcacert;
+pub mod volume;
 
 pub use manager::{start, Settings};
 

@@ -175,6 +175,27 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
             rx.clone(),
         );
     }
+    crate::volume::start(
+        inf.of("/registry/persistentvolumeclaims/")
+            .typed::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(),
+        inf.of("/registry/persistentvolumes/")
+            .typed::<k8s_openapi::api::core::v1::PersistentVolume>(),
+        inf.of("/registry/storageclasses/")
+            .typed::<k8s_openapi::api::storage::v1::StorageClass>(),
+        inf.of("/registry/pods/").typed::<Pod>(),
+        inf.of("/registry/minions/")
+            .typed::<k8s_openapi::api::core::v1::Node>(),
+        client.clone(),
+        rx.clone(),
+    );
+    {
+        let client = client.clone();
+        tokio::spawn(async move {
+            if let Err(e) = crate::volume::localpath::ensure_class(&client).await {
+                tracing::warn!(error = %e, "the default StorageClass local-path was not made");
+            }
+        });
+    }
     crate::podgc::run(
         pods.clone(),
         inf.of("/registry/minions/")

@@ -13,3 +13,4 @@ pub mod quantity;
 pub mod selector;
 pub mod taints;
 pub mod upgrade;
+pub mod volume;

@@ -261,6 +261,7 @@ async fn run_agent(mut a: AgentArgs) -> Result<()> {
             status_report_interval: a.status_report_interval,
             sim_start_delay: a.sim_start_delay,
             kubelet_port: a.port,
+            volumes_dir: None,
         },
     })
     .await

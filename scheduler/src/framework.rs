@@ -73,6 +73,10 @@ impl CycleState {
     }
 }
 
+/// A PreFilter's verdict that no node can take the pod, whatever the node (a claim that is
+/// not bound yet): the scheduling attempt ends with it before any node is filtered.
+pub struct PreFilterRejection(pub String);
+
 /// Runs once per pod before the filters, over every node.
 pub trait PreFilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
@@ -124,6 +128,8 @@ pub struct FitError {
     pub reasons: BTreeMap<String, usize>,
     /// Nodes that can never take the pod (UnschedulableAndUnresolvable): preemption skips them.
     pub unresolvable: Vec<String>,
+    /// A PreFilter rejected the pod for every node: its reason alone is told.
+    pub pre_filter: Option<String>,
 }
 
 impl std::fmt::Display for FitError {
@@ -134,6 +140,9 @@ impl std::fmt::Display for FitError {
             .map(|(reason, n)| format!("{n} {reason}"))
             .collect();
         parts.sort();
+        if let Some(reason) = &self.pre_filter {
+            return write!(f, "0/{} nodes are available: {reason}.", self.nodes);
+        }
         if parts.is_empty() {
             write!(f, "0/{} nodes are available.", self.nodes)
         } else {
@@ -198,6 +207,14 @@ pub fn schedule_from(
     start: &mut usize,
 ) -> Result<String, FitError> {
     let state = pre_filter(profile, pod, nodes);
+    if let Some(PreFilterRejection(reason)) = state.get::<PreFilterRejection>() {
+        return Err(FitError {
+            nodes: nodes.len(),
+            reasons: BTreeMap::new(),
+            unresolvable: nodes.iter().map(|n| n.name.clone()).collect(),
+            pre_filter: Some(reason.clone()),
+        });
+    }
     let mut feasible: Vec<&NodeInfo> = Vec::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut unresolvable = Vec::new();
@@ -228,6 +245,7 @@ pub fn schedule_from(
             nodes: nodes.len(),
             reasons,
             unresolvable,
+            pre_filter: None,
         });
     }
     let mut totals = vec![0i64; feasible.len()];
@@ -263,6 +281,7 @@ mod tests {
             nodes: 3,
             reasons,
             unresolvable: vec![],
+            pre_filter: None,
         };
         assert_eq!(
             e.to_string(),

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
 use rkube_api::patch::PatchType;
@@ -21,6 +22,7 @@ use serde_json::json;
 
 use crate::cache::Cache;
 use crate::framework::{schedule_from, Profile};
+use crate::plugins::volume_binding::VolumeBinding;
 use crate::snapshot::{name, namespace};
 
 pub const SCHEDULER_NAME: &str = "default-scheduler";
@@ -61,18 +63,33 @@ pub struct Scheduler {
     cache: Mutex<Cache>,
     /// Pods that fit nowhere last time, retried when something changes.
     unschedulable: Mutex<HashSet<String>>,
+    /// The VolumeBinding plugin, whose PreBind runs in the binding cycle.
+    volumes: VolumeBinding,
 }
 
 /// Starts the scheduler for one term (a [`rkube_runtime::manager::TermHook`]).
 pub fn start(term: &mut Term) {
     let (inf, client, stop) = (&mut term.informers, term.client, term.stop.clone());
+    let volumes = VolumeBinding {
+        claims: inf
+            .of("/registry/persistentvolumeclaims/")
+            .typed::<PersistentVolumeClaim>(),
+        volumes: inf
+            .of("/registry/persistentvolumes/")
+            .typed::<PersistentVolume>(),
+        classes: inf.of("/registry/storageclasses/").typed::<StorageClass>(),
+    };
+    let mut profile = crate::plugins::default_profile();
+    profile.pre_filters.push(Box::new(volumes.clone()));
+    profile.filters.push(Box::new(volumes.clone()));
     let s = Arc::new(Scheduler {
         pods: inf.of("/registry/pods/").typed::<Pod>(),
         nodes: inf.of("/registry/minions/").typed::<Node>(),
         recorder: Recorder::new(client.clone(), SCHEDULER_NAME),
         client: client.clone(),
         queue: Arc::new(WorkQueue::new()),
-        profile: crate::plugins::default_profile(),
+        profile,
+        volumes: volumes.clone(),
         rng: Mutex::new(rand::rngs::StdRng::from_entropy()),
         cache: Mutex::new(Cache::default()),
         unschedulable: Mutex::new(HashSet::new()),
@@ -132,6 +149,25 @@ pub fn start(term: &mut Term) {
             }
         }
         s.retry_unschedulable();
+    }));
+    // A claim, volume or class that changed may let a waiting pod in.
+    let weak = Arc::downgrade(&s);
+    volumes.claims.on_change(Box::new(move |_, _| {
+        if let Some(s) = weak.upgrade() {
+            s.retry_unschedulable();
+        }
+    }));
+    let weak = Arc::downgrade(&s);
+    volumes.volumes.on_change(Box::new(move |_, _| {
+        if let Some(s) = weak.upgrade() {
+            s.retry_unschedulable();
+        }
+    }));
+    let weak = Arc::downgrade(&s);
+    volumes.classes.on_change(Box::new(move |_, _| {
+        if let Some(s) = weak.upgrade() {
+            s.retry_unschedulable();
+        }
     }));
     let c = s.clone();
     // One worker: each decision sees the ones before it.
@@ -206,6 +242,24 @@ impl Scheduler {
             "metadata": {"name": name, "namespace": ns, "uid": pod.metadata.uid.as_deref().unwrap_or("")},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
+        if let Some(n) = self.nodes.get(node) {
+            if let Err(why) = self.volumes.bind_volumes(&self.client, pod, &n).await {
+                self.cache
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unplace(key);
+                let msg = format!("running PreBind plugin \"VolumeBinding\": {why}");
+                self.recorder
+                    .event_for(pod, WARNING, "FailedScheduling", &msg)
+                    .await;
+                self.unschedulable
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.to_string());
+                self.queue.retry(key);
+                return;
+            }
+        }
         let path = format!("{}/binding", path::object::<Pod>(ns, name));
         match self.client.create(&path, &binding).await {
             Ok(_) => {

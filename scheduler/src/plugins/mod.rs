@@ -9,6 +9,7 @@ pub mod node_ports;
 pub mod node_resources;
 pub mod pod_topology_spread;
 pub mod taint_toleration;
+pub mod volume_binding;
 
 use crate::framework::Profile;
 
