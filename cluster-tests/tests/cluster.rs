@@ -57,6 +57,8 @@ mod services;
 mod snapshots;
 #[path = "cluster/status_page.rs"]
 mod status_page;
+#[path = "cluster/storage.rs"]
+mod storage;
 #[path = "cluster/stored_kinds.rs"]
 mod stored_kinds;
 #[path = "cluster/streams.rs"]
