@@ -442,3 +442,121 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
     let msg = wait_event(&k, "remote-claim", "ExternalProvisioning").await;
     assert!(msg.contains("'example.com/remote'"), "{msg}");
 }
+
+const WRITER: &str = r#"
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: notes
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 100Mi
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: writer
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: app
+    image: rkube.local/busybox:1
+    command: ["sh", "-c", "echo kept > /data/note && sleep 3600"]
+    volumeMounts:
+    - name: data
+      mountPath: /data
+  volumes:
+  - name: data
+    persistentVolumeClaim:
+      claimName: notes
+"#;
+
+const READER: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: reader
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: app
+    image: rkube.local/busybox:1
+    command: ["sh", "-c", "cat /data/note && sleep 3600"]
+    volumeMounts:
+    - name: data
+      mountPath: /data
+      readOnly: true
+  volumes:
+  - name: data
+    persistentVolumeClaim:
+      claimName: notes
+"#;
+
+/// The same with real containers (`rkube up --runtime cri`, busybox built here): a pod writes
+/// into a local-path claim, is deleted, and a new pod on the node reads what it wrote; the
+/// directory is on the node under the agent's dir, and deleting the claim removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_path_volume_keeps_its_data_across_pods_on_real_containers() {
+    let images = tempfile::tempdir().unwrap();
+    cluster_tests::build_images(images.path());
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 1,
+        up_args: vec!["--runtime".into(), "cri".into()],
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1"]).await;
+    let load = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["image", "load", "--dir"])
+        .arg(c.path())
+        .arg(images.path().join("busybox.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+
+    k.run_with_input(&["apply", "-f", "-"], WRITER).await.ok();
+    wait_value(&k, &["pod", "writer"], "{.status.phase}", "Running").await;
+    let volume = jsonpath(&k, &["pvc", "notes"], "{.spec.volumeName}").await;
+    let dir =
+        std::path::PathBuf::from(jsonpath(&k, &["pv", &volume], "{.spec.hostPath.path}").await);
+    assert!(
+        dir.starts_with(c.path().canonicalize().unwrap()) || dir.starts_with(c.path()),
+        "the volume lives under the agent's dir: {}",
+        dir.display()
+    );
+    wait_for("the note on the node", BOUND, || async {
+        let note = std::fs::read_to_string(dir.join("note")).ok()?;
+        (note == "kept\n").then_some(())
+    })
+    .await;
+
+    k.run(&["delete", "pod", "writer"]).await.ok();
+    wait_gone(&k, &["pod", "writer"]).await;
+    k.run_with_input(&["apply", "-f", "-"], READER).await.ok();
+    wait_value(&k, &["pod", "reader"], "{.status.phase}", "Running").await;
+    let read = wait_for("the reader's log", BOUND, || async {
+        let out = k.run(&["logs", "reader"]).await;
+        (out.success && !out.stdout.is_empty()).then_some(out.stdout)
+    })
+    .await;
+    assert_eq!(read, "kept\n");
+
+    k.run(&["delete", "pod", "reader"]).await.ok();
+    k.run(&["delete", "pvc", "notes"]).await.ok();
+    wait_gone(&k, &["pv", &volume]).await;
+    assert!(
+        !dir.exists(),
+        "{} is removed with its volume",
+        dir.display()
+    );
+}
