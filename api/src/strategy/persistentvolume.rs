@@ -127,7 +127,7 @@ impl Strategy for PersistentVolume {
             }
             Some(c) => {
                 let q = c.get("storage").and_then(Value::as_str).unwrap_or("");
-                if !rkube_core::quantity::parse_quantity(q).is_some_and(|n| n > 0) {
+                if rkube_core::quantity::parse_quantity(q).is_none_or(|n| n <= 0) {
                     causes.push(invalid(
                         "spec.capacity[storage]",
                         &json!(q),

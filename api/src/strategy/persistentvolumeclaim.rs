@@ -35,7 +35,6 @@ fn storage_request(o: &Value) -> Option<&Value> {
 fn quantity(v: Option<&Value>) -> Option<i128> {
     v.and_then(Value::as_str)
         .and_then(rkube_core::quantity::parse_quantity)
-        .map(i128::from)
 }
 
 impl Strategy for PersistentVolumeClaim {

@@ -240,3 +240,44 @@ pub(crate) async fn port_forward_get(
     let _ = forward.kill().await;
     body
 }
+
+/// The lines of kubectl's table output, split into cells.
+pub(crate) fn words(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// `kubectl get WHAT -o jsonpath=PATH`.
+pub(crate) async fn jsonpath(
+    k: &cluster_tests::kubectl::Kubectl,
+    what: &[&str],
+    path: &str,
+) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    let jp = format!("jsonpath={path}");
+    args.extend_from_slice(&["-o", &jp]);
+    k.run(&args).await.ok()
+}
+
+/// A cluster of `agents` simulated agents, every node ready, and kubectl for it.
+pub(crate) async fn sim_cluster(agents: usize) -> (Cluster, cluster_tests::kubectl::Kubectl) {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = cluster_tests::kubectl::Kubectl::from_env_file(
+        &c.path().join("env"),
+        &c.path().join("home"),
+    )
+    .expect("env");
+    let names: Vec<String> = (1..=agents).map(|i| format!("agent{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    k.wait_nodes_ready(&names).await;
+    (c, k)
+}

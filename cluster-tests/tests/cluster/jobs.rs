@@ -75,19 +75,7 @@ spec:
         command: ["sh", "-c", "echo $JOB_COMPLETION_INDEX"]
 "#;
 
-fn words(out: &str) -> Vec<Vec<String>> {
-    out.lines()
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
-        .collect()
-}
-
-async fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let jp = format!("jsonpath={path}");
-    args.extend_from_slice(&["-o", &jp]);
-    k.run(&args).await.ok()
-}
+use super::common::{jsonpath, words};
 
 /// The reasons of the events about `name`.
 async fn event_reasons(k: &Kubectl, name: &str) -> Vec<String> {

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{wait_for, Cluster, Options};
+use cluster_tests::wait_for;
+
+use super::common::{jsonpath, words};
 
 const BOUND: Duration = Duration::from_secs(90);
 
@@ -127,21 +129,6 @@ spec:
       claimName: remote-claim
 "#;
 
-/// The lines of a table, split into cells.
-fn table(out: &str) -> Vec<Vec<String>> {
-    out.lines()
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
-        .collect()
-}
-
-async fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let p = format!("jsonpath={path}");
-    args.extend_from_slice(&["-o", &p]);
-    k.run(&args).await.stdout
-}
-
 /// Waits until `jsonpath` of an object reads `want`.
 async fn wait_value(k: &Kubectl, what: &[&str], path: &str, want: &str) {
     let label = format!("{what:?} {path} = {want:?}");
@@ -196,16 +183,7 @@ async fn wait_gone(k: &Kubectl, what: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents: 2,
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    k.wait_nodes_ready(&["agent1", "agent2"]).await;
+    let (_c, k) = super::common::sim_cluster(2).await;
 
     // The default class, as k3s ships it.
     let sc = wait_for("the default StorageClass", BOUND, || async {
@@ -213,7 +191,7 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
         out.stdout.contains("local-path").then_some(out.stdout)
     })
     .await;
-    let t = table(&sc);
+    let t = words(&sc);
     assert_eq!(
         t[0],
         [
@@ -251,7 +229,7 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
         "{annotations}"
     );
     let pvc = k.run(&["get", "pvc", "manual-claim"]).await.ok();
-    let t = table(&pvc);
+    let t = words(&pvc);
     assert_eq!(
         t[0],
         [
@@ -284,7 +262,7 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
         .run(&["get", "pv", "manual-small", "-o", "wide"])
         .await
         .ok();
-    let t = table(&pv);
+    let t = words(&pv);
     assert_eq!(
         t[0],
         [
@@ -499,30 +477,7 @@ spec:
 /// directory is on the node under the agent's dir, and deleting the claim removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_path_volume_keeps_its_data_across_pods_on_real_containers() {
-    let images = tempfile::tempdir().unwrap();
-    cluster_tests::build_images(images.path());
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents: 1,
-        up_args: vec!["--runtime".into(), "cri".into()],
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    k.wait_nodes_ready(&["agent1"]).await;
-    let load = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["image", "load", "--dir"])
-        .arg(c.path())
-        .arg(images.path().join("busybox.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
+    let (c, k) = super::common::cri_cluster(1).await;
 
     k.run_with_input(&["apply", "-f", "-"], WRITER).await.ok();
     wait_value(&k, &["pod", "writer"], "{.status.phase}", "Running").await;

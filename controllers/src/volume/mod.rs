@@ -217,32 +217,13 @@ impl Binder {
         Objects::namespaced(&self.client, "")
     }
 
-    async fn patch_volume_status(
+    /// A merge patch of an object's status (a volume's, or a claim's).
+    async fn patch_status<K: k8s_openapi::Resource>(
         &self,
-        pv: &PersistentVolume,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
         status: Value,
     ) -> Result<(), ApiError> {
-        let p = format!(
-            "{}/status",
-            path::object::<PersistentVolume>("", name(&pv.metadata))
-        );
-        ignore_gone(
-            self.client
-                .merge_patch(&p, &json!({"status": status}))
-                .await,
-        )?;
-        Ok(())
-    }
-
-    async fn patch_claim_status(
-        &self,
-        c: &PersistentVolumeClaim,
-        status: Value,
-    ) -> Result<(), ApiError> {
-        let p = format!(
-            "{}/status",
-            path::object::<PersistentVolumeClaim>(namespace(&c.metadata), name(&c.metadata))
-        );
+        let p = format!("{}/status", path::object::<K>(namespace(meta), name(meta)));
         ignore_gone(
             self.client
                 .merge_patch(&p, &json!({"status": status}))
@@ -266,7 +247,8 @@ impl Binder {
         if phase_of_volume(pv) != phase {
             status["lastPhaseTransitionTime"] = json!(now());
         }
-        self.patch_volume_status(pv, status).await
+        self.patch_status::<PersistentVolume>(&pv.metadata, status)
+            .await
     }
 
     /// Removes a finalizer from an object at `path`, with its resourceVersion as precondition.
@@ -356,7 +338,7 @@ impl Binder {
             return self.bind(c, &pv).await;
         }
         if phase_of_claim(c) != "Pending" {
-            self.patch_claim_status(c, json!({"phase": "Pending"}))
+            self.patch_status::<PersistentVolumeClaim>(&c.metadata, json!({"phase": "Pending"}))
                 .await?;
         }
         let selected = annotation(&c.metadata, SELECTED_NODE).map(str::to_string);
@@ -424,7 +406,8 @@ impl Binder {
     ) -> Result<Action, ApiError> {
         let Some(pv) = self.volumes.get(volume) else {
             if phase_of_claim(c) == "Bound" {
-                self.patch_claim_status(c, json!({"phase": "Lost"})).await?;
+                self.patch_status::<PersistentVolumeClaim>(&c.metadata, json!({"phase": "Lost"}))
+                    .await?;
                 self.recorder
                     .event_for(
                         c,
@@ -451,7 +434,8 @@ impl Binder {
             return self.bind(c, &pv).await;
         }
         if phase_of_claim(c) == "Bound" {
-            self.patch_claim_status(c, json!({"phase": "Lost"})).await?;
+            self.patch_status::<PersistentVolumeClaim>(&c.metadata, json!({"phase": "Lost"}))
+                .await?;
             self.recorder
                 .event_for(
                     c,
@@ -533,7 +517,8 @@ impl Binder {
             && current.and_then(|s| s.access_modes.as_ref())
                 == pv_spec.and_then(|s| s.access_modes.as_ref());
         if !done {
-            self.patch_claim_status(c, status).await?;
+            self.patch_status::<PersistentVolumeClaim>(&c.metadata, status)
+                .await?;
         }
         Ok(Action::await_change())
     }
