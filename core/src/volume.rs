@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, VolumeNodeAffinity};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, Pod, VolumeNodeAffinity,
+};
 
 use crate::quantity::{parse_quantity, Nanos};
 use crate::selector::LabelSelector;
@@ -31,6 +33,16 @@ pub const LOCAL_PATH_CLEANUP: &str = "local-path.rkube.io/directory";
 pub const LOCAL_PATH_DIR: &str = "local-path.rkube.io/dir";
 /// The beta annotations that name a class instead of `storageClassName`.
 const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// The claims a pod's volumes name.
+pub fn pod_claims(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.clone())
+        .collect()
+}
 
 /// A claim's class: `storageClassName`, else the beta annotation, else "".
 pub fn claim_class(claim: &PersistentVolumeClaim) -> &str {

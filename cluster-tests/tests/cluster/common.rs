@@ -263,9 +263,19 @@ pub(crate) async fn jsonpath(
 
 /// A cluster of `agents` simulated agents, every node ready, and kubectl for it.
 pub(crate) async fn sim_cluster(agents: usize) -> (Cluster, cluster_tests::kubectl::Kubectl) {
+    cluster_of(agents, Vec::new()).await
+}
+
+/// A cluster with the Kubernetes API and `agents` agents started with `up_args`, every node
+/// ready, and kubectl for it.
+async fn cluster_of(
+    agents: usize,
+    up_args: Vec<String>,
+) -> (Cluster, cluster_tests::kubectl::Kubectl) {
     let c = Cluster::start(Options {
         kubernetes_api: true,
         agents,
+        up_args,
         ..Options::default()
     })
     .await

@@ -29,7 +29,7 @@ use rkube_api::strategy::persistentvolumeclaim::PVC_PROTECTION;
 use rkube_core::meta::{key, name, namespace};
 use rkube_core::path;
 use rkube_core::volume::{
-    access_modes_fit, bound_to, capacity, claim_class, find_matching_volume, requested,
+    access_modes_fit, bound_to, capacity, claim_class, find_matching_volume, pod_claims, requested,
     volume_class, MatchOn, BETA_STORAGE_PROVISIONER, BIND_COMPLETED, BOUND_BY_CONTROLLER,
     PROVISIONED_BY, SELECTED_NODE, STORAGE_PROVISIONER,
 };
@@ -121,7 +121,7 @@ pub fn start(
                 .into_iter()
                 .flatten()
                 .flat_map(|p| {
-                    claims_of(p)
+                    pod_claims(p)
                         .into_iter()
                         .map(|c| format!("{}/{c}", namespace(&p.metadata)))
                 })
@@ -144,16 +144,6 @@ pub fn start(
     volume_controller.run(WORKERS, stop, ctx, |pv, ctx: Arc<Binder>| async move {
         ctx.sync_volume(&pv).await
     });
-}
-
-/// The claims a pod's volumes name.
-pub fn claims_of(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.clone())
-        .collect()
 }
 
 fn has_finalizer(
@@ -281,7 +271,7 @@ impl Binder {
                     p.status.as_ref().and_then(|s| s.phase.as_deref()),
                     Some("Succeeded" | "Failed")
                 );
-                !finished && claims_of(p).iter().any(|n| n == claim)
+                !finished && pod_claims(p).iter().any(|n| n == claim)
             })
     }
 
@@ -621,5 +611,67 @@ impl Binder {
             _ => {}
         }
         Ok(Action::await_change())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, PersistentVolumeSpec, VolumeResourceRequirements,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn claim(size: &str, class: &str, modes: &[&str]) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+                storage_class_name: Some(class.into()),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some([("storage".to_string(), Quantity(size.into()))].into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn volume(size: &str, class: &str, modes: &[&str]) -> PersistentVolume {
+        PersistentVolume {
+            spec: Some(PersistentVolumeSpec {
+                access_modes: Some(modes.iter().map(|m| m.to_string()).collect()),
+                storage_class_name: Some(class.into()),
+                capacity: Some([("storage".to_string(), Quantity(size.into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_named_volume_that_does_not_fit_says_why() {
+        let rwo = &["ReadWriteOnce"];
+        let cases = [
+            (claim("1Gi", "a", rwo), volume("1Gi", "a", rwo), None),
+            (
+                claim("2Gi", "a", rwo),
+                volume("1Gi", "a", rwo),
+                Some("requested PV is too small"),
+            ),
+            (
+                claim("1Gi", "a", rwo),
+                volume("1Gi", "b", rwo),
+                Some("storageClassName does not match"),
+            ),
+            (
+                claim("1Gi", "a", &["ReadWriteMany"]),
+                volume("1Gi", "a", rwo),
+                Some("incompatible accessMode"),
+            ),
+        ];
+        for (c, pv, want) in cases {
+            assert_eq!(mismatch(&c, &pv), want);
+        }
     }
 }

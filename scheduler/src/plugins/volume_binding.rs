@@ -17,8 +17,8 @@ use rkube_api::error::ApiError;
 use rkube_core::meta::name;
 use rkube_core::path;
 use rkube_core::volume::{
-    claim_class, find_matching_volume, node_affinity_admits, MatchOn, BOUND_BY_CONTROLLER,
-    SELECTED_NODE,
+    claim_class, find_matching_volume, node_affinity_admits, pod_claims, MatchOn,
+    BOUND_BY_CONTROLLER, SELECTED_NODE,
 };
 use rkube_runtime::store::Store;
 use serde_json::json;
@@ -53,16 +53,6 @@ struct PodVolumes {
     delayed: Vec<Arc<PersistentVolumeClaim>>,
 }
 
-/// The claims a pod's volumes name.
-pub fn claim_names(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| v.persistent_volume_claim.as_ref())
-        .map(|c| c.claim_name.clone())
-        .collect()
-}
-
 fn volume_name(c: &PersistentVolumeClaim) -> Option<&str> {
     c.spec
         .as_ref()
@@ -86,7 +76,7 @@ impl VolumeBinding {
 
     /// Sorts a pod's claims, or the reason no node can take it.
     fn pod_volumes(&self, pod: &Pod) -> Result<Option<PodVolumes>, String> {
-        let names = claim_names(pod);
+        let names = pod_claims(pod);
         if names.is_empty() {
             return Ok(None);
         }
@@ -218,7 +208,7 @@ impl VolumeBinding {
             }
         }
         let ns = namespace(pod).to_string();
-        let names = claim_names(pod);
+        let names = pod_claims(pod);
         let deadline = Instant::now() + BIND_TIMEOUT;
         loop {
             let all_bound = names.iter().all(|n| {
