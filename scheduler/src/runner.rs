@@ -243,7 +243,16 @@ impl Scheduler {
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         if let Some(n) = self.nodes.get(node) {
-            if let Err(why) = self.volumes.bind_volumes(&self.client, pod, &n).await {
+            let pending = || {
+                self.pods
+                    .get(key)
+                    .is_some_and(|p| p.metadata.uid == pod.metadata.uid && wants_scheduling(&p))
+            };
+            if let Err(why) = self
+                .volumes
+                .bind_volumes(&self.client, pod, &n, pending)
+                .await
+            {
                 self.cache
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

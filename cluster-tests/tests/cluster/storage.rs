@@ -3,7 +3,8 @@
 //! the claim goes), a claim of no class that finds no volume, a claim of the default class
 //! that waits for its first consumer and then follows the node the scheduler chose (its
 //! volume provisioned there, pinned by node affinity, deleted with the claim), a pod whose
-//! claim of an Immediate class is unbound, and a claim in use kept by pvc-protection.
+//! claim of an Immediate class is unbound, a claim in use kept by pvc-protection, and a claim
+//! made while no class was default given the default class marked later.
 
 use std::time::Duration;
 
@@ -419,6 +420,38 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
     );
     let msg = wait_event(&k, "remote-claim", "ExternalProvisioning").await;
     assert!(msg.contains("'example.com/remote'"), "{msg}");
+
+    // Retroactive default class: a claim made while no class is default gets the one
+    // marked default later.
+    let mark = "storageclass.kubernetes.io/is-default-class";
+    k.run(&["annotate", "sc", "local-path", &format!("{mark}-")])
+        .await
+        .ok();
+    // As created (the binder may look at it at once): no class.
+    let created = k
+        .run_with_input(
+            &[
+                "create",
+                "-f",
+                "-",
+                "-o",
+                "jsonpath={.spec.storageClassName}",
+            ],
+            &DEFAULT_CLAIM.replace("name: data", "name: late"),
+        )
+        .await
+        .ok();
+    assert_eq!(created, "");
+    k.run(&["annotate", "sc", "local-path", &format!("{mark}=true")])
+        .await
+        .ok();
+    wait_value(
+        &k,
+        &["pvc", "late"],
+        "{.spec.storageClassName}",
+        "local-path",
+    )
+    .await;
 }
 
 const WRITER: &str = r#"

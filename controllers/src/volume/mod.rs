@@ -26,6 +26,7 @@ use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_api::strategy::persistentvolume::PV_PROTECTION;
 use rkube_api::strategy::persistentvolumeclaim::PVC_PROTECTION;
+use rkube_api::strategy::storageclass::{BETA_DEFAULT_CLASS_ANNOTATION, DEFAULT_CLASS_ANNOTATION};
 use rkube_core::meta::{key, name, namespace};
 use rkube_core::path;
 use rkube_core::volume::{
@@ -308,8 +309,45 @@ impl Binder {
         }
     }
 
+    /// The default StorageClass: of the classes marked default, the newest (then the first
+    /// name), as the DefaultStorageClass admission picks it.
+    fn default_class(&self) -> Option<String> {
+        self.classes
+            .list("")
+            .into_iter()
+            .filter(|c| {
+                let a = |k: &str| annotation(&c.metadata, k) == Some("true");
+                a(DEFAULT_CLASS_ANNOTATION) || a(BETA_DEFAULT_CLASS_ANNOTATION)
+            })
+            .max_by(|a, b| {
+                let at = |c: &StorageClass| c.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                at(a)
+                    .cmp(&at(b))
+                    .then_with(|| name(&b.metadata).cmp(name(&a.metadata)))
+            })
+            .map(|c| name(&c.metadata).to_string())
+    }
+
     /// A claim that names no volume yet: the best one, else what it waits for.
     async fn sync_unbound(&self, c: &PersistentVolumeClaim) -> Result<Action, ApiError> {
+        // Retroactive default class: a claim made while no class was default gets the one
+        // that is now (a claim with `storageClassName: ""` asked for none).
+        let unset = c
+            .spec
+            .as_ref()
+            .is_none_or(|s| s.storage_class_name.is_none())
+            && annotation(&c.metadata, "volume.beta.kubernetes.io/storage-class").is_none();
+        if unset {
+            if let Some(class) = self.default_class() {
+                let patch = json!({"spec": {"storageClassName": class}});
+                let p = path::object::<PersistentVolumeClaim>(
+                    namespace(&c.metadata),
+                    name(&c.metadata),
+                );
+                ignore_gone(self.client.merge_patch(&p, &patch).await)?;
+                return Ok(Action::await_change());
+            }
+        }
         let class_name = claim_class(c).to_string();
         let class = (!class_name.is_empty())
             .then(|| self.classes.get(&class_name))

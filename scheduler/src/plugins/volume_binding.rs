@@ -162,6 +162,7 @@ impl VolumeBinding {
         client: &LocalClient,
         pod: &Pod,
         node: &Node,
+        still_pending: impl Fn() -> bool,
     ) -> Result<(), String> {
         let v = match self.pod_volumes(pod) {
             Ok(Some(v)) => v,
@@ -219,6 +220,9 @@ impl VolumeBinding {
             });
             if all_bound {
                 return Ok(());
+            }
+            if !still_pending() {
+                return Err("binding volumes: the pod is gone or was bound meanwhile".into());
             }
             if Instant::now() > deadline {
                 return Err("binding volumes: timed out waiting for the condition".into());
