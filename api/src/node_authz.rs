@@ -382,6 +382,31 @@ mod tests {
         )));
         assert!(!static_allows(&a("list", "", "secrets", "", "default")));
         assert!(!static_allows(&a("update", "", "pods", "", "default")));
+        // Volumes: read, and updated (NodeRestriction then limits which); never made or
+        // deleted by a node.
+        assert!(static_allows(&a("watch", "", "persistentvolumes", "", "")));
+        assert!(static_allows(&a("patch", "", "persistentvolumes", "", "")));
+        assert!(!static_allows(&a(
+            "delete",
+            "",
+            "persistentvolumes",
+            "",
+            ""
+        )));
+        assert!(!static_allows(&a(
+            "create",
+            "",
+            "persistentvolumes",
+            "",
+            ""
+        )));
+        assert!(!static_allows(&a(
+            "list",
+            "",
+            "persistentvolumeclaims",
+            "",
+            "default"
+        )));
         assert!(!static_allows(&a(
             "create",
             "apps",
