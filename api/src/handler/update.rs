@@ -263,6 +263,10 @@ impl Api {
     ) -> Result<Option<Stored>, ApiError> {
         admission::validate(t.res, &new)?;
         check_immutable(t.res, &current.object, &new)?;
+        t.res
+            .strategy
+            .admit_update(self, t, &current.object, &new)
+            .await?;
         let finalizers_done = new.pointer("/metadata/deletionTimestamp").is_some()
             && new
                 .pointer("/metadata/finalizers")

@@ -117,6 +117,18 @@ pub trait Strategy: Sync {
     /// Adds the failures of an update (fields that may not change) to `causes`.
     fn validate_update(&self, _current: &Value, _new: &Value, _causes: &mut Vec<Cause>) {}
 
+    /// Admission of an update that reads other objects (a claim's larger request against its
+    /// StorageClass), after validation, on every attempt to store it.
+    fn admit_update<'a>(
+        &'a self,
+        _api: &'a Api,
+        _t: &'a Target,
+        _current: &'a Value,
+        _new: &'a Value,
+    ) -> Hook<'a> {
+        done()
+    }
+
     // Store keys besides the object.
 
     /// Picks what the object asks the server to pick (a Service's cluster IP and node ports).

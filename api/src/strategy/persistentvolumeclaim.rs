@@ -121,6 +121,37 @@ impl Strategy for PersistentVolumeClaim {
         }
     }
 
+    /// PersistentVolumeClaimResize: a larger request only for a claim whose class allows
+    /// expansion.
+    fn admit_update<'a>(
+        &'a self,
+        api: &'a Api,
+        _t: &'a Target,
+        current: &'a Value,
+        new: &'a Value,
+    ) -> Hook<'a> {
+        Box::pin(async move {
+            let grows = match (
+                quantity(storage_request(current)),
+                quantity(storage_request(new)),
+            ) {
+                (Some(old), Some(n)) => n > old,
+                _ => false,
+            };
+            if !grows {
+                return Ok(());
+            }
+            let class = str_of(new.get("spec"), "storageClassName");
+            if !class.is_empty() && class_allows_expansion(api, class).await? {
+                return Ok(());
+            }
+            let name = crate::handler::meta_str(new, "name").unwrap_or("");
+            Err(ApiError::forbidden(format!(
+                "persistentvolumeclaims \"{name}\" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"
+            )))
+        })
+    }
+
     /// DefaultStorageClass and StorageObjectInUseProtection.
     fn admit_create<'a>(&'a self, api: &'a Api, _t: &'a Target, pvc: &'a mut Value) -> Hook<'a> {
         Box::pin(async move {
@@ -139,6 +170,23 @@ impl Strategy for PersistentVolumeClaim {
             Ok(())
         })
     }
+}
+
+/// Whether a StorageClass exists and says `allowVolumeExpansion: true`.
+async fn class_allows_expansion(api: &Api, class: &str) -> Result<bool, ApiError> {
+    let res = resources::find("storage.k8s.io", "v1", "storageclasses")
+        .ok_or_else(|| ApiError::internal("storageclasses are served"))?;
+    let stored = api
+        .store
+        .get(&res.key(None, class), Freshness::Latest)
+        .await?;
+    Ok(stored
+        .and_then(|s| {
+            s.object
+                .get("allowVolumeExpansion")
+                .and_then(Value::as_bool)
+        })
+        .unwrap_or(false))
 }
 
 /// The StorageClass claims that name none get: of the classes marked default, the newest

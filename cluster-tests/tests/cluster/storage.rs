@@ -390,6 +390,21 @@ async fn claims_bind_wait_for_consumers_follow_their_node_and_are_reclaimed() {
     let msg = wait_event(&k, "data", "ProvisioningSucceeded").await;
     assert_eq!(msg, format!("Successfully provisioned volume {volume}"));
     wait_value(&k, &["pod", "consumer"], "{.status.phase}", "Running").await;
+    // local-path does not allow expansion: a larger request is refused.
+    let grow = k
+        .run(&[
+            "patch",
+            "pvc",
+            "data",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"3Gi"}}}}"#,
+        ])
+        .await
+        .err();
+    assert!(
+        grow.contains(r#"persistentvolumeclaims "data" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"#),
+        "{grow}"
+    );
 
     // pvc-protection: a claim in use waits for its pod.
     k.run(&["delete", "pvc", "data", "--wait=false"]).await.ok();
