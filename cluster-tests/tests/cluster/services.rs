@@ -6,8 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{http_get, rkube_bin, wait_for, Cluster, Options};
+use cluster_tests::{http_get, wait_for, Cluster};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -52,30 +51,7 @@ fn nat_rules(c: &Cluster, agent: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
-    let images = tempfile::tempdir().unwrap();
-    cluster_tests::build_images(images.path());
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents: 2,
-        up_args: vec!["--runtime".into(), "cri".into()],
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    k.wait_nodes_ready(&["agent1", "agent2"]).await;
-    let load = std::process::Command::new(rkube_bin())
-        .args(["image", "load", "--dir"])
-        .arg(c.path())
-        .arg(images.path().join("busybox.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
+    let (c, k, _images) = super::common::cri_cluster_with_busybox(2).await;
 
     // The articles' NodePort Service (port 80, targetPort 80, nodePort 30008) in front of
     // three httpd pods, each page naming its pod; ready while /tmp/ready exists.
