@@ -306,11 +306,33 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
     }
 }
 
-/// The simulated runtime's start: every container runs at once; the status says so.
+/// The simulated runtime's start: every container runs at once; the status says so. A pod's
+/// claims are resolved first (each must be bound), though nothing is mounted.
 async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
     let ns = s(pod, "/metadata/namespace");
     let name = s(pod, "/metadata/name");
     let uid = s(pod, "/metadata/uid");
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(shared.clients.get(), ns);
+    for v in pod
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let claim = s(v, "/persistentVolumeClaim/claimName");
+        if claim.is_empty() {
+            continue;
+        }
+        let pvc = claims.get(claim).await?;
+        if pvc
+            .spec
+            .and_then(|s| s.volume_name)
+            .is_none_or(|v| v.is_empty())
+        {
+            anyhow::bail!("PVC {ns}/{claim} is not bound");
+        }
+    }
     let pod_ip = match &shared.ipam {
         Some(ipam) => ipam
             .allocate(uid)
