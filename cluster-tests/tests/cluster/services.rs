@@ -51,7 +51,7 @@ fn nat_rules(c: &Cluster, agent: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn services_carry_traffic_through_every_node_and_resolve_by_name() {
-    let (c, k, _images) = super::common::cri_cluster_with_busybox(2).await;
+    let (c, k) = super::common::cri_cluster(2).await;
 
     // The articles' NodePort Service (port 80, targetPort 80, nodePort 30008) in front of
     // three httpd pods, each page naming its pod; ready while /tmp/ready exists.
