@@ -157,6 +157,12 @@ pub static PATCH_META: &[(&str, &str, &str, &str)] = &[
         "merge",
     ),
     (
+        "io.k8s.api.apps.v1.StatefulSetStatus",
+        "conditions",
+        "type",
+        "merge",
+    ),
+    (
         "io.k8s.api.policy.v1.PodDisruptionBudgetStatus",
         "conditions",
         "type",

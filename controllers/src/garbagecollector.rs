@@ -30,6 +30,7 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
     ("/registry/replicasets/", "/apis/apps/v1", "replicasets"),
     ("/registry/deployments/", "/apis/apps/v1", "deployments"),
     ("/registry/daemonsets/", "/apis/apps/v1", "daemonsets"),
+    ("/registry/statefulsets/", "/apis/apps/v1", "statefulsets"),
     (
         "/registry/controllers/",
         "/api/v1",

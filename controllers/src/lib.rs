@@ -6,7 +6,7 @@
 //!
 //! Controllers: [`replicaset`] (ReplicaSets and ReplicationControllers), [`deployment`],
 //! [`daemonset`] (one pod per eligible node, rolled through ControllerRevisions),
-//! [`job`] and [`cronjob`], [`disruption`] (PodDisruptionBudgets' status, which evictions
+//! [`statefulset`] (pods with stable names, storage and order), [`job`] and [`cronjob`], [`disruption`] (PodDisruptionBudgets' status, which evictions
 //! read), [`endpoints`] (Endpoints and EndpointSlices of Services), [`garbagecollector`] (owner
 //! references: Background, Foreground and Orphan deletion), [`nodelifecycle`] (heartbeats,
 //! NotReady/Unknown, taints and evictions), [`rootcacert`] (the cluster CA in every
@@ -24,6 +24,7 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod garbagecollector;
+pub mod history;
 pub mod job;
 pub mod loadbalancer;
 pub mod manager;
@@ -33,6 +34,7 @@ pub mod pods;
 pub mod replicaset;
 pub mod rootcacert;
 pub mod volume;
+pub mod statefulset;
 
 pub use manager::{start, Settings};
 

@@ -114,6 +114,17 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         client.clone(),
         rx.clone(),
     );
+    crate::statefulset::start(
+        inf.of("/registry/statefulsets/")
+            .typed::<k8s_openapi::api::apps::v1::StatefulSet>(),
+        pods.clone(),
+        inf.of("/registry/persistentvolumeclaims/")
+            .typed::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(),
+        inf.of("/registry/controllerrevisions/")
+            .typed::<ControllerRevision>(),
+        client.clone(),
+        rx.clone(),
+    );
     let jobs = inf.of("/registry/jobs/").typed::<Job>();
     crate::job::start(jobs.clone(), pods.clone(), client.clone(), rx.clone());
     crate::cronjob::start(

@@ -65,6 +65,7 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("apps", "ReplicaSet") => named::<apps::ReplicaSet>(gen),
         ("apps", "ControllerRevision") => named::<apps::ControllerRevision>(gen),
         ("apps", "DaemonSet") => named::<apps::DaemonSet>(gen),
+        ("apps", "StatefulSet") => named::<apps::StatefulSet>(gen),
         ("autoscaling", "Scale") => named::<autoscaling::Scale>(gen),
         ("policy", "Eviction") => named::<policy::Eviction>(gen),
         ("batch", "Job") => named::<batch::Job>(gen),

@@ -36,6 +36,7 @@ pub mod runtimeclass;
 pub mod secret;
 pub mod service;
 pub mod storageclass;
+pub mod statefulset;
 pub mod volumeattachment;
 
 use std::future::Future;

@@ -106,6 +106,15 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
                 json!(selector_string(o.pointer("/spec/selector"))),
             ]
         }
+        ("apps", "StatefulSet") => {
+            let (c, im) = containers_images(o, "/spec/template/spec/containers");
+            let ready = format!(
+                "{}/{}",
+                i(o, "/status/readyReplicas"),
+                i(o, "/spec/replicas")
+            );
+            vec![name, json!(ready), Value::Null, json!(c), json!(im)]
+        }
         ("apps", "ControllerRevision") => {
             // kubectl names the controller by its lower-case kind.group and name.
             let controller = arr(o, "/metadata/ownerReferences")

@@ -58,6 +58,13 @@ pub(super) fn columns(res: &Resource) -> Columns {
             ("Images", "string", 1),
             ("Selector", "string", 1),
         ],
+        ("apps", "StatefulSet") => &[
+            ("Name", "string", 0),
+            ("Ready", "string", 0),
+            ("Age", "string", 0),
+            ("Containers", "string", 1),
+            ("Images", "string", 1),
+        ],
         ("apps", "ControllerRevision") => &[
             ("Name", "string", 0),
             ("Controller", "string", 0),

@@ -80,7 +80,6 @@ const NOT_YET: &[&str] = &[
     ".apiextensions.k8s.io",
     ".apiregistration.k8s.io",
     ".flowcontrol.apiserver.k8s.io",
-    "statefulsets.apps",
     "horizontalpodautoscalers.autoscaling",
 ];
 

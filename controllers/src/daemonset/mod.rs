@@ -1,7 +1,8 @@
 //! The DaemonSet controller: one pod per eligible node, as Kubernetes' daemon controller keeps
 //! them.
 //!
-//! A reconcile first records the current template as a ControllerRevision ([`history`]), then
+//! A reconcile first records the current template as a ControllerRevision
+//! ([`crate::history`]), then
 //! claims the pods that match the selector, groups them by the node they are for, and decides
 //! per node ([`placement`]): a node that should run the pod and has none gets one (pinned to
 //! it by node affinity on `metadata.name`, the scheduler binds it); a failed or succeeded pod
@@ -11,7 +12,6 @@
 //! beyond revisionHistoryLimit are pruned and the status written. Expectations, as the
 //! ReplicaSet controller keeps them, stop a stale cache from creating or deleting twice.
 
-mod history;
 mod placement;
 mod rolling;
 
@@ -27,6 +27,7 @@ use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
 use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
+use crate::history;
 use crate::pods::{is_available, is_ready, phase};
 use crate::replicaset::Expectations;
 use rkube_runtime::client::{ignore_gone, Objects};
@@ -462,20 +463,19 @@ impl DaemonSets {
         Objects::namespaced(&self.client, ns)
     }
 
-    fn revisions_in<'a>(&'a self, ns: &'a str) -> Objects<'a, ControllerRevision> {
-        Objects::namespaced(&self.client, ns)
-    }
-
     async fn reconcile(&self, ds: &DaemonSet) -> Result<Action, ApiError> {
         let meta = &ds.metadata;
         if meta.deletion_timestamp.is_some() {
             return Ok(Action::await_change());
         }
         let ds_key = key(meta);
-        let Some((hash, old_revisions)) = self.current_revision(ds).await? else {
+        let Some((current, old_revisions)) =
+            history::record(&self.revisions, &self.client, ds).await?
+        else {
             // A name collision was counted: the next reconcile hashes anew.
             return Ok(Action::requeue(Duration::from_millis(100)));
         };
+        let hash = history::hash_of(&current).to_string();
         let mut by_node = ByNode::new();
         for pod in self.claim(ds).await? {
             if let Some(node) = target_node(&pod) {
@@ -528,7 +528,8 @@ impl DaemonSets {
                 }
             }
         }
-        self.prune_history(ds, &old_revisions, &by_node).await?;
+        let live: HashSet<&str> = by_node.values().flatten().map(|p| hash_of(p)).collect();
+        history::prune(&self.client, ds, &old_revisions, &live).await?;
         let status = status(ds, &placements, &by_node, &hash, now);
         if ds.status.as_ref() != Some(&status) {
             let mut updated = ds.clone();
@@ -545,67 +546,6 @@ impl DaemonSets {
             Some(after) => Action::requeue(after),
             None => Action::await_change(),
         })
-    }
-
-    /// The current revision's hash and the other (old) revisions, after recording the
-    /// current template as a revision with the highest number. None when a revision of
-    /// another template already had the name: the collision is counted in the status.
-    async fn current_revision(
-        &self,
-        ds: &DaemonSet,
-    ) -> Result<Option<(String, Vec<ControllerRevision>)>, ApiError> {
-        let ns = namespace(&ds.metadata);
-        let uid = ds.metadata.uid.as_deref().unwrap_or("");
-        let owned: Vec<ControllerRevision> = self
-            .revisions
-            .in_namespace(ns)
-            .iter()
-            .filter(|r| controller_of(&r.metadata).is_some_and(|c| c.uid == uid))
-            .map(|r| r.as_ref().clone())
-            .collect();
-        let (current, old) = history::split(ds, &owned);
-        let next = history::next_revision(&old);
-        // Extra revisions of the current template (after a collision) are old ones now.
-        let mut old: Vec<ControllerRevision> = old.into_iter().cloned().collect();
-        old.extend(current.iter().skip(1).map(|r| (*r).clone()));
-        if let Some(cur) = current.first() {
-            if cur.revision < next {
-                let patch = json!({"revision": next});
-                ignore_gone(
-                    self.revisions_in(ns)
-                        .merge_patch(name(&cur.metadata), &patch)
-                        .await,
-                )?;
-            }
-            let hash = cur
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(HASH_LABEL))
-                .cloned()
-                .unwrap_or_else(|| history::hash(ds));
-            return Ok(Some((hash, old)));
-        }
-        let hash = history::hash(ds);
-        let revision = history::snapshot(ds, &hash, next);
-        match self.revisions_in(ns).create(&revision).await {
-            Ok(_) => Ok(Some((hash, old))),
-            Err(e) if e.code == 409 => {
-                let existing = self.revisions_in(ns).get(name(&revision.metadata)).await?;
-                let ours = controller_of(&existing.metadata).is_some_and(|c| c.uid == uid);
-                if ours && history::data(&existing) == history::data(&revision) {
-                    // Created by an earlier reconcile; the cache has not shown it yet.
-                    return Ok(Some((hash, old)));
-                }
-                let mut counted = ds.clone();
-                let status = counted.status.get_or_insert_with(Default::default);
-                status.collision_count = Some(history::collision_count(ds) + 1);
-                let objects = Objects::<DaemonSet>::namespaced(&self.client, ns);
-                ignore_gone(objects.replace_status(name(&ds.metadata), &counted).await)?;
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
     }
 
     /// The DaemonSet's pods, after adopting matching orphans and releasing owned pods that
@@ -741,30 +681,6 @@ impl DaemonSets {
                 }
             }
         }
-    }
-
-    /// Deletes the old revisions beyond revisionHistoryLimit that no pod runs.
-    async fn prune_history(
-        &self,
-        ds: &DaemonSet,
-        old: &[ControllerRevision],
-        by_node: &ByNode,
-    ) -> Result<(), ApiError> {
-        let limit = ds
-            .spec
-            .as_ref()
-            .and_then(|s| s.revision_history_limit)
-            .unwrap_or(10);
-        let live: HashSet<&str> = by_node.values().flatten().map(|p| hash_of(p)).collect();
-        let old: Vec<&ControllerRevision> = old.iter().collect();
-        for r in history::to_prune(&old, i64::from(limit), &live) {
-            ignore_gone(
-                self.revisions_in(namespace(&ds.metadata))
-                    .delete(name(&r.metadata))
-                    .await,
-            )?;
-        }
-        Ok(())
     }
 }
 

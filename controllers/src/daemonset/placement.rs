@@ -24,7 +24,7 @@ use rkube_core::selector::LabelSelector;
 use rkube_core::taints::tolerates_taint;
 
 /// The label of a daemon pod (and of a revision) that names its revision's hash.
-pub const HASH_LABEL: &str = "controller-revision-hash";
+pub use crate::history::HASH_LABEL;
 /// The label of a daemon pod that names the DaemonSet's template generation.
 pub const GENERATION_LABEL: &str = "pod-template-generation";
 /// The annotation the API keeps the template generation in.
