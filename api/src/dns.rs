@@ -3,6 +3,8 @@
 //! - `<service>.<namespace>.svc.<domain>`: A (and AAAA) records of the Service's ClusterIPs; for
 //!   a headless Service, of its ready endpoints;
 //! - `_<port>._<protocol>.<service>.<namespace>.svc.<domain>`: SRV records of a named port;
+//! - `<hostname>.<service>.<namespace>.svc.<domain>`: the ready endpoint with that hostname
+//!   (a pod whose hostname and subdomain name it, as a StatefulSet's pods are);
 //! - `<a-b-c-d>.<service>.<namespace>.svc.<domain>` (a headless Service's endpoint) and
 //!   `<a-b-c-d>.<namespace>.pod.<domain>`: A records of that address;
 //! - other names in the domain: NXDOMAIN; names outside it are forwarded to the upstream
@@ -128,6 +130,12 @@ enum Query<'a> {
         ns: &'a str,
         name: &'a str,
     },
+    /// `<hostname>.<service>`: the endpoint of that hostname (a StatefulSet's pod).
+    Hostname {
+        host: &'a str,
+        ns: &'a str,
+        name: &'a str,
+    },
     Pod {
         ip: Ipv4Addr,
     },
@@ -153,7 +161,7 @@ fn parse<'a>(labels: &'a [&'a str]) -> Query<'a> {
         }
         [host, name, ns, "svc"] => match dashed(host) {
             Some(ip) => Query::Endpoint { ip, ns, name },
-            None => Query::Unknown,
+            None => Query::Hostname { host, ns, name },
         },
         [host, _ns, "pod"] => match dashed(host) {
             Some(ip) => Query::Pod { ip },
@@ -296,6 +304,13 @@ impl Server {
                 }
                 Ok(Some(addresses(vec![IpAddr::V4(ip)])))
             }
+            Query::Hostname { host, ns, name: svc } => {
+                let ips = self.ready_endpoints_named(ns, svc, Some(host)).await?;
+                if ips.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(addresses(ips)))
+            }
             Query::Pod { ip } => Ok(Some(addresses(vec![IpAddr::V4(ip)]))),
             Query::Unknown => Ok(None),
         }
@@ -319,6 +334,17 @@ impl Server {
         ns: &str,
         name: &str,
     ) -> Result<Vec<IpAddr>, crate::error::ApiError> {
+        self.ready_endpoints_named(ns, name, None).await
+    }
+
+    /// The ready addresses of a Service's EndpointSlices; only those of the endpoints with
+    /// hostname `host` when it is given (a StatefulSet pod's `<host>.<service>` name).
+    async fn ready_endpoints_named(
+        &self,
+        ns: &str,
+        name: &str,
+        host: Option<&str>,
+    ) -> Result<Vec<IpAddr>, crate::error::ApiError> {
         let list = self
             .client
             .get(&format!(
@@ -338,6 +364,7 @@ impl Server {
                     .unwrap_or_default()
             })
             .filter(|ep| ep.pointer("/conditions/ready") != Some(&Value::Bool(false)))
+            .filter(|ep| host.is_none_or(|h| s(ep, "/hostname") == h))
             .filter_map(|ep| ep.pointer("/addresses/0")?.as_str()?.parse().ok())
             .collect();
         ips.sort();
@@ -410,6 +437,14 @@ mod tests {
             parse(&["10-244-1-5", "default", "pod"]),
             Query::Pod {
                 ip: "10.244.1.5".parse().unwrap()
+            }
+        );
+        assert_eq!(
+            parse(&["web-0", "nginx", "default", "svc"]),
+            Query::Hostname {
+                host: "web-0",
+                ns: "default",
+                name: "nginx"
             }
         );
         assert_eq!(parse(&["backend", "svc"]), Query::Unknown);

@@ -181,6 +181,10 @@ impl Controller {
             if !node.is_empty() {
                 address["nodeName"] = json!(node);
             }
+            let hostname = hostname(&svc, &pod);
+            if let Some(h) = hostname {
+                address["hostname"] = json!(h);
+            }
             let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
             let ready = is_ready(&pod) && !deleting;
             let entry = groups.entry(resolved.clone()).or_default();
@@ -196,6 +200,9 @@ impl Controller {
             });
             if !node.is_empty() {
                 ep["nodeName"] = json!(node);
+            }
+            if let Some(h) = hostname {
+                ep["hostname"] = json!(h);
             }
             slice_endpoints.push(ep);
             slice_ports.get_or_insert(resolved);
@@ -338,6 +345,16 @@ fn ports_json(ports: &[PodPort], always_named: bool) -> Value {
 }
 
 /// Whether a Service's selector (a plain label map) selects the pod.
+/// The hostname an endpoint of the pod has: the pod's own, when its subdomain names the
+/// Service (Kubernetes' `ShouldSetHostname`; what gives a StatefulSet's pods their DNS names
+/// through the governing Service).
+fn hostname<'a>(svc: &Value, pod: &'a Value) -> Option<&'a str> {
+    let hostname = s(pod, "/spec/hostname");
+    let named = s(pod, "/spec/subdomain") == s(svc, "/metadata/name")
+        && s(pod, "/metadata/namespace") == s(svc, "/metadata/namespace");
+    (!hostname.is_empty() && named).then_some(hostname)
+}
+
 fn selects(svc: &Value, pod: &Value) -> bool {
     let Some(sel) = svc.pointer("/spec/selector").and_then(Value::as_object) else {
         return false;
@@ -387,5 +404,21 @@ mod tests {
         assert!(!selects(&svc, &pod("dev", "db")));
         let no_selector = json!({"metadata": {"namespace": "dev"}, "spec": {}});
         assert!(!selects(&no_selector, &pod("dev", "web")));
+    }
+
+    #[test]
+    fn a_pod_whose_subdomain_names_the_service_has_a_hostname_there() {
+        let svc = json!({"metadata": {"name": "nginx", "namespace": "dev"}});
+        let pod = |ns: &str, host: &str, sub: &str| {
+            json!({"metadata": {"namespace": ns},
+                   "spec": {"hostname": host, "subdomain": sub}})
+        };
+        let p = pod("dev", "web-0", "nginx");
+        assert_eq!(hostname(&svc, &p), Some("web-0"));
+        for (ns, host, sub) in [("dev", "web-0", "other"), ("prod", "web-0", "nginx"),
+                                ("dev", "", "nginx")] {
+            let p = pod(ns, host, sub);
+            assert_eq!(hostname(&svc, &p), None, "{ns} {host} {sub}");
+        }
     }
 }
