@@ -55,6 +55,8 @@ mod service_accounts;
 mod services;
 #[path = "cluster/snapshots.rs"]
 mod snapshots;
+#[path = "cluster/statefulsets.rs"]
+mod statefulsets;
 #[path = "cluster/status_page.rs"]
 mod status_page;
 #[path = "cluster/storage.rs"]

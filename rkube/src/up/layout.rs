@@ -89,7 +89,7 @@ pub struct LocalMember {
 }
 
 impl LocalMember {
-    /// Where the member serves cluster DNS (with containerd hosts): the port after the API's.
+    /// Where the member serves cluster DNS: the port after the API's.
     pub fn dns_addr(&self) -> String {
         let api = self.api_addr();
         match api.rsplit_once(':') {

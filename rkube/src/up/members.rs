@@ -46,10 +46,10 @@ pub(crate) fn spawn_member(
     if !cluster.store_only {
         command.args(["--listen-api", &m.api_addr()]);
         command.args(&cluster.controller_flags);
-        // Containerd hosts' pods resolve names with the servers' cluster DNS, on the port
-        // after the API's.
+        // Every member serves cluster DNS on the port after the API's: containerd hosts' pods
+        // resolve names with it, and it answers anyone on this machine for a simulated one.
+        command.args(["--listen-dns", &m.dns_addr()]);
         if let Some(net) = &cluster.network {
-            command.args(["--listen-dns", &m.dns_addr()]);
             // LoadBalancer Services get addresses on the hosts' bridge network, which the
             // nodes answer for.
             command.args(["--load-balancer-ip-range", &net.load_balancer_range()]);

@@ -1,0 +1,394 @@
+//! StatefulSets on simulated agents, through kubectl: OrderedReady creates web-1 only once
+//! web-0 is Running and Ready while Parallel creates every pod at once; pods have stable names,
+//! hostnames and DNS names through the governing headless Service (asked of the cluster DNS);
+//! `kubectl scale` down removes the highest ordinal first; a RollingUpdate with a partition
+//! updates only the ordinals at or above it, `rollout status|history|undo` follow the
+//! ControllerRevisions; OnDelete leaves pods until they are deleted; the spec fields that may
+//! not change are refused with Kubernetes' message.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{wait_for, Cluster, Options};
+use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinEncodable};
+use serde_json::Value;
+
+const BOUND: Duration = Duration::from_secs(90);
+
+const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: nginx
+spec:
+  clusterIP: None
+  selector:
+    app: web
+  ports:
+  - name: web
+    port: 80
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: web
+spec:
+  serviceName: nginx
+  replicas: 3
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: nginx
+        image: rkube.local/busybox:1
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: par
+spec:
+  serviceName: par
+  podManagementPolicy: Parallel
+  replicas: 3
+  selector:
+    matchLabels:
+      app: par
+  template:
+    metadata:
+      labels:
+        app: par
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: c
+        image: rkube.local/busybox:1
+"#;
+
+/// The set's pods that are not being deleted: name -> the pod.
+async fn pods(k: &Kubectl, app: &str) -> std::collections::BTreeMap<String, Value> {
+    let out = k
+        .run(&["get", "pods", "-l", &format!("app={app}"), "-o", "json"])
+        .await
+        .ok();
+    let list: Value = serde_json::from_str(&out).unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| (p["metadata"]["name"].as_str().unwrap_or("").to_string(), p.clone()))
+        .collect()
+}
+
+async fn names(k: &Kubectl, app: &str) -> BTreeSet<String> {
+    pods(k, app).await.into_keys().collect()
+}
+
+async fn sts_field(k: &Kubectl, sts: &str, path: &str) -> String {
+    k.run(&["get", "statefulset", sts, "-o", &format!("jsonpath={{{path}}}")])
+        .await
+        .ok()
+}
+
+/// Waits until the controller has written the status of the set's current spec with
+/// `replicas` pods counted.
+async fn observed(k: &Kubectl, sts: &str, replicas: &str) {
+    wait_for(&format!("{sts}'s status to count {replicas} pods"), BOUND, || async {
+        let generation = sts_field(k, sts, ".metadata.generation").await;
+        let seen = sts_field(k, sts, ".status.observedGeneration").await;
+        let counted = sts_field(k, sts, ".status.replicas").await;
+        (generation == seen && counted == replicas).then_some(())
+    })
+    .await;
+}
+
+async fn rollout_status(k: &Kubectl, sts: &str) -> String {
+    let out = k
+        .run(&["rollout", "status", &format!("statefulset/{sts}"), "--timeout=80s"])
+        .await;
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    out.stdout
+}
+
+async fn images(k: &Kubectl, app: &str) -> Vec<(String, String)> {
+    pods(k, app)
+        .await
+        .into_iter()
+        .map(|(n, p)| {
+            let image = p["spec"]["containers"][0]["image"].as_str().unwrap_or("").to_string();
+            (n, image)
+        })
+        .collect()
+}
+
+async fn wait_images(k: &Kubectl, app: &str, want: &[(&str, &str)]) {
+    let want: Vec<(String, String)> =
+        want.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let mut last = Vec::new();
+    let done = tokio::time::timeout(BOUND, async {
+        loop {
+            last = images(k, app).await;
+            if last == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "timed out waiting for {want:?}; last seen {last:?}");
+}
+
+/// The revision numbers `kubectl rollout history` lists.
+async fn history(k: &Kubectl, sts: &str) -> Vec<String> {
+    let out = k
+        .run(&["rollout", "history", &format!("statefulset/{sts}")])
+        .await
+        .ok();
+    out.lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// Asks the DNS server at `server` for the A records of `name`: the response code and the
+/// addresses.
+async fn resolve(server: SocketAddr, name: &str) -> (ResponseCode, Vec<String>) {
+    let mut query = Message::new();
+    query
+        .set_id(rand::random())
+        .set_message_type(MessageType::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket
+        .send_to(&query.to_bytes().unwrap(), server)
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.recv(&mut buf))
+        .await
+        .expect("the cluster DNS answers")
+        .unwrap();
+    let answer = Message::from_bytes(&buf[..n]).unwrap();
+    let ips = answer
+        .answers()
+        .iter()
+        .filter_map(|r| match r.data() {
+            Some(RData::A(a)) => Some(a.0.to_string()),
+            _ => None,
+        })
+        .collect();
+    (answer.response_code(), ips)
+}
+
+#[tokio::test]
+async fn statefulsets_keep_order_identity_and_revisions() {
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents: 2,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    k.wait_nodes_ready(&["agent1", "agent2"]).await;
+
+    // With every node cordoned no pod can run: OrderedReady stops at web-0, Parallel makes all.
+    k.run(&["cordon", "agent1", "agent2"]).await.ok();
+    k.run_with_input(&["apply", "-f", "-"], WEB).await.ok();
+    observed(&k, "web", "1").await;
+    observed(&k, "par", "3").await;
+    assert_eq!(names(&k, "web").await, BTreeSet::from(["web-0".to_string()]));
+    assert_eq!(
+        names(&k, "par").await,
+        BTreeSet::from(["par-0", "par-1", "par-2"].map(String::from))
+    );
+    let defaults = sts_field(&k, "web", ".spec").await;
+    let defaults: Value = serde_json::from_str(&defaults).unwrap();
+    assert_eq!(defaults["podManagementPolicy"], "OrderedReady");
+    assert_eq!(
+        defaults["updateStrategy"],
+        serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
+    );
+    assert_eq!(
+        defaults["persistentVolumeClaimRetentionPolicy"],
+        serde_json::json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+    assert_eq!(defaults["revisionHistoryLimit"], 10);
+
+    // Once web-0 can run, web-1 and then web-2 follow, each made after the one before is Ready.
+    k.run(&["uncordon", "agent1", "agent2"]).await.ok();
+    let done = rollout_status(&k, "web").await;
+    // kubectl words every RollingUpdate's end as a partitioned one (the partition defaults to 0).
+    assert!(done.contains("partitioned roll out complete: 3 new pods have been updated"), "{done}");
+    let all = pods(&k, "web").await;
+    let ready_at = |p: &Value| -> String {
+        p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let created = |p: &Value| p["metadata"]["creationTimestamp"].as_str().unwrap_or("").to_string();
+    assert!(created(&all["web-1"]) >= ready_at(&all["web-0"]));
+    assert!(created(&all["web-2"]) >= ready_at(&all["web-1"]));
+    let web1 = &all["web-1"];
+    assert_eq!(web1["spec"]["hostname"], "web-1");
+    assert_eq!(web1["spec"]["subdomain"], "nginx");
+    assert_eq!(web1["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"], "web-1");
+    assert_eq!(web1["metadata"]["labels"]["apps.kubernetes.io/pod-index"], "1");
+    let revision = web1["metadata"]["labels"]["controller-revision-hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(sts_field(&k, "web", ".status.updateRevision").await, revision);
+    assert_eq!(sts_field(&k, "web", ".status.currentRevision").await, revision);
+    let table = k.run(&["get", "statefulset", "web"]).await.ok();
+    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["NAME", "READY", "AGE"], "{table}");
+    assert_eq!(lines[1][..2], ["web", "3/3"], "{table}");
+
+    // web-0.nginx resolves to web-0's address in the cluster DNS, through its endpoint's
+    // hostname in the Service's EndpointSlice.
+    let layout: Value =
+        serde_json::from_slice(&std::fs::read(c.path().join("cluster.json")).unwrap()).unwrap();
+    let api: SocketAddr = layout["members"][0]["api"].as_str().unwrap().parse().unwrap();
+    let dns = SocketAddr::new(api.ip(), api.port() + 1);
+    let ip = all["web-0"]["status"]["podIP"].as_str().unwrap().to_string();
+    let name = "web-0.nginx.default.svc.cluster.local.";
+    let answer = wait_for("web-0.nginx to resolve", BOUND, || async {
+        let (code, ips) = resolve(dns, name).await;
+        (code == ResponseCode::NoError && !ips.is_empty()).then_some(ips)
+    })
+    .await;
+    assert_eq!(answer, [ip]);
+    let (code, _) = resolve(dns, "web-7.nginx.default.svc.cluster.local.").await;
+    assert_eq!(code, ResponseCode::NXDomain);
+
+    // Scaling down removes the highest ordinal first: web-1 never goes while web-2 is there.
+    let scaled = k.run(&["scale", "statefulset", "web", "--replicas=1"]).await.ok();
+    assert_eq!(scaled.trim(), "statefulset.apps/web scaled");
+    let mut seen = Vec::new();
+    let done = tokio::time::timeout(BOUND, async {
+        loop {
+            let now = names(&k, "web").await;
+            if seen.last() != Some(&now) {
+                seen.push(now.clone());
+            }
+            if now == BTreeSet::from(["web-0".to_string()]) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "scaled down: {seen:?}");
+    for state in &seen {
+        assert!(!(state.contains("web-2") && !state.contains("web-1")), "{seen:?}");
+    }
+    observed(&k, "web", "1").await;
+    let events = k
+        .run(&["get", "events", "--field-selector", "involvedObject.name=web", "-o",
+               "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    for line in [
+        "SuccessfulCreate: create Pod web-0 in StatefulSet web successful",
+        "SuccessfulCreate: create Pod web-2 in StatefulSet web successful",
+        "SuccessfulDelete: delete Pod web-2 in StatefulSet web successful",
+        "SuccessfulDelete: delete Pod web-1 in StatefulSet web successful",
+    ] {
+        assert!(events.lines().any(|l| l == line), "{line} in {events}");
+    }
+
+    // A partitioned rolling update: only the ordinals at or above the partition change.
+    k.run(&["scale", "statefulset", "web", "--replicas=3"]).await.ok();
+    rollout_status(&k, "web").await;
+    k.run(&["patch", "statefulset", "web", "-p",
+            r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":2}}}}"#])
+        .await
+        .ok();
+    k.run(&["set", "image", "statefulset/web", "nginx=rkube.local/busybox:2"]).await.ok();
+    let partial = rollout_status(&k, "web").await;
+    assert!(
+        partial.contains("partitioned roll out complete: 1 new pods have been updated"),
+        "{partial}"
+    );
+    let (one, two) = ("rkube.local/busybox:1", "rkube.local/busybox:2");
+    wait_images(&k, "web", &[("web-0", one), ("web-1", one), ("web-2", two)]).await;
+    assert_eq!(sts_field(&k, "web", ".status.updatedReplicas").await, "1");
+    assert_eq!(sts_field(&k, "web", ".status.currentReplicas").await, "2");
+    k.run(&["patch", "statefulset", "web", "-p",
+            r#"{"spec":{"updateStrategy":{"rollingUpdate":{"partition":0}}}}"#])
+        .await
+        .ok();
+    let done = rollout_status(&k, "web").await;
+    assert!(done.contains("partitioned roll out complete: 3 new pods have been updated"), "{done}");
+    wait_images(&k, "web", &[("web-0", two), ("web-1", two), ("web-2", two)]).await;
+    assert_eq!(history(&k, "web").await, ["1", "2"]);
+    let first = k
+        .run(&["rollout", "history", "statefulset/web", "--revision=1"])
+        .await
+        .ok();
+    assert!(first.contains(one), "{first}");
+
+    // Undo puts the first template back, as revision 3.
+    let undo = k.run(&["rollout", "undo", "statefulset/web"]).await.ok();
+    assert!(undo.contains("rolled back"), "{undo}");
+    rollout_status(&k, "web").await;
+    wait_images(&k, "web", &[("web-0", one), ("web-1", one), ("web-2", one)]).await;
+    assert_eq!(history(&k, "web").await, ["2", "3"]);
+
+    // OnDelete: a new template waits until a pod is deleted; that pod comes back with it.
+    k.run(&["patch", "statefulset", "web", "--type=merge", "-p",
+            r#"{"spec":{"updateStrategy":{"type":"OnDelete","rollingUpdate":null}}}"#])
+        .await
+        .ok();
+    k.run(&["set", "image", "statefulset/web", "nginx=rkube.local/busybox:3"]).await.ok();
+    wait_for("the OnDelete set's update revision", BOUND, || async {
+        let current = sts_field(&k, "web", ".status.currentRevision").await;
+        let update = sts_field(&k, "web", ".status.updateRevision").await;
+        let generation = sts_field(&k, "web", ".metadata.generation").await;
+        let seen = sts_field(&k, "web", ".status.observedGeneration").await;
+        (current != update && generation == seen).then_some(())
+    })
+    .await;
+    assert_eq!(images(&k, "web").await.iter().filter(|(_, i)| i == one).count(), 3);
+    k.run(&["delete", "pod", "web-1"]).await.ok();
+    let three = "rkube.local/busybox:3";
+    wait_images(&k, "web", &[("web-0", one), ("web-1", three), ("web-2", one)]).await;
+    let status = k.run(&["rollout", "status", "statefulset/web"]).await;
+    assert!(
+        status.stderr.contains("rollout status is only available for RollingUpdate strategy type"),
+        "{}{}",
+        status.stdout,
+        status.stderr
+    );
+
+    // Only some spec fields may change.
+    let refused = k
+        .run(&["patch", "statefulset", "web", "-p", r#"{"spec":{"serviceName":"other"}}"#])
+        .await
+        .err();
+    assert!(
+        refused.contains(
+            "spec: Forbidden: updates to statefulset spec for fields other than 'replicas', \
+             'ordinals', 'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' \
+             and 'minReadySeconds' are forbidden"
+        ),
+        "{refused}"
+    );
+}
