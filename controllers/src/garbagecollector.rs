@@ -31,6 +31,12 @@ pub const FOLLOWED: &[(&str, &str, &str)] = &[
     ("/registry/deployments/", "/apis/apps/v1", "deployments"),
     ("/registry/daemonsets/", "/apis/apps/v1", "daemonsets"),
     ("/registry/statefulsets/", "/apis/apps/v1", "statefulsets"),
+    // A StatefulSet's claims are owned by it or by a scaled-down pod (its retention policy).
+    (
+        "/registry/persistentvolumeclaims/",
+        "/api/v1",
+        "persistentvolumeclaims",
+    ),
     (
         "/registry/controllers/",
         "/api/v1",

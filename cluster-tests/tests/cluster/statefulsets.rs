@@ -4,7 +4,9 @@
 //! `kubectl scale` down removes the highest ordinal first; a RollingUpdate with a partition
 //! updates only the ordinals at or above it, `rollout status|history|undo` follow the
 //! ControllerRevisions; OnDelete leaves pods until they are deleted; the spec fields that may
-//! not change are refused with Kubernetes' message.
+//! not change are refused with Kubernetes' message. Claim templates give each pod its
+//! PersistentVolumeClaim, made before it; the retention policy has the scaled-down pod's claim
+//! and, once asked, the set's remaining claims deleted with them.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -73,6 +75,59 @@ spec:
       - name: c
         image: rkube.local/busybox:1
 "#;
+
+const DB: &str = r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: db
+spec:
+  serviceName: db
+  podManagementPolicy: Parallel
+  replicas: 2
+  persistentVolumeClaimRetentionPolicy:
+    whenScaled: Delete
+  selector:
+    matchLabels:
+      app: db
+  template:
+    metadata:
+      labels:
+        app: db
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: db
+        image: rkube.local/busybox:1
+        volumeMounts:
+        - name: data
+          mountPath: /var/lib/db
+  volumeClaimTemplates:
+  - metadata:
+      name: data
+    spec:
+      accessModes: ["ReadWriteOnce"]
+      resources:
+        requests:
+          storage: 1Gi
+"#;
+
+/// The claim, or None when it is gone or being deleted.
+async fn live_claim(k: &Kubectl, name: &str) -> Option<Value> {
+    let out = k.run(&["get", "pvc", name, "-o", "json", "--ignore-not-found"]).await.ok();
+    let claim: Value = serde_json::from_str(&out).ok()?;
+    claim["metadata"]["deletionTimestamp"].is_null().then_some(claim)
+}
+
+/// The kinds of the claim's owners.
+fn owner_kinds(claim: &Value) -> Vec<String> {
+    claim["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{}/{}", r["kind"].as_str().unwrap_or(""), r["name"].as_str().unwrap_or("")))
+        .collect()
+}
 
 /// The set's pods that are not being deleted: name -> the pod.
 async fn pods(k: &Kubectl, app: &str) -> std::collections::BTreeMap<String, Value> {
@@ -391,4 +446,63 @@ async fn statefulsets_keep_order_identity_and_revisions() {
         ),
         "{refused}"
     );
+
+    // Claims from the templates, made before their pods, named <template>-<set>-<ordinal>.
+    k.run_with_input(&["apply", "-f", "-"], DB).await.ok();
+    observed(&k, "db", "2").await;
+    for ordinal in ["0", "1"] {
+        let pod = &pods(&k, "db").await[&format!("db-{ordinal}")];
+        let volume = pod["spec"]["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "data"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            volume["persistentVolumeClaim"]["claimName"],
+            format!("data-db-{ordinal}"),
+            "{pod}"
+        );
+        let claim = live_claim(&k, &format!("data-db-{ordinal}")).await.expect("the claim");
+        assert_eq!(claim["metadata"]["labels"]["app"], "db");
+        assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1Gi");
+        assert!(
+            claim["metadata"]["creationTimestamp"].as_str() <= pod["metadata"]["creationTimestamp"].as_str()
+        );
+        assert_eq!(owner_kinds(&claim), Vec::<String>::new(), "{claim}");
+    }
+    let events = k
+        .run(&["get", "events", "--field-selector", "involvedObject.name=db", "-o",
+               "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}"])
+        .await
+        .ok();
+    assert!(
+        events.lines().any(|l| l == "create Claim data-db-1 Pod db-1 in StatefulSet db success"),
+        "{events}"
+    );
+
+    // whenScaled Delete: the scaled-down pod's claim goes with it; the others stay.
+    k.run(&["scale", "statefulset", "db", "--replicas=1"]).await.ok();
+    wait_for("data-db-1 to be deleted", BOUND, || async {
+        live_claim(&k, "data-db-1").await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(names(&k, "db").await, BTreeSet::from(["db-0".to_string()]));
+    let kept = live_claim(&k, "data-db-0").await.expect("data-db-0 is kept");
+    assert_eq!(owner_kinds(&kept), Vec::<String>::new());
+
+    // whenDeleted Delete: the set owns its claims, which go with it.
+    k.run(&["patch", "statefulset", "db", "-p",
+            r#"{"spec":{"persistentVolumeClaimRetentionPolicy":{"whenDeleted":"Delete"}}}"#])
+        .await
+        .ok();
+    wait_for("data-db-0 to be owned by the set", BOUND, || async {
+        let claim = live_claim(&k, "data-db-0").await?;
+        (owner_kinds(&claim) == ["StatefulSet/db"]).then_some(())
+    })
+    .await;
+    k.run(&["delete", "statefulset", "db"]).await.ok();
+    wait_for("data-db-0 to be deleted with its set", BOUND, || async {
+        live_claim(&k, "data-db-0").await.is_none().then_some(())
+    })
+    .await;
 }
