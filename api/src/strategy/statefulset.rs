@@ -45,13 +45,14 @@ impl Strategy for StatefulSet {
         default(retention, "whenDeleted", json!("Retain"));
         default(retention, "whenScaled", json!("Retain"));
         default_template(spec);
-        // A claim template's volumeMode defaults as a PersistentVolumeClaim's does.
+        // A claim template defaults as a PersistentVolumeClaim does (Kubernetes shows the
+        // Pending phase in the set's templates too).
         if let Some(claims) = spec
             .get_mut("volumeClaimTemplates")
             .and_then(Value::as_array_mut)
         {
-            for claim in claims.iter_mut().filter_map(Value::as_object_mut) {
-                default(child(claim, "spec"), "volumeMode", json!("Filesystem"));
+            for claim in claims.iter_mut() {
+                super::persistentvolumeclaim::PersistentVolumeClaim.defaults(claim);
             }
         }
     }
@@ -229,6 +230,12 @@ mod tests {
             json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
         );
         assert_eq!(s["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        let claimed = sts(json!({"volumeClaimTemplates": [{"metadata": {"name": "www"},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}}}]}));
+        let template = &claimed["spec"]["volumeClaimTemplates"][0];
+        assert_eq!(template["spec"]["volumeMode"], "Filesystem");
+        assert_eq!(template["status"]["phase"], "Pending");
         let on_delete = sts(json!({"updateStrategy": {"type": "OnDelete"}}));
         assert_eq!(on_delete["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
         assert!(causes(&sts(json!({}))).is_empty());

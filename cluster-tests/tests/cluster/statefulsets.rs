@@ -315,6 +315,16 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(lines[0], ["NAME", "READY", "AGE"], "{table}");
     assert_eq!(lines[1][..2], ["web", "3/3"], "{table}");
+    let described = k.run(&["describe", "statefulset", "web"]).await.ok();
+    let words = described.split_whitespace().collect::<Vec<_>>().join(" ");
+    for part in [
+        "Replicas: 3 desired | 3 total",
+        "Update Strategy: RollingUpdate Partition: 0",
+        "Pods Status: 3 Running / 0 Waiting / 0 Succeeded / 0 Failed",
+        "SuccessfulCreate",
+    ] {
+        assert!(words.contains(part), "{part} in {described}");
+    }
 
     // web-0.nginx resolves to web-0's address in the cluster DNS, through its endpoint's
     // hostname in the Service's EndpointSlice.

@@ -226,6 +226,42 @@ mod tests {
         want: Vec<Step>,
     }
 
+    #[test]
+    fn ordinals_start_where_asked_and_min_ready_seconds_hold_the_next_pod() {
+        let p0 = pod("web-5", "new", ready());
+        let pods = [(5, &p0)];
+        let input = |min_ready| Input {
+            start: 5,
+            replicas: 2,
+            monotonic: true,
+            partition: Some(0),
+            update_revision: "new",
+            min_ready,
+            now: "2026-01-01T00:00:30Z".parse().unwrap(),
+            pods: &pods,
+        };
+        // Ready since 00:00:00: available after 10 s, not after 60 s.
+        let got = plan(&input(10));
+        assert_eq!(got.steps, [Step::Create(6, Which::Update)]);
+        let got = plan(&input(60));
+        assert_eq!(
+            got,
+            Plan {
+                steps: vec![],
+                waiting_for_available: true
+            }
+        );
+        // web-4 is below the start: it goes as a scaled-down pod would.
+        let below = pod("web-4", "new", ready());
+        let six = pod("web-6", "new", ready());
+        let pods = [(4, &below), (5, &p0), (6, &six)];
+        let got = plan(&Input {
+            pods: &pods,
+            ..input(0)
+        });
+        assert_eq!(got.steps, [Step::Condemn("web-4".into())]);
+    }
+
     fn run(c: &Case) -> Plan {
         let ordinals: Vec<(i32, &Pod)> = c
             .pods
