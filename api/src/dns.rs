@@ -304,7 +304,11 @@ impl Server {
                 }
                 Ok(Some(addresses(vec![IpAddr::V4(ip)])))
             }
-            Query::Hostname { host, ns, name: svc } => {
+            Query::Hostname {
+                host,
+                ns,
+                name: svc,
+            } => {
                 let ips = self.ready_endpoints_named(ns, svc, Some(host)).await?;
                 if ips.is_empty() {
                     return Ok(None);

@@ -415,8 +415,11 @@ mod tests {
         };
         let p = pod("dev", "web-0", "nginx");
         assert_eq!(hostname(&svc, &p), Some("web-0"));
-        for (ns, host, sub) in [("dev", "web-0", "other"), ("prod", "web-0", "nginx"),
-                                ("dev", "", "nginx")] {
+        for (ns, host, sub) in [
+            ("dev", "web-0", "other"),
+            ("prod", "web-0", "nginx"),
+            ("dev", "", "nginx"),
+        ] {
             let p = pod(ns, host, sub);
             assert_eq!(hostname(&svc, &p), None, "{ns} {host} {sub}");
         }

@@ -36,51 +36,36 @@ pub trait Versioned:
     fn history_limit(&self) -> i32;
 }
 
-impl Versioned for DaemonSet {
-    fn template(&self) -> Option<&PodTemplateSpec> {
-        self.spec.as_ref().map(|s| &s.template)
-    }
-    fn collision_count(&self) -> i32 {
-        self.status
-            .as_ref()
-            .and_then(|s| s.collision_count)
-            .unwrap_or(0)
-    }
-    fn with_collision_count(&self, n: i32) -> Self {
-        let mut counted = self.clone();
-        counted.status.get_or_insert_with(Default::default).collision_count = Some(n);
-        counted
-    }
-    fn history_limit(&self) -> i32 {
-        self.spec
-            .as_ref()
-            .and_then(|s| s.revision_history_limit)
-            .unwrap_or(10)
-    }
+/// DaemonSets and StatefulSets keep their template, collision count and history limit in
+/// fields of the same names.
+macro_rules! versioned {
+    ($($kind:ty),*) => {$(
+        impl Versioned for $kind {
+            fn template(&self) -> Option<&PodTemplateSpec> {
+                self.spec.as_ref().map(|s| &s.template)
+            }
+            fn collision_count(&self) -> i32 {
+                self.status
+                    .as_ref()
+                    .and_then(|s| s.collision_count)
+                    .unwrap_or(0)
+            }
+            fn with_collision_count(&self, n: i32) -> Self {
+                let mut counted = self.clone();
+                counted.status.get_or_insert_with(Default::default).collision_count = Some(n);
+                counted
+            }
+            fn history_limit(&self) -> i32 {
+                self.spec
+                    .as_ref()
+                    .and_then(|s| s.revision_history_limit)
+                    .unwrap_or(10)
+            }
+        }
+    )*};
 }
 
-impl Versioned for StatefulSet {
-    fn template(&self) -> Option<&PodTemplateSpec> {
-        self.spec.as_ref().map(|s| &s.template)
-    }
-    fn collision_count(&self) -> i32 {
-        self.status
-            .as_ref()
-            .and_then(|s| s.collision_count)
-            .unwrap_or(0)
-    }
-    fn with_collision_count(&self, n: i32) -> Self {
-        let mut counted = self.clone();
-        counted.status.get_or_insert_with(Default::default).collision_count = Some(n);
-        counted
-    }
-    fn history_limit(&self) -> i32 {
-        self.spec
-            .as_ref()
-            .and_then(|s| s.revision_history_limit)
-            .unwrap_or(10)
-    }
-}
+versioned!(DaemonSet, StatefulSet);
 
 /// The revision data of the owner's current template.
 pub fn patch<K: Versioned>(owner: &K) -> Value {
@@ -198,7 +183,9 @@ pub async fn record<K: Versioned>(
         let mut cur = (*cur).clone();
         if cur.revision < next {
             let patch = json!({"revision": next});
-            if let Some(moved) = ignore_gone(objects.merge_patch(name(&cur.metadata), &patch).await)? {
+            if let Some(moved) =
+                ignore_gone(objects.merge_patch(name(&cur.metadata), &patch).await)?
+            {
                 cur = moved;
             }
         }

@@ -1,8 +1,108 @@
 //! What the workload controllers ask of a Pod: whether it still counts (active), whether it is
-//! Ready, and whether it has been Ready for minReadySeconds (available).
+//! Ready, and whether it has been Ready for minReadySeconds (available); and how a controller
+//! claims the pods it selects ([`claim`]).
+
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector as LabelSelectorSpec, OwnerReference,
+};
 use k8s_openapi::jiff::Timestamp;
+use rkube_api::client::LocalClient;
+use rkube_api::error::ApiError;
+use rkube_core::meta::{controller_of, controller_ref, name, namespace};
+use rkube_core::selector::LabelSelector;
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::store::{Object, Store};
+use serde_json::json;
+
+/// The selector a controller claims pods with; None for an empty one, which would claim every
+/// pod of the namespace and so claims none.
+pub fn claiming_selector(sel: &LabelSelectorSpec) -> Option<LabelSelector> {
+    let empty = sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty());
+    (!empty).then(|| LabelSelector::from_selector(sel))
+}
+
+/// Writes the pod's owner references (None: none left), if the pod has not changed since it
+/// was read; None when it is gone or changed.
+pub async fn set_owners(
+    client: &LocalClient,
+    pod: &Pod,
+    refs: Option<Vec<OwnerReference>>,
+) -> Result<Option<Pod>, ApiError> {
+    let m = &pod.metadata;
+    let patch =
+        json!({"metadata": {"ownerReferences": refs, "resourceVersion": m.resource_version}});
+    let pods = Objects::<Pod>::namespaced(client, namespace(m));
+    ignore_gone(pods.merge_patch(name(m), &patch).await)
+}
+
+/// Makes `owner` the pod's controller.
+pub async fn adopt<K: Object>(
+    client: &LocalClient,
+    owner: &K,
+    pod: &Pod,
+) -> Result<Option<Pod>, ApiError> {
+    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
+    refs.push(controller_ref(owner));
+    set_owners(client, pod, Some(refs)).await
+}
+
+/// Takes the owner of `uid` off the pod.
+pub async fn release(client: &LocalClient, pod: &Pod, uid: &str) -> Result<(), ApiError> {
+    let refs: Vec<_> = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.uid != uid)
+        .cloned()
+        .collect();
+    let refs = (!refs.is_empty()).then_some(refs);
+    set_owners(client, pod, refs).await.map(|_| ())
+}
+
+/// The pod of a change that a controller may have to adopt or release: a pod without a
+/// controller, or one whose labels changed.
+pub fn to_claim<'a>(old: Option<&Arc<Pod>>, new: Option<&'a Arc<Pod>>) -> Option<&'a Arc<Pod>> {
+    let pod = new?;
+    let orphan = controller_of(&pod.metadata).is_none();
+    let relabelled = old.is_some_and(|o| o.metadata.labels != pod.metadata.labels);
+    (orphan || relabelled).then_some(pod)
+}
+
+/// The pods of `owner`'s namespace it controls, after adopting the orphans `matches` accepts
+/// (not being deleted, nor while the owner is) and releasing owned pods it no longer accepts
+/// (Kubernetes' ClaimPods).
+pub async fn claim<K: Object>(
+    client: &LocalClient,
+    pods: &Store<Pod>,
+    owner: &K,
+    matches: impl Fn(&Pod) -> bool,
+) -> Result<Vec<Arc<Pod>>, ApiError> {
+    let meta = owner.metadata();
+    let uid = meta.uid.as_deref().unwrap_or("");
+    let mut owned = Vec::new();
+    for pod in pods.in_namespace(namespace(meta)) {
+        let matching = matches(&pod);
+        match controller_of(&pod.metadata) {
+            Some(r) if r.uid == uid && matching => owned.push(pod),
+            Some(r) if r.uid == uid => release(client, &pod, uid).await?,
+            None if matching
+                && pod.metadata.deletion_timestamp.is_none()
+                && meta.deletion_timestamp.is_none() =>
+            {
+                if let Some(adopted) = adopt(client, owner, &pod).await? {
+                    owned.push(Arc::new(adopted));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(owned)
+}
 
 /// The pod's phase ("" when unset).
 pub fn phase(pod: &Pod) -> &str {

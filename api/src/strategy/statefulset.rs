@@ -118,7 +118,9 @@ impl Strategy for StatefulSet {
         for (i, claim) in claims.iter().enumerate() {
             let field = format!("spec.volumeClaimTemplates[{i}].metadata.name");
             match claim.pointer("/metadata/name").and_then(Value::as_str) {
-                None | Some("") => causes.push(required(&field, "name or generateName is required")),
+                None | Some("") => {
+                    causes.push(required(&field, "name or generateName is required"))
+                }
                 Some(n) => dns_subdomain(&field, n, causes),
             }
         }
@@ -230,14 +232,19 @@ mod tests {
             json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
         );
         assert_eq!(s["spec"]["template"]["spec"]["restartPolicy"], "Always");
-        let claimed = sts(json!({"volumeClaimTemplates": [{"metadata": {"name": "www"},
+        let claimed = sts(
+            json!({"volumeClaimTemplates": [{"metadata": {"name": "www"},
             "spec": {"accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": "1Gi"}}}}]}));
+                     "resources": {"requests": {"storage": "1Gi"}}}}]}),
+        );
         let template = &claimed["spec"]["volumeClaimTemplates"][0];
         assert_eq!(template["spec"]["volumeMode"], "Filesystem");
         assert_eq!(template["status"]["phase"], "Pending");
         let on_delete = sts(json!({"updateStrategy": {"type": "OnDelete"}}));
-        assert_eq!(on_delete["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
+        assert_eq!(
+            on_delete["spec"]["updateStrategy"],
+            json!({"type": "OnDelete"})
+        );
         assert!(causes(&sts(json!({}))).is_empty());
     }
 
@@ -275,8 +282,10 @@ mod tests {
     fn only_some_spec_fields_may_change() {
         let old = sts(json!({}));
         let mut causes = Vec::new();
-        let scaled = sts(json!({"replicas": 5, "updateStrategy": {"type": "OnDelete"},
-                                "minReadySeconds": 3}));
+        let scaled = sts(
+            json!({"replicas": 5, "updateStrategy": {"type": "OnDelete"},
+                                "minReadySeconds": 3}),
+        );
         StatefulSet.validate_update(&old, &scaled, &mut causes);
         assert!(causes.is_empty(), "{causes:?}");
         let renamed = sts(json!({"serviceName": "other"}));

@@ -291,3 +291,15 @@ async fn cluster_of(
     k.wait_nodes_ready(&names).await;
     (c, k)
 }
+/// The revision numbers `kubectl rollout history <target>` lists.
+pub(crate) async fn rollout_history(
+    k: &cluster_tests::kubectl::Kubectl,
+    target: &str,
+) -> Vec<String> {
+    let out = k.run(&["rollout", "history", target]).await.ok();
+    out.lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{rkube_bin, wait_for, Cluster, Options};
 
-use super::common::NODE_AGENT;
+use super::common::{rollout_history, NODE_AGENT};
 
 const BOUND: Duration = Duration::from_secs(90);
 
@@ -95,19 +95,6 @@ async fn rollout_status(k: &Kubectl, ds: &str) {
         "{}",
         out.stdout
     );
-}
-
-/// The revision numbers `kubectl rollout history` lists.
-async fn history(k: &Kubectl, ds: &str) -> Vec<String> {
-    let out = k
-        .run(&["rollout", "history", &format!("daemonset/{ds}")])
-        .await
-        .ok();
-    out.lines()
-        .skip_while(|l| !l.starts_with("REVISION"))
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-        .collect()
 }
 
 /// A simulated agent joining as `rkube token create --print-join-command` tells.
@@ -273,7 +260,10 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
         "rkube.local/busybox:2",
     )
     .await;
-    assert_eq!(history(&k, "node-agent").await, ["1", "2"]);
+    assert_eq!(
+        rollout_history(&k, "daemonset/node-agent").await,
+        ["1", "2"]
+    );
     let first = k
         .run(&["rollout", "history", "daemonset/node-agent", "--revision=1"])
         .await
@@ -299,7 +289,10 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
         "rkube.local/busybox:1",
     )
     .await;
-    assert_eq!(history(&k, "node-agent").await, ["2", "3"]);
+    assert_eq!(
+        rollout_history(&k, "daemonset/node-agent").await,
+        ["2", "3"]
+    );
 
     // The controller's events, in Kubernetes' words.
     wait_for("the DaemonSet's events", BOUND, || async {

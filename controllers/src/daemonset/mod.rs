@@ -23,9 +23,8 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus}
 use k8s_openapi::api::core::v1::{Node, Pod};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
+use rkube_core::meta::{key, name, namespace};
 use rkube_core::selector::LabelSelector;
-use serde_json::json;
 
 use crate::history;
 use crate::pods::{is_available, is_ready, phase};
@@ -99,11 +98,7 @@ impl Backoff {
 }
 
 fn selector_of(ds: &DaemonSet) -> Option<LabelSelector> {
-    let sel = &ds.spec.as_ref()?.selector;
-    let empty = sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty());
-    // An empty selector would claim every pod of the namespace: it claims none.
-    (!empty).then(|| LabelSelector::from_selector(sel))
+    crate::pods::claiming_selector(&ds.spec.as_ref()?.selector)
 }
 
 fn selects(ds: &DaemonSet, pod: &Pod) -> bool {
@@ -143,14 +138,9 @@ pub fn start(
     let orphans = {
         let daemonsets = daemonsets.clone();
         move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
-            let Some(pod) = new else {
+            let Some(pod) = crate::pods::to_claim(old, new) else {
                 return Vec::new();
             };
-            let orphan = controller_of(&pod.metadata).is_none();
-            let relabelled = old.is_some_and(|o| o.metadata.labels != pod.metadata.labels);
-            if !orphan && !relabelled {
-                return Vec::new();
-            }
             daemonsets
                 .in_namespace(namespace(&pod.metadata))
                 .iter()
@@ -551,49 +541,9 @@ impl DaemonSets {
     /// The DaemonSet's pods, after adopting matching orphans and releasing owned pods that
     /// stopped matching; pods that ended and are being deleted are left out.
     async fn claim(&self, ds: &DaemonSet) -> Result<Vec<Arc<Pod>>, ApiError> {
-        let ns = namespace(&ds.metadata);
-        let uid = ds.metadata.uid.as_deref().unwrap_or("");
-        let mut owned = Vec::new();
-        for pod in self.pods.in_namespace(ns) {
-            let matching = selects(ds, &pod);
-            let rv = &pod.metadata.resource_version;
-            let pods = self.pods_in(ns);
-            match controller_of(&pod.metadata) {
-                Some(r) if r.uid == uid => {
-                    if matching {
-                        let ended = matches!(phase(&pod), "Failed" | "Succeeded");
-                        if !(ended && deleting(&pod)) {
-                            owned.push(pod);
-                        }
-                    } else {
-                        let refs: Vec<_> = pod
-                            .metadata
-                            .owner_references
-                            .iter()
-                            .flatten()
-                            .filter(|r| r.uid != uid)
-                            .cloned()
-                            .collect();
-                        let refs = (!refs.is_empty()).then_some(refs);
-                        let patch = json!({"metadata": {"ownerReferences": refs,
-                                                        "resourceVersion": rv}});
-                        ignore_gone(pods.merge_patch(name(&pod.metadata), &patch).await)?;
-                    }
-                }
-                None if matching && !deleting(&pod) => {
-                    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
-                    refs.push(controller_ref(ds));
-                    let patch = json!({"metadata": {"ownerReferences": refs,
-                                                    "resourceVersion": rv}});
-                    if let Some(adopted) =
-                        ignore_gone(pods.merge_patch(name(&pod.metadata), &patch).await)?
-                    {
-                        owned.push(Arc::new(adopted));
-                    }
-                }
-                _ => {}
-            }
-        }
+        let mut owned =
+            crate::pods::claim(&self.client, &self.pods, ds, |p| selects(ds, p)).await?;
+        owned.retain(|p| !(matches!(phase(p), "Failed" | "Succeeded") && deleting(p)));
         Ok(owned)
     }
 

@@ -18,15 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector as MetaSelector, ObjectMeta, OwnerReference,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector as MetaSelector, ObjectMeta};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
 use rkube_core::selector::LabelSelector;
 use serde::Serialize;
-use serde_json::json;
 
 pub use expectations::Expectations;
 
@@ -199,12 +196,12 @@ impl<S: ReplicatedSet> Sets<S> {
                     if matching || deleting {
                         owned.push(pod);
                     } else {
-                        self.release(&pod, uid).await?;
+                        crate::pods::release(&self.client, &pod, uid).await?;
                     }
                 }
                 Some(_) => {}
                 None if matching && !deleting && is_active(&pod) => {
-                    if let Some(adopted) = self.adopt(set, &pod).await? {
+                    if let Some(adopted) = crate::pods::adopt(&self.client, set, &pod).await? {
                         owned.push(Arc::new(adopted));
                     }
                 }
@@ -237,44 +234,6 @@ impl<S: ReplicatedSet> Sets<S> {
 
     fn pods_in<'a>(&'a self, ns: &'a str) -> Objects<'a, Pod> {
         Objects::namespaced(&self.client, ns)
-    }
-
-    async fn adopt(&self, set: &S, pod: &Pod) -> Result<Option<Pod>, ApiError> {
-        let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
-        refs.push(controller_ref(set));
-        self.set_owners(pod, Some(refs)).await
-    }
-
-    async fn release(&self, pod: &Pod, uid: &str) -> Result<(), ApiError> {
-        let refs: Vec<_> = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .filter(|r| r.uid != uid)
-            .cloned()
-            .collect();
-        let refs = (!refs.is_empty()).then_some(refs);
-        self.set_owners(pod, refs).await.map(|_| ())
-    }
-
-    /// Writes the pod's owner references (None: none left), if the pod has not changed since
-    /// it was read.
-    async fn set_owners(
-        &self,
-        pod: &Pod,
-        refs: Option<Vec<OwnerReference>>,
-    ) -> Result<Option<Pod>, ApiError> {
-        let m = &pod.metadata;
-        let patch = json!({"metadata": {
-            "ownerReferences": refs,
-            "resourceVersion": m.resource_version,
-        }});
-        ignore_gone(
-            self.pods_in(namespace(m))
-                .merge_patch(name(m), &patch)
-                .await,
-        )
     }
 
     fn pod_from_template(set: &S) -> Pod {

@@ -262,7 +262,10 @@ mod tests {
         assert_eq!(claims.len(), 1);
         assert_eq!(claims[0].metadata.name.as_deref(), Some("www-web-3"));
         let labels = claims[0].metadata.labels.clone().unwrap();
-        assert_eq!((labels["tier"].as_str(), labels["app"].as_str()), ("data", "web"));
+        assert_eq!(
+            (labels["tier"].as_str(), labels["app"].as_str()),
+            ("data", "web")
+        );
     }
 
     #[test]
@@ -286,16 +289,27 @@ mod tests {
                 {"whenDeleted": d, "whenScaled": s}}))
         };
         // (policy, owners before, pod scaled down, owners after or None when unchanged)
-        let cases: Vec<(StatefulSet, Vec<&str>, bool, Option<Vec<&str>>)> = vec![
+        type Case<'a> = (StatefulSet, Vec<&'a str>, bool, Option<Vec<&'a str>>);
+        let cases: Vec<Case> = vec![
             (policy("Retain", "Retain"), vec![], false, None),
-            (policy("Retain", "Retain"), vec!["s1", "other"], true, Some(vec!["other"])),
+            (
+                policy("Retain", "Retain"),
+                vec!["s1", "other"],
+                true,
+                Some(vec!["other"]),
+            ),
             (policy("Delete", "Retain"), vec![], false, Some(vec!["s1"])),
             (policy("Delete", "Retain"), vec!["s1"], true, None),
             (policy("Retain", "Delete"), vec![], false, None),
             (policy("Retain", "Delete"), vec![], true, Some(vec!["p4"])),
             (policy("Retain", "Delete"), vec!["p4"], false, Some(vec![])),
             (policy("Delete", "Delete"), vec![], false, Some(vec!["s1"])),
-            (policy("Delete", "Delete"), vec!["s1"], true, Some(vec!["p4"])),
+            (
+                policy("Delete", "Delete"),
+                vec!["s1"],
+                true,
+                Some(vec!["p4"]),
+            ),
         ];
         for (i, (s, before, down, after)) in cases.into_iter().enumerate() {
             let got = uids(retention_refs(&claim(&before), &s, Some(&pod), down));

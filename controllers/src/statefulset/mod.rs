@@ -22,23 +22,22 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet, StatefulSetStatus};
+use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodTemplateSpec};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
+use rkube_core::meta::{key, name, namespace};
 use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
 use crate::history;
-use crate::pods::{is_available, is_ready, phase};
 use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::controller::{Action, Controller};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
 use rkube_runtime::store::Store;
 
-pub use identity::{POD_INDEX_LABEL, POD_NAME_LABEL};
 use identity::{claims_for, new_pod, ordinal_of, retention_refs, revision_of};
+pub use identity::{POD_INDEX_LABEL, POD_NAME_LABEL};
 use plan::{Input, Step, Which};
 
 const COMPONENT: &str = "statefulset-controller";
@@ -54,11 +53,7 @@ pub struct StatefulSets {
 }
 
 fn selector_of(set: &StatefulSet) -> Option<LabelSelector> {
-    let sel = &set.spec.as_ref()?.selector;
-    let empty = sel.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && sel.match_expressions.as_ref().is_none_or(|e| e.is_empty());
-    // An empty selector would claim every pod of the namespace: it claims none.
-    (!empty).then(|| LabelSelector::from_selector(sel))
+    crate::pods::claiming_selector(&set.spec.as_ref()?.selector)
 }
 
 /// Whether the pod is one of the set's (by its name) and matches its selector.
@@ -79,14 +74,9 @@ pub fn start(
     let orphans = {
         let sets = sets.clone();
         move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
-            let Some(pod) = new else {
+            let Some(pod) = crate::pods::to_claim(old, new) else {
                 return Vec::new();
             };
-            let orphan = controller_of(&pod.metadata).is_none();
-            let relabelled = old.is_some_and(|o| o.metadata.labels != pod.metadata.labels);
-            if !orphan && !relabelled {
-                return Vec::new();
-            }
             sets.in_namespace(namespace(&pod.metadata))
                 .iter()
                 .filter(|s| member(s, pod))
@@ -148,57 +138,6 @@ fn shape(set: &StatefulSet) -> (i32, i32, bool, Option<i32>) {
     (start, replicas, monotonic, partition)
 }
 
-/// The status Kubernetes' `computeReplicaStatus` and `completeRollingUpdate` give: pods
-/// counted by readiness, availability and revision; a RollingUpdate whose pods are all updated
-/// and Ready makes the update revision the current one.
-fn status(
-    set: &StatefulSet,
-    pods: &[(i32, &Pod)],
-    current: &str,
-    update: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> StatefulSetStatus {
-    let min_ready = min_ready(set);
-    let (mut replicas, mut ready, mut available, mut cur, mut updated) = (0, 0, 0, 0, 0);
-    for (_, pod) in pods {
-        replicas += 1;
-        if phase(pod) == "Running" && is_ready(pod) {
-            ready += 1;
-            if is_available(pod, min_ready, now) {
-                available += 1;
-            }
-        }
-        if pod.metadata.deletion_timestamp.is_none() {
-            if revision_of(pod) == current {
-                cur += 1;
-            }
-            if revision_of(pod) == update {
-                updated += 1;
-            }
-        }
-    }
-    let previous = set.status.clone().unwrap_or_default();
-    let mut current = current.to_string();
-    let rolling = shape(set).3.is_some();
-    if rolling && updated == replicas && ready == replicas {
-        cur = updated;
-        current = update.to_string();
-    }
-    let some = |n: i32| (n > 0).then_some(n);
-    StatefulSetStatus {
-        replicas,
-        ready_replicas: some(ready),
-        available_replicas: Some(available),
-        current_replicas: some(cur),
-        updated_replicas: some(updated),
-        current_revision: Some(current),
-        update_revision: Some(update.to_string()),
-        observed_generation: set.metadata.generation,
-        collision_count: Some(previous.collision_count.unwrap_or(0)),
-        conditions: previous.conditions,
-    }
-}
-
 impl StatefulSets {
     fn pods_in<'a>(&'a self, ns: &'a str) -> Objects<'a, Pod> {
         Objects::namespaced(&self.client, ns)
@@ -226,8 +165,8 @@ impl StatefulSets {
             .and_then(|c| old_revisions.iter().find(|r| name(&r.metadata) == c))
             .unwrap_or(&update_rev);
         let current = name(&current_rev.metadata).to_string();
-        let owned = self.claim(set).await?;
-        let set_name = name(&meta);
+        let owned = crate::pods::claim(&self.client, &self.pods, set, |p| member(set, p)).await?;
+        let set_name = name(meta);
         let mut pods: Vec<(i32, &Pod)> = owned
             .iter()
             .filter_map(|p| Some((ordinal_of(set_name, name(&p.metadata))?, p.as_ref())))
@@ -266,7 +205,7 @@ impl StatefulSets {
             .cloned()
             .collect();
         history::prune(&self.client, set, &keep_current, &live_hashes).await?;
-        let status = status(set, &pods, &current, &update, now);
+        let status = plan::status(set, &pods, &current, &update, now);
         if set.status.as_ref() != Some(&status) {
             let mut updated = set.clone();
             updated.status = Some(status);
@@ -319,23 +258,39 @@ impl StatefulSets {
             if let Some((reason, msg)) = note {
                 self.recorder.event_for(set, WARNING, reason, &msg).await;
             }
-            match self.pods_in(ns).delete(&pod).await {
-                Ok(()) => {
-                    let msg = format!("delete Pod {pod} in StatefulSet {set_name} successful");
-                    self.recorder
-                        .event_for(set, NORMAL, "SuccessfulDelete", &msg)
-                        .await;
-                }
-                Err(e) if e.code == 404 => {}
-                Err(e) => {
-                    let msg = format!(
-                        "delete Pod {pod} in StatefulSet {set_name} failed error: {}",
-                        e.message
-                    );
-                    self.recorder
-                        .event_for(set, WARNING, "FailedDelete", &msg)
-                        .await;
-                }
+            let deleted = self.pods_in(ns).delete(&pod).await;
+            let what = format!("Pod {pod} in StatefulSet {set_name}");
+            let done = format!("delete {what} successful");
+            let failed = format!("delete {what} failed");
+            self.record(set, "Delete", deleted, 404, &done, &failed)
+                .await;
+        }
+    }
+
+    /// Records Kubernetes' event for a write of a pod or claim: `Successful<verb>` with `done`,
+    /// or `Failed<verb>` with `failed` and the error. An error of code `benign` (gone, already
+    /// there: an earlier reconcile's work) records nothing. Answers whether to go on.
+    async fn record<T>(
+        &self,
+        set: &StatefulSet,
+        verb: &str,
+        result: Result<T, ApiError>,
+        benign: u16,
+        done: &str,
+        failed: &str,
+    ) -> bool {
+        match result {
+            Ok(_) => {
+                let reason = format!("Successful{verb}");
+                self.recorder.event_for(set, NORMAL, &reason, done).await;
+                true
+            }
+            Err(e) if e.code == benign => true,
+            Err(e) => {
+                let reason = format!("Failed{verb}");
+                let msg = format!("{failed} error: {}", e.message);
+                self.recorder.event_for(set, WARNING, &reason, &msg).await;
+                false
             }
         }
     }
@@ -361,48 +316,28 @@ impl StatefulSets {
             if let Some(refs) = retention_refs(&claim, set, None, false) {
                 claim.metadata.owner_references = (!refs.is_empty()).then_some(refs);
             }
-            match self.claims_in(ns).create(&claim).await {
-                Ok(_) => {
-                    let msg = format!(
-                        "create Claim {claim_name} Pod {pod_name} in StatefulSet {set_name} success"
-                    );
-                    self.recorder
-                        .event_for(set, NORMAL, "SuccessfulCreate", &msg)
-                        .await;
-                }
-                Err(e) if e.code == 409 => {}
-                Err(e) => {
-                    let msg = format!(
-                        "create Claim {claim_name} for Pod {pod_name} in StatefulSet {set_name} \
-                         failed error: {}",
-                        e.message
-                    );
-                    self.recorder
-                        .event_for(set, WARNING, "FailedCreate", &msg)
-                        .await;
-                    return;
-                }
+            let created = self.claims_in(ns).create(&claim).await;
+            let done = format!(
+                "create Claim {claim_name} Pod {pod_name} in StatefulSet {set_name} success"
+            );
+            let failed = format!(
+                "create Claim {claim_name} for Pod {pod_name} in StatefulSet {set_name} failed"
+            );
+            if !self
+                .record(set, "Create", created, 409, &done, &failed)
+                .await
+            {
+                return;
             }
         }
-        match self.pods_in(ns).create(&pod).await {
-            Ok(_) => {
-                let msg = format!("create Pod {pod_name} in StatefulSet {set_name} successful");
-                self.recorder
-                    .event_for(set, NORMAL, "SuccessfulCreate", &msg)
-                    .await;
-            }
-            // Made by an earlier reconcile that the cache has not shown yet.
-            Err(e) if e.code == 409 => {}
-            Err(e) => {
-                let msg = format!(
-                    "create Pod {pod_name} in StatefulSet {set_name} failed error: {}",
-                    e.message
-                );
-                self.recorder
-                    .event_for(set, WARNING, "FailedCreate", &msg)
-                    .await;
-            }
-        }
+        let created = self.pods_in(ns).create(&pod).await;
+        let what = format!("Pod {pod_name} in StatefulSet {set_name}");
+        let (done, failed) = (
+            format!("create {what} successful"),
+            format!("create {what} failed"),
+        );
+        self.record(set, "Create", created, 409, &done, &failed)
+            .await;
     }
 
     /// Puts on the claims of every pod the owner references the retention policy asks for.
@@ -430,112 +365,5 @@ impl StatefulSets {
                 }
             }
         }
-    }
-
-    /// The set's pods, after adopting matching orphans named for it and releasing owned pods
-    /// that stopped matching.
-    async fn claim(&self, set: &StatefulSet) -> Result<Vec<Arc<Pod>>, ApiError> {
-        let ns = namespace(&set.metadata);
-        let uid = set.metadata.uid.as_deref().unwrap_or("");
-        let mut owned = Vec::new();
-        for pod in self.pods.in_namespace(ns) {
-            let matching = member(set, &pod);
-            let rv = &pod.metadata.resource_version;
-            let pods = self.pods_in(ns);
-            match controller_of(&pod.metadata) {
-                Some(r) if r.uid == uid => {
-                    if matching {
-                        owned.push(pod);
-                        continue;
-                    }
-                    let refs: Vec<_> = pod
-                        .metadata
-                        .owner_references
-                        .iter()
-                        .flatten()
-                        .filter(|r| r.uid != uid)
-                        .cloned()
-                        .collect();
-                    let refs = (!refs.is_empty()).then_some(refs);
-                    let patch = json!({"metadata": {"ownerReferences": refs,
-                                                    "resourceVersion": rv}});
-                    ignore_gone(pods.merge_patch(name(&pod.metadata), &patch).await)?;
-                }
-                None if matching
-                    && pod.metadata.deletion_timestamp.is_none()
-                    && set.metadata.deletion_timestamp.is_none() =>
-                {
-                    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
-                    refs.push(controller_ref(set));
-                    let patch = json!({"metadata": {"ownerReferences": refs,
-                                                    "resourceVersion": rv}});
-                    if let Some(adopted) =
-                        ignore_gone(pods.merge_patch(name(&pod.metadata), &patch).await)?
-                    {
-                        owned.push(Arc::new(adopted));
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(owned)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::{json, Value};
-
-    fn pod(name: &str, rev: &str, status: Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": name,
-            "labels": {"controller-revision-hash": rev}}, "status": status}))
-        .unwrap()
-    }
-
-    fn ready() -> Value {
-        json!({"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
-    }
-
-    #[test]
-    fn the_status_counts_pods_by_readiness_and_revision() {
-        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
-        let set = |strategy: Value| -> StatefulSet {
-            serde_json::from_value(json!({"metadata": {"name": "web", "generation": 4},
-                "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
-                         "template": {}, "updateStrategy": strategy}}))
-            .unwrap()
-        };
-        let rolling = set(json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
-        let (a, b, c) = (
-            pod("web-0", "web-old", ready()),
-            pod("web-1", "web-new", ready()),
-            pod("web-2", "web-new", json!({"phase": "Pending"})),
-        );
-        let pods = [(0, &a), (1, &b), (2, &c)];
-        let s = status(&rolling, &pods, "web-old", "web-new", now);
-        assert_eq!(
-            serde_json::to_value(s).unwrap(),
-            json!({"replicas": 3, "readyReplicas": 2, "availableReplicas": 2,
-                   "currentReplicas": 1, "updatedReplicas": 2, "currentRevision": "web-old",
-                   "updateRevision": "web-new", "observedGeneration": 4, "collisionCount": 0})
-        );
-        // All updated and Ready: the update revision becomes the current one.
-        let c = pod("web-2", "web-new", ready());
-        let a = pod("web-0", "web-new", ready());
-        let pods = [(0, &a), (1, &b), (2, &c)];
-        let s = status(&rolling, &pods, "web-old", "web-new", now);
-        assert_eq!(
-            (s.current_revision.as_deref(), s.current_replicas),
-            (Some("web-new"), Some(3))
-        );
-        // Not with OnDelete.
-        let on_delete = set(json!({"type": "OnDelete"}));
-        let s = status(&on_delete, &pods, "web-old", "web-new", now);
-        assert_eq!(
-            (s.current_revision.as_deref(), s.current_replicas),
-            (Some("web-old"), None)
-        );
     }
 }

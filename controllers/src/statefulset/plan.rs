@@ -9,7 +9,10 @@
 //! Running and Ready (and available for minReadySeconds): one pod is created or deleted per
 //! sync, and an unhealthy pod stops the sync. Parallel management creates and deletes all at
 //! once.
+//!
+//! The status is counted from the same pods ([`status`]).
 
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
@@ -95,7 +98,7 @@ pub fn plan(input: &Input) -> Plan {
     let first_unhealthy: Option<String> = replicas
         .iter()
         .flatten()
-        .map(|p| *p)
+        .copied()
         .chain(condemned.iter().rev().map(|(_, p)| *p))
         .find(|p| !healthy(p))
         .map(name);
@@ -136,7 +139,12 @@ pub fn plan(input: &Input) -> Plan {
             }
         }
     }
-    if !input.monotonic && plan.steps.iter().any(|s| matches!(s, Step::Recreate { .. })) {
+    if !input.monotonic
+        && plan
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Recreate { .. }))
+    {
         return plan;
     }
 
@@ -188,6 +196,57 @@ pub fn plan(input: &Input) -> Plan {
         }
     }
     plan
+}
+
+/// The status Kubernetes' `computeReplicaStatus` and `completeRollingUpdate` give: pods
+/// counted by readiness, availability and revision; a RollingUpdate whose pods are all updated
+/// and Ready makes the update revision the current one.
+pub fn status(
+    set: &StatefulSet,
+    pods: &[(i32, &Pod)],
+    current: &str,
+    update: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> StatefulSetStatus {
+    let min_ready = super::min_ready(set);
+    let (mut replicas, mut ready, mut available, mut cur, mut updated) = (0, 0, 0, 0, 0);
+    for (_, pod) in pods {
+        replicas += 1;
+        if phase(pod) == "Running" && is_ready(pod) {
+            ready += 1;
+            if is_available(pod, min_ready, now) {
+                available += 1;
+            }
+        }
+        if pod.metadata.deletion_timestamp.is_none() {
+            if revision_of(pod) == current {
+                cur += 1;
+            }
+            if revision_of(pod) == update {
+                updated += 1;
+            }
+        }
+    }
+    let previous = set.status.clone().unwrap_or_default();
+    let mut current = current.to_string();
+    let rolling = super::shape(set).3.is_some();
+    if rolling && updated == replicas && ready == replicas {
+        cur = updated;
+        current = update.to_string();
+    }
+    let some = |n: i32| (n > 0).then_some(n);
+    StatefulSetStatus {
+        replicas,
+        ready_replicas: some(ready),
+        available_replicas: Some(available),
+        current_replicas: some(cur),
+        updated_replicas: some(updated),
+        current_revision: Some(current),
+        update_revision: Some(update.to_string()),
+        observed_generation: set.metadata.generation,
+        collision_count: Some(previous.collision_count.unwrap_or(0)),
+        conditions: previous.conditions,
+    }
 }
 
 #[cfg(test)]
@@ -475,5 +534,46 @@ mod tests {
         for c in &cases {
             assert_eq!(run(c).steps, c.want, "{}", c.what);
         }
+    }
+
+    #[test]
+    fn the_status_counts_pods_by_readiness_and_revision() {
+        let now: k8s_openapi::jiff::Timestamp = "2026-01-01T01:00:00Z".parse().unwrap();
+        let set = |strategy: Value| -> StatefulSet {
+            serde_json::from_value(json!({"metadata": {"name": "web", "generation": 4},
+                "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                         "template": {}, "updateStrategy": strategy}}))
+            .unwrap()
+        };
+        let rolling = set(json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+        let (a, b, c) = (
+            pod("web-0", "web-old", ready()),
+            pod("web-1", "web-new", ready()),
+            pod("web-2", "web-new", json!({"phase": "Pending"})),
+        );
+        let pods = [(0, &a), (1, &b), (2, &c)];
+        let s = status(&rolling, &pods, "web-old", "web-new", now);
+        assert_eq!(
+            serde_json::to_value(s).unwrap(),
+            json!({"replicas": 3, "readyReplicas": 2, "availableReplicas": 2,
+                   "currentReplicas": 1, "updatedReplicas": 2, "currentRevision": "web-old",
+                   "updateRevision": "web-new", "observedGeneration": 4, "collisionCount": 0})
+        );
+        // All updated and Ready: the update revision becomes the current one.
+        let c = pod("web-2", "web-new", ready());
+        let a = pod("web-0", "web-new", ready());
+        let pods = [(0, &a), (1, &b), (2, &c)];
+        let s = status(&rolling, &pods, "web-old", "web-new", now);
+        assert_eq!(
+            (s.current_revision.as_deref(), s.current_replicas),
+            (Some("web-new"), Some(3))
+        );
+        // Not with OnDelete.
+        let on_delete = set(json!({"type": "OnDelete"}));
+        let s = status(&on_delete, &pods, "web-old", "web-new", now);
+        assert_eq!(
+            (s.current_revision.as_deref(), s.current_replicas),
+            (Some("web-old"), None)
+        );
     }
 }
