@@ -4,7 +4,7 @@
 //! `kubectl scale` down removes the highest ordinal first; a RollingUpdate with a partition
 //! updates only the ordinals at or above it, `rollout status|history|undo` follow the
 //! ControllerRevisions; OnDelete leaves pods until they are deleted; the spec fields that may
-//! not change are refused with Kubernetes' message. Claim templates give each pod its
+//! not change are refused with Kubernetes' message; a set made again adopts its pods. Claim templates give each pod its
 //! PersistentVolumeClaim, made before it; the retention policy has the scaled-down pod's claim
 //! and, once asked, the set's remaining claims deleted with them.
 
@@ -55,7 +55,9 @@ spec:
       containers:
       - name: nginx
         image: rkube.local/busybox:1
----
+"#;
+
+const PAR: &str = r#"
 apiVersion: apps/v1
 kind: StatefulSet
 metadata:
@@ -280,6 +282,7 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     // With every node cordoned no pod can run: OrderedReady stops at web-0, Parallel makes all.
     k.run(&["cordon", "agent1", "agent2"]).await.ok();
     k.run_with_input(&["apply", "-f", "-"], WEB).await.ok();
+    k.run_with_input(&["apply", "-f", "-"], PAR).await.ok();
     observed(&k, "web", "1").await;
     observed(&k, "par", "3").await;
     assert_eq!(
@@ -572,6 +575,26 @@ async fn statefulsets_keep_order_identity_and_revisions() {
              and 'minReadySeconds' are forbidden"
         ),
         "{refused}"
+    );
+
+    // A set made again adopts the pods it names and puts back the labels that name them.
+    k.run(&["delete", "statefulset", "par", "--cascade=orphan"])
+        .await
+        .ok();
+    k.run(&["label", "pod", "par-0", "apps.kubernetes.io/pod-index-"])
+        .await
+        .ok();
+    k.run_with_input(&["apply", "-f", "-"], PAR).await.ok();
+    wait_for("par-0 adopted and labelled again", BOUND, || async {
+        let pod = pods(&k, "par").await.remove("par-0")?;
+        let owner = pod["metadata"]["ownerReferences"][0]["name"].as_str() == Some("par");
+        let index = pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"].as_str() == Some("0");
+        (owner && index).then_some(())
+    })
+    .await;
+    assert_eq!(
+        names(&k, "par").await,
+        BTreeSet::from(["par-0", "par-1", "par-2"].map(String::from))
     );
 
     // Claims from the templates, made before their pods, named <template>-<set>-<ordinal>.

@@ -31,6 +31,7 @@ use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
 use crate::history;
+use crate::pods::phase;
 use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::controller::{Action, Controller};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
@@ -178,6 +179,12 @@ impl StatefulSets {
         // A set being deleted only has its status written.
         if meta.deletion_timestamp.is_none() {
             self.fix_claims(set, &pods, start, replicas).await;
+            // A pending pod's claims that went missing are made again.
+            for (ordinal, pod) in &pods {
+                if *ordinal >= start && *ordinal < start + replicas && phase(pod) == "Pending" {
+                    self.ensure_claims(set, *ordinal, name(&pod.metadata)).await;
+                }
+            }
             let plan = plan::plan(&Input {
                 start,
                 replicas,
@@ -244,6 +251,18 @@ impl StatefulSets {
         for step in steps {
             let (pod, note) = match step {
                 Step::Create(..) => continue,
+                Step::Fix(pod, ordinal) => {
+                    let patch = json!({"metadata": {"labels": {
+                        POD_NAME_LABEL: pod, POD_INDEX_LABEL: ordinal.to_string()}}});
+                    let fixed = self.pods_in(ns).merge_patch(&pod, &patch).await;
+                    let what = format!("Pod {pod} in StatefulSet {set_name}");
+                    let (done, failed) = (
+                        format!("update {what} successful"),
+                        format!("update {what} failed"),
+                    );
+                    self.record(set, "Update", fixed, 404, &done, &failed).await;
+                    continue;
+                }
                 Step::Recreate { pod, failed } => {
                     let (reason, what) = if failed {
                         ("RecreatingFailedPod", "failed")
@@ -304,12 +323,30 @@ impl StatefulSets {
             .unwrap_or_default();
         let pod = new_pod(set, &template, ordinal, name(&revision.metadata));
         let pod_name = name(&pod.metadata).to_string();
+        if !self.ensure_claims(set, ordinal, &pod_name).await {
+            return;
+        }
+        let created = self.pods_in(ns).create(&pod).await;
+        let what = format!("Pod {pod_name} in StatefulSet {set_name}");
+        let (done, failed) = (
+            format!("create {what} successful"),
+            format!("create {what} failed"),
+        );
+        self.record(set, "Create", created, 409, &done, &failed)
+            .await;
+    }
+
+    /// Creates the claims of the pod of `ordinal` that do not exist; false when the pod must
+    /// wait (a claim failed, or is still being deleted).
+    async fn ensure_claims(&self, set: &StatefulSet, ordinal: i32, pod_name: &str) -> bool {
+        let ns = namespace(&set.metadata);
+        let set_name = name(&set.metadata);
         for mut claim in claims_for(set, ordinal) {
             let claim_name = name(&claim.metadata).to_string();
             if let Some(existing) = self.claims.get(&format!("{ns}/{claim_name}")) {
                 if existing.metadata.deletion_timestamp.is_some() {
                     // The pod waits for its claim to be gone and made again.
-                    return;
+                    return false;
                 }
                 continue;
             }
@@ -327,17 +364,10 @@ impl StatefulSets {
                 .record(set, "Create", created, 409, &done, &failed)
                 .await
             {
-                return;
+                return false;
             }
         }
-        let created = self.pods_in(ns).create(&pod).await;
-        let what = format!("Pod {pod_name} in StatefulSet {set_name}");
-        let (done, failed) = (
-            format!("create {what} successful"),
-            format!("create {what} failed"),
-        );
-        self.record(set, "Create", created, 409, &done, &failed)
-            .await;
+        true
     }
 
     /// Puts on the claims of every pod the owner references the retention policy asks for.

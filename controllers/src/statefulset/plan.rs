@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
-use super::identity::revision_of;
+use super::identity::{revision_of, POD_INDEX_LABEL, POD_NAME_LABEL};
 use crate::pods::{is_available, is_ready, phase};
 
 /// The revision a new pod is made from.
@@ -36,6 +36,8 @@ pub enum Step {
     Condemn(String),
     /// Delete a pod of an old revision, for the rolling update.
     Update(String),
+    /// Put back the labels that name the pod and its ordinal (an adopted pod lacks them).
+    Fix(String, i32),
 }
 
 /// What the sync has to work on.
@@ -75,6 +77,14 @@ fn healthy(pod: &Pod, min_ready: i64, now: Timestamp) -> bool {
 
 fn name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// The pod's labels name it and its ordinal.
+fn identity_matches(pod: &Pod, ordinal: i32) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    label(POD_NAME_LABEL) == pod.metadata.name.as_deref()
+        && label(POD_INDEX_LABEL) == Some(ordinal.to_string().as_str())
 }
 
 pub fn plan(input: &Input) -> Plan {
@@ -138,6 +148,9 @@ pub fn plan(input: &Input) -> Plan {
                 return plan;
             }
         }
+        if !identity_matches(pod, ordinal) {
+            plan.steps.push(Step::Fix(name(pod), ordinal));
+        }
     }
     if !input.monotonic
         && plan
@@ -176,7 +189,7 @@ pub fn plan(input: &Input) -> Plan {
     let Some(partition) = input.partition else {
         return plan;
     };
-    if !plan.steps.is_empty() {
+    if plan.steps.iter().any(|s| !matches!(s, Step::Fix(..))) {
         // Parallel: what was created this sync is not healthy yet; the update waits.
         return plan;
     }
@@ -255,8 +268,10 @@ mod tests {
     use serde_json::{json, Value};
 
     fn pod(name: &str, rev: &str, status: Value) -> Pod {
+        let ordinal = name.rsplit_once('-').map_or("", |(_, o)| o);
         serde_json::from_value(json!({"metadata": {"name": name,
-            "labels": {"controller-revision-hash": rev}}, "status": status}))
+            "labels": {"controller-revision-hash": rev, POD_NAME_LABEL: name,
+                       POD_INDEX_LABEL: ordinal}}, "status": status}))
         .unwrap()
     }
 
@@ -283,6 +298,21 @@ mod tests {
         partition: Option<i32>,
         pods: Vec<Pod>,
         want: Vec<Step>,
+    }
+
+    #[test]
+    fn an_adopted_pod_gets_the_labels_that_name_it() {
+        let mut adopted = pod("web-1", "new", ready());
+        adopted.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        let c = Case {
+            what: "",
+            replicas: 2,
+            monotonic: true,
+            partition: None,
+            pods: vec![pod("web-0", "new", ready()), adopted],
+            want: vec![],
+        };
+        assert_eq!(run(&c).steps, [Step::Fix("web-1".into(), 1)]);
     }
 
     #[test]
