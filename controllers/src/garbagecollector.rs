@@ -293,9 +293,17 @@ impl Collector {
         } else {
             return Ok(false);
         };
+        // # Correctness
+        // The dependent is deleted only as the cache saw it: its owner references may have
+        // changed since (released by an Orphan deletion whose owner's event came first), and
+        // then the precondition fails and the newer event brings another check.
+        let mut preconditions = json!({"uid": s(&dep, "/metadata/uid")});
+        let seen = s(&dep, "/metadata/resourceVersion");
+        if !seen.is_empty() {
+            preconditions["resourceVersion"] = json!(seen);
+        }
         let options = json!({"kind": "DeleteOptions", "apiVersion": "v1",
-            "propagationPolicy": policy,
-            "preconditions": {"uid": s(&dep, "/metadata/uid")}});
+            "propagationPolicy": policy, "preconditions": preconditions});
         match self
             .client
             .delete(&Self::path(i, &dep), Some(&options))

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector as LabelSelectorSpec, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use k8s_openapi::NamespaceResourceScope;
 use rkube_api::client::LocalClient;
@@ -34,6 +36,7 @@ pub trait Versioned:
     /// The same object with `n` as its status' collision count.
     fn with_collision_count(&self, n: i32) -> Self;
     fn history_limit(&self) -> i32;
+    fn selector(&self) -> Option<&LabelSelectorSpec>;
 }
 
 /// DaemonSets and StatefulSets keep their template, collision count and history limit in
@@ -60,6 +63,9 @@ macro_rules! versioned {
                     .as_ref()
                     .and_then(|s| s.revision_history_limit)
                     .unwrap_or(10)
+            }
+            fn selector(&self) -> Option<&LabelSelectorSpec> {
+                self.spec.as_ref().map(|s| &s.selector)
             }
         }
     )*};
@@ -156,9 +162,10 @@ pub fn to_prune<'a>(
 }
 
 /// The owner's current revision and the other (old) revisions, after recording the current
-/// template as a revision with the highest number. None when a revision of another template
-/// already had the name: the collision is counted in the owner's status, and the next
-/// reconcile hashes anew.
+/// template as a revision with the highest number; an orphan revision the owner selects is
+/// adopted. None when the owner must be looked at again: a revision of another template had
+/// the name (the collision is counted in the owner's status, and the next reconcile hashes
+/// anew), or an orphan of this template changed while it was adopted.
 pub async fn record<K: Versioned>(
     revisions: &Store<ControllerRevision>,
     client: &LocalClient,
@@ -168,12 +175,30 @@ pub async fn record<K: Versioned>(
     let ns = namespace(meta);
     let uid = meta.uid.as_deref().unwrap_or("");
     let objects = Objects::<ControllerRevision>::namespaced(client, ns);
-    let owned: Vec<ControllerRevision> = revisions
-        .in_namespace(ns)
-        .iter()
-        .filter(|r| controller_of(&r.metadata).is_some_and(|c| c.uid == uid))
-        .map(|r| r.as_ref().clone())
-        .collect();
+    let selector = owner.selector().and_then(crate::pods::claiming_selector);
+    let mut owned = Vec::new();
+    for r in revisions.in_namespace(ns) {
+        match controller_of(&r.metadata) {
+            Some(c) if c.uid == uid => owned.push(r.as_ref().clone()),
+            // An orphan the owner selects (its owner was deleted with the orphan policy) is
+            // adopted, as Kubernetes' controllers claim their histories.
+            None if selector
+                .as_ref()
+                .is_some_and(|s| s.matches_labels(r.metadata.labels.as_ref()))
+                && meta.deletion_timestamp.is_none() =>
+            {
+                let mut refs = r.metadata.owner_references.clone().unwrap_or_default();
+                refs.push(controller_ref(owner));
+                let patch = json!({"metadata": {"ownerReferences": refs,
+                    "resourceVersion": r.metadata.resource_version}});
+                let adopted = objects.merge_patch(name(&r.metadata), &patch).await;
+                if let Some(adopted) = ignore_gone(adopted)? {
+                    owned.push(adopted);
+                }
+            }
+            _ => {}
+        }
+    }
     let (current, old) = split(owner, &owned);
     let next = next_revision(&old);
     // Extra revisions of the current template (after a collision) are old ones now.
@@ -196,10 +221,27 @@ pub async fn record<K: Versioned>(
         Ok(created) => Ok(Some((created, old))),
         Err(e) if e.code == 409 => {
             let existing = objects.get(name(&revision.metadata)).await?;
-            let ours = controller_of(&existing.metadata).is_some_and(|c| c.uid == uid);
-            if ours && data(&existing) == data(&revision) {
-                // Created by an earlier reconcile; the cache has not shown it yet.
-                return Ok(Some((existing, old)));
+            let controller = controller_of(&existing.metadata).map(|c| c.uid.clone());
+            if data(&existing) == data(&revision) {
+                match controller {
+                    // Created by an earlier reconcile; the cache has not shown it yet.
+                    Some(c) if c == uid => return Ok(Some((existing, old))),
+                    // Released by an owner of the same name deleted with the orphan policy,
+                    // before the cache showed it: adopted.
+                    None => {
+                        let mut refs = existing
+                            .metadata
+                            .owner_references
+                            .clone()
+                            .unwrap_or_default();
+                        refs.push(controller_ref(owner));
+                        let patch = json!({"metadata": {"ownerReferences": refs,
+                            "resourceVersion": existing.metadata.resource_version}});
+                        let adopted = objects.merge_patch(name(&existing.metadata), &patch).await;
+                        return Ok(ignore_gone(adopted)?.map(|a| (a, old)));
+                    }
+                    Some(_) => {}
+                }
             }
             let counted = owner.with_collision_count(owner.collision_count() + 1);
             let owners = Objects::<K>::namespaced(client, ns);

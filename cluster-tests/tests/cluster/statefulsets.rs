@@ -2,7 +2,7 @@
 //! web-0 is Running and Ready while Parallel creates every pod at once; pods have stable names,
 //! hostnames and DNS names through the governing headless Service (asked of the cluster DNS);
 //! `kubectl scale` down removes the highest ordinal first; a RollingUpdate with a partition
-//! updates only the ordinals at or above it, `rollout status|history|undo` follow the
+//! updates only the ordinals at or above it, `rollout status|history|undo|restart` follow the
 //! ControllerRevisions; OnDelete leaves pods until they are deleted; the spec fields that may
 //! not change are refused with Kubernetes' message; a set made again adopts its pods. Claim templates give each pod its
 //! PersistentVolumeClaim, made before it; the retention policy has the scaled-down pod's claim
@@ -504,6 +504,25 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     wait_images(&k, "web", &[("web-0", one), ("web-1", one), ("web-2", one)]).await;
     assert_eq!(rollout_history(&k, "statefulset/web").await, ["2", "3"]);
 
+    // `rollout restart` stamps the template: every pod is made again, highest ordinal first.
+    let before = pods(&k, "web").await;
+    k.run(&["rollout", "restart", "statefulset/web"]).await.ok();
+    rollout_status(&k, "web").await;
+    wait_for("every web pod made again", BOUND, || async {
+        let now = pods(&k, "web").await;
+        let renewed = now.len() == 3
+            && now.iter().all(|(n, p)| {
+                p["metadata"]["uid"] != before[n]["metadata"]["uid"]
+                    && p["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"].is_string()
+            });
+        renewed.then_some(())
+    })
+    .await;
+    assert_eq!(
+        rollout_history(&k, "statefulset/web").await,
+        ["2", "3", "4"]
+    );
+
     // OnDelete: a new template waits until a pod is deleted; that pod comes back with it.
     k.run(&[
         "patch",
@@ -577,7 +596,14 @@ async fn statefulsets_keep_order_identity_and_revisions() {
         "{refused}"
     );
 
-    // A set made again adopts the pods it names and puts back the labels that name them.
+    // A set made again adopts the pods it names and puts back the labels that name them; it
+    // adopts its revisions too, so the pods are not replaced.
+    let uids = |pods: std::collections::BTreeMap<String, Value>| -> Vec<String> {
+        pods.values()
+            .map(|p| p["metadata"]["uid"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let before = uids(pods(&k, "par").await);
     k.run(&["delete", "statefulset", "par", "--cascade=orphan"])
         .await
         .ok();
@@ -592,10 +618,30 @@ async fn statefulsets_keep_order_identity_and_revisions() {
         (owner && index).then_some(())
     })
     .await;
+    observed(&k, "par", "3").await;
+    let dbg_events = k
+        .run(&[
+            "get",
+            "events",
+            "-o",
+            "jsonpath={range .items[*]}{.involvedObject.name} {.reason}: {.message}{\"\\n\"}{end}",
+        ])
+        .await
+        .ok();
+    let dbg_revs = k
+        .run(&["get", "controllerrevisions", "-o", "yaml"])
+        .await
+        .ok();
     assert_eq!(
-        names(&k, "par").await,
-        BTreeSet::from(["par-0", "par-1", "par-2"].map(String::from))
+        uids(pods(&k, "par").await),
+        before,
+        "{dbg_events}\n{dbg_revs}"
     );
+    let revisions = k
+        .run(&["get", "controllerrevisions", "-l", "app=par", "-o", "name"])
+        .await
+        .ok();
+    assert_eq!(revisions.lines().count(), 1, "{revisions}");
 
     // Claims from the templates, made before their pods, named <template>-<set>-<ordinal>.
     k.run_with_input(&["apply", "-f", "-"], DB).await.ok();

@@ -31,7 +31,7 @@ use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
 use crate::history;
-use crate::pods::phase;
+use crate::pods::{is_available, is_ready, phase};
 use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::controller::{Action, Controller};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
@@ -219,6 +219,12 @@ impl StatefulSets {
             let objects = Objects::<StatefulSet>::namespaced(&self.client, namespace(meta));
             ignore_gone(objects.replace_status(name(meta), &updated).await)?;
         }
+        // Pods Ready but not yet for minReadySeconds become available without an event.
+        let min_ready = min_ready(set);
+        waiting |= min_ready > 0
+            && pods
+                .iter()
+                .any(|(_, p)| is_ready(p) && !is_available(p, min_ready, now));
         Ok(if waiting {
             Action::requeue(Duration::from_secs(1))
         } else {
