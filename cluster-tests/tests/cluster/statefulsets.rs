@@ -619,24 +619,7 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     })
     .await;
     observed(&k, "par", "3").await;
-    let dbg_events = k
-        .run(&[
-            "get",
-            "events",
-            "-o",
-            "jsonpath={range .items[*]}{.involvedObject.name} {.reason}: {.message}{\"\\n\"}{end}",
-        ])
-        .await
-        .ok();
-    let dbg_revs = k
-        .run(&["get", "controllerrevisions", "-o", "yaml"])
-        .await
-        .ok();
-    assert_eq!(
-        uids(pods(&k, "par").await),
-        before,
-        "{dbg_events}\n{dbg_revs}"
-    );
+    assert_eq!(uids(pods(&k, "par").await), before);
     let revisions = k
         .run(&["get", "controllerrevisions", "-l", "app=par", "-o", "name"])
         .await
