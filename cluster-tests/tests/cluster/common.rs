@@ -291,6 +291,7 @@ async fn cluster_of(
     k.wait_nodes_ready(&names).await;
     (c, k)
 }
+
 /// The revision numbers `kubectl rollout history <target>` lists.
 pub(crate) async fn rollout_history(
     k: &cluster_tests::kubectl::Kubectl,

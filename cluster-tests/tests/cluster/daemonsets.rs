@@ -602,5 +602,8 @@ async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
             .then_some(())
     })
     .await;
-    assert_eq!(history(&k, "node-agent").await, ["1", "2"]);
+    assert_eq!(
+        rollout_history(&k, "daemonset/node-agent").await,
+        ["1", "2"]
+    );
 }
