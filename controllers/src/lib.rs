@@ -33,8 +33,8 @@ pub mod podgc;
 pub mod pods;
 pub mod replicaset;
 pub mod rootcacert;
-pub mod volume;
 pub mod statefulset;
+pub mod volume;
 
 pub use manager::{start, Settings};
 

@@ -35,8 +35,8 @@ pub mod resourcequota;
 pub mod runtimeclass;
 pub mod secret;
 pub mod service;
-pub mod storageclass;
 pub mod statefulset;
+pub mod storageclass;
 pub mod volumeattachment;
 
 use std::future::Future;
