@@ -22,9 +22,9 @@ use pb::runtime_service_client::RuntimeServiceClient;
 
 /// Labels that tie the runtime's objects to their pod, as the kubelet sets them.
 pub const POD_UID: &str = "io.kubernetes.pod.uid";
-const POD_NAME: &str = "io.kubernetes.pod.name";
-const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+pub const POD_NAME: &str = "io.kubernetes.pod.name";
+pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
 
 #[derive(Clone)]
 pub struct Cri {
@@ -632,6 +632,17 @@ impl Cri {
     }
 
     /// Uids of every pod the runtime holds a sandbox for.
+    /// The resource usage of every container the runtime runs (CRI ListContainerStats).
+    pub async fn container_stats(&self) -> Result<Vec<pb::ContainerStats>> {
+        Ok(self
+            .runtime
+            .clone()
+            .list_container_stats(pb::ListContainerStatsRequest { filter: None })
+            .await?
+            .into_inner()
+            .stats)
+    }
+
     pub async fn pod_uids(&self) -> Result<Vec<String>> {
         Ok(self
             .runtime

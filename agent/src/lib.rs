@@ -26,6 +26,7 @@ pub mod proxy;
 pub mod server;
 pub mod spdy;
 pub mod volumes;
+pub mod stats;
 
 /// The Kubernetes version the agent reports as its kubelet's.
 pub const KUBELET_VERSION: &str = "v1.32.0";
@@ -250,6 +251,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
     for j in joins {
         joined.push(j.await??);
     }
+    let sim = Arc::new(stats::SimUsage::default());
     // The port the API server reaches for logs: one node per process.
     if let [(clients, node)] = joined.as_slice() {
         if node.kubelet_port != 0 {
@@ -258,8 +260,9 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
             let ca = clients.ca_pem().to_string();
             let runtime = cri.clone().map(|c| (c, cfg.dir.join("pods")));
             let name = node.name.clone();
+            let sim = sim.clone();
             tokio::spawn(async move {
-                if let Err(e) = server::serve(addr, ca, name, runtime).await {
+                if let Err(e) = server::serve(addr, ca, name, runtime, sim).await {
                     tracing::warn!(%addr, error = %format!("{e:#}"), "the agent's HTTPS port is not served: kubectl logs cannot reach this node");
                 }
             });
@@ -283,7 +286,7 @@ pub async fn run(mut cfg: AgentConfig) -> Result<()> {
         ));
     }
     tokio::spawn(volumes::clean_up(joined.clone()));
-    tokio::spawn(pods::run(joined, cri));
+    tokio::spawn(pods::run(joined, cri, sim));
     tracing::info!(nodes = names.len(), "agent running");
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

@@ -87,13 +87,19 @@ struct Shared {
     ipam: Option<Ipam>,
     /// The container runtime; None: the simulated one.
     cri: Option<crate::cri::Cri>,
+    /// The modelled usage of simulated pods.
+    sim: Arc<crate::stats::SimUsage>,
 }
 
 /// Watches the pods of this process's nodes and keeps a worker per pod, until the process
 /// ends. One node watches `spec.nodeName=<node>`, as the kubelet does; a process simulating
 /// many nodes watches all pods once (a node may read every pod) and hands each to its node,
 /// whose own client writes its status.
-pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>, cri: Option<crate::cri::Cri>) {
+pub async fn run(
+    nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>,
+    cri: Option<crate::cri::Cri>,
+    sim: Arc<crate::stats::SimUsage>,
+) {
     let Some(watcher) = nodes.first().map(|(c, _)| c.clone()) else {
         return;
     };
@@ -109,6 +115,7 @@ pub async fn run(nodes: Vec<(Arc<Clients>, Arc<NodeConfig>)>, cri: Option<crate:
                     cfg,
                     ipam,
                     cri,
+                    sim: sim.clone(),
                 }),
             )
         })
@@ -258,6 +265,7 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
             continue;
         }
         if phase == "Succeeded" || phase == "Failed" {
+            shared.sim.forget(s(&pod, "/metadata/uid"));
             continue;
         }
         if phase == "Running" && !s(&pod, "/status/podIP").is_empty() {
@@ -266,9 +274,11 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
                 ipam.adopt(s(&pod, "/metadata/uid"), s(&pod, "/status/podIP"));
             }
             started = true;
+            shared.sim.observe(&pod);
             continue;
         }
         if started {
+            shared.sim.observe(&pod);
             continue;
         }
         if !shared.cfg.sim_start_delay.is_zero() {
@@ -289,6 +299,7 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
             match start(&shared, &pod).await {
                 Ok(()) => {
                     started = true;
+                    shared.sim.observe(&pod);
                     if let Some(end) = simulated_end(&pod) {
                         tokio::spawn(finish(shared.clone(), pod.clone(), end));
                     }
@@ -434,6 +445,7 @@ fn simulated_end(pod: &Value) -> Option<(u64, i32)> {
 /// Failed, as the kubelet reports it.
 async fn finish(shared: Arc<Shared>, pod: Value, (secs, code): (u64, i32)) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
+    shared.sim.forget(s(&pod, "/metadata/uid"));
     let (ns, name, uid) = (
         s(&pod, "/metadata/namespace"),
         s(&pod, "/metadata/name"),
@@ -486,6 +498,7 @@ async fn finish(shared: Arc<Shared>, pod: Value, (secs, code): (u64, i32)) {
 /// A pod being deleted: stop its containers (a `Killing` event each), report them
 /// terminated, then delete the pod for good.
 async fn terminate(shared: &Shared, pod: &Value) {
+    shared.sim.forget(s(pod, "/metadata/uid"));
     finish_deletion(&shared.clients, &shared.cfg, pod).await;
     if let Some(ipam) = &shared.ipam {
         ipam.release(s(pod, "/metadata/uid"));

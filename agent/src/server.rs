@@ -3,6 +3,7 @@
 //! not check a kubelet's serving certificate unless told to) and requires a client certificate
 //! of the cluster CA naming the API server (`kube-apiserver-kubelet-client`).
 //!
+//! `GET /stats/summary` answers the node's resource usage ([`crate::stats`]).
 //! `GET /containerLogs/<namespace>/<pod>/<container>?follow=&tailLines=&previous=` reads the
 //! CRI log files (`<time> <stream> <P|F> <text>` lines) the runtime writes for the pod.
 //! `/exec/<namespace>/<pod>/<container>?command=&stdin=&stdout=&stderr=&tty=`,
@@ -50,6 +51,7 @@ pub async fn serve(
     ca_pem: String,
     node: String,
     runtime: Option<(crate::cri::Cri, PathBuf)>,
+    sim: Arc<crate::stats::SimUsage>,
 ) -> Result<()> {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut params = rcgen::CertificateParams::new(vec![node.clone(), addr.ip().to_string()])?;
@@ -87,6 +89,7 @@ pub async fn serve(
             }
         };
         let (acceptor, runtime) = (acceptor.clone(), runtime.clone());
+        let (sim, node) = (sim.clone(), node.clone());
         tokio::spawn(async move {
             let Ok(tls) = acceptor.accept(tcp).await else {
                 return;
@@ -100,12 +103,16 @@ pub async fn serve(
                 .is_some_and(|cn| cn == API_SERVER_CLIENT);
             let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let runtime = runtime.clone();
+                let (sim, node) = (sim.clone(), node.clone());
                 async move {
                     if !allowed {
                         return Ok::<_, Infallible>(text(
                             StatusCode::FORBIDDEN,
                             "only the API server may use this port",
                         ));
+                    }
+                    if req.uri().path() == "/stats/summary" {
+                        return Ok(summary(runtime.as_ref().as_ref(), &sim, &node).await);
                     }
                     Ok(route(req, runtime.as_ref().as_ref()).await)
                 }
@@ -158,6 +165,32 @@ pub async fn serve_metrics(addr: SocketAddr, registry: prometheus_client::regist
                 .await;
         });
     }
+}
+
+/// `GET /stats/summary`: the node's and its containers' resource usage ([`crate::stats`]).
+async fn summary(
+    runtime: Option<&(crate::cri::Cri, PathBuf)>,
+    sim: &crate::stats::SimUsage,
+    node: &str,
+) -> Response<Body> {
+    let body = match runtime {
+        Some((cri, _)) => match crate::stats::cri_summary(cri, node).await {
+            Ok(v) => v,
+            Err(e) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the container runtime's stats could not be read: {e:#}"),
+                )
+            }
+        },
+        None => sim.summary(node),
+    };
+    let mut r = text(StatusCode::OK, body.to_string());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 fn common_name(der: &[u8]) -> Option<String> {

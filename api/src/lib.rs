@@ -34,6 +34,7 @@ pub mod protobuf;
 pub mod query;
 pub mod quota;
 pub mod rbac;
+pub mod resource_metrics;
 pub mod resources;
 mod reviews;
 pub mod server;

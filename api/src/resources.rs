@@ -192,6 +192,11 @@ pub static RESOURCES: &[Resource] = &[
     res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, short: ["cj"], cat: ["all"],
          sub: ["status"], storage: "cronjobs", verbs: ALL_VERBS, spec: true,
          strategy: &strategy::cronjob::CronJob),
+    // autoscaling/v2: kept by the HorizontalPodAutoscaler controller.
+    res!("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers",
+         "horizontalpodautoscaler", true, short: ["hpa"], cat: ["all"], sub: ["status"],
+         storage: "horizontalpodautoscalers", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::horizontalpodautoscaler::HorizontalPodAutoscaler),
     // coordination.k8s.io/v1
     res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, short: [], cat: [],
          sub: [], storage: "leases", verbs: ALL_VERBS, spec: false),
@@ -276,6 +281,12 @@ pub static RESOURCES: &[Resource] = &[
     res!("storage.k8s.io", "v1", "VolumeAttachment", "volumeattachments", "volumeattachment",
          false, short: [], cat: [], sub: ["status"], storage: "volumeattachments",
          verbs: ALL_VERBS, spec: false, strategy: &strategy::volumeattachment::VolumeAttachment),
+    // metrics.k8s.io/v1beta1: resource usage scraped from the agents, as metrics-server
+    // serves it; never stored.
+    res!("metrics.k8s.io", "v1beta1", "NodeMetrics", "nodes", "", false, short: [], cat: [],
+         sub: [], storage: "", verbs: READ_ONLY, spec: false),
+    res!("metrics.k8s.io", "v1beta1", "PodMetrics", "pods", "", true, short: [], cat: [],
+         sub: [], storage: "", verbs: READ_ONLY, spec: false),
     // scheduling.k8s.io/v1
     res!("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", "priorityclass", false,
          short: ["pc"], cat: [], sub: [], storage: "priorityclasses", verbs: ALL_VERBS,

@@ -30,6 +30,9 @@ pub struct ApiConfig {
     pub service_account_key: crate::token::SigningKey,
     /// The client certificate and key (PEM) this server presents to node agents.
     pub kubelet_client: Option<(Vec<u8>, Vec<u8>)>,
+    /// How often the node agents' resource usage is scraped (metrics-server's
+    /// `--metric-resolution`).
+    pub metric_resolution: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +133,7 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
     api.authz.start(node);
     let api_handle = api.clone();
     api.clone().start_background();
+    api.clone().start_metrics_scraper(cfg.metric_resolution);
     // The OpenAPI documents take a moment to build: build them before the first request needs them.
     tokio::task::spawn_blocking(crate::openapi::warm);
     let (stop, mut stopped) = watch::channel(false);

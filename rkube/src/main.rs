@@ -314,6 +314,16 @@ struct ServerArgs {
     /// interval of it for watch resumes (0: never).
     #[arg(long, default_value = "5m", value_parser = flags::parse_duration)]
     compaction_interval: Duration,
+    /// With the Kubernetes API: how often this server scrapes the node agents' resource usage
+    /// for metrics.k8s.io (metrics-server's --metric-resolution).
+    #[arg(long, default_value = "15s", value_parser = flags::parse_duration)]
+    metric_resolution: Duration,
+    /// How often the HorizontalPodAutoscaler controller looks at each autoscaler.
+    #[arg(long, default_value = "15s", value_parser = flags::parse_duration)]
+    horizontal_pod_autoscaler_sync_period: Duration,
+    /// How far from 1 the ratio of a metric to its target must be before an autoscaler scales.
+    #[arg(long, default_value_t = 0.1)]
+    horizontal_pod_autoscaler_tolerance: f64,
     /// Addresses the leader gives LoadBalancer Services (A-B, or a CIDR), which the node agents
     /// answer for; unset, LoadBalancer Services stay <pending> (they still get a NodePort).
     #[arg(long)]
@@ -572,6 +582,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
         join_plan = Some(plan);
     }
     let listen_api = args.listen_api;
+    let metric_resolution = args.metric_resolution;
     let service_net = args.service_cluster_ip_range;
     let (listen_dns, cluster_domain, dns_upstream) = (
         args.listen_dns,
@@ -595,6 +606,13 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
             eviction_rate: args.node_eviction_rate.max(0.0),
         },
         compaction_interval: args.compaction_interval,
+        autoscaling: rkube_controllers::podautoscaler::Settings {
+            sync_period: args
+                .horizontal_pod_autoscaler_sync_period
+                .max(Duration::from_millis(100)),
+            tolerance: args.horizontal_pod_autoscaler_tolerance.max(0.0),
+            ..Default::default()
+        },
         certificates: certificate_settings(&args)?,
         load_balancer_pool: args.load_balancer_ip_range.clone(),
         root_ca: match args.listen_api {
@@ -639,6 +657,7 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
                                 _ => None,
                             }
                         },
+                        metric_resolution,
                     },
                 )
                 .await?;

@@ -10,6 +10,7 @@ mod body;
 mod create;
 mod delete;
 mod eviction;
+mod metrics;
 mod node_stream;
 mod reads;
 mod update;
@@ -61,6 +62,8 @@ pub struct Api {
     pub(crate) tokens: crate::token::SigningKey,
     /// How this server reaches node agents (its kubelet client certificate), when it has one.
     pub(crate) kubelet_tls: Option<Arc<rustls::ClientConfig>>,
+    /// The resource usage scraped from the node agents (metrics.k8s.io).
+    pub(crate) metrics: crate::resource_metrics::MetricsCache,
 }
 
 pub const MAX_READS_INFLIGHT: usize = 400;
@@ -273,6 +276,7 @@ impl Api {
             reads: tokio::sync::Semaphore::new(MAX_READS_INFLIGHT),
             writes: tokio::sync::Semaphore::new(MAX_WRITES_INFLIGHT),
             kubelet_tls: None,
+            metrics: Default::default(),
         }
     }
 
@@ -545,6 +549,14 @@ impl Api {
         fence: Fence,
     ) -> Result<(Answer, Vec<String>), ApiError> {
         let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
+            (Verb::List, false, None) if t.res.group == "metrics.k8s.io" => {
+                verb_allowed(t, "list")?;
+                return Ok((Answer::List(self.metrics_list(t, q).await?), Vec::new()));
+            }
+            (Verb::Get, true, None) if t.res.group == "metrics.k8s.io" => {
+                verb_allowed(t, "get")?;
+                return Ok((Answer::Object(self.metrics_get(t).await?), Vec::new()));
+            }
             (Verb::List, false, None) if t.res.is_virtual() => {
                 verb_allowed(t, "list")?;
                 let listed = self.answered_list(t)?;

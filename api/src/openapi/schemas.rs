@@ -67,6 +67,9 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("apps", "DaemonSet") => named::<apps::DaemonSet>(gen),
         ("apps", "StatefulSet") => named::<apps::StatefulSet>(gen),
         ("autoscaling", "Scale") => named::<autoscaling::Scale>(gen),
+        ("autoscaling", "HorizontalPodAutoscaler") => {
+            named::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(gen)
+        }
         ("policy", "Eviction") => named::<policy::Eviction>(gen),
         ("batch", "Job") => named::<batch::Job>(gen),
         ("batch", "CronJob") => named::<batch::CronJob>(gen),

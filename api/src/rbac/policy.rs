@@ -277,12 +277,23 @@ pub fn cluster_roles() -> Vec<Value> {
     let to_view = aggregate_to_view();
     let to_edit = aggregate_to_edit();
     let to_admin = aggregate_to_admin();
+    // What metrics-server's manifest adds: reading resource metrics, aggregated into view,
+    // edit and admin.
+    let metrics_reader = cluster_role(
+        "system:aggregated-metrics-reader",
+        &[
+            ("rbac.authorization.k8s.io/aggregate-to-admin", "true"),
+            ("rbac.authorization.k8s.io/aggregate-to-edit", "true"),
+            ("rbac.authorization.k8s.io/aggregate-to-view", "true"),
+        ],
+        vec![rule(&["metrics.k8s.io"], &["nodes", "pods"], READ)],
+    );
     // view carries the edit label and edit the admin label, so each includes the one below.
     let view = aggregated(
         "view",
         "view",
         &[("rbac.authorization.k8s.io/aggregate-to-edit", "true")],
-        &[&to_view],
+        &[&to_view, &metrics_reader],
     );
     let edit = aggregated(
         "edit",
@@ -303,6 +314,7 @@ pub fn cluster_roles() -> Vec<Value> {
         to_admin,
         to_edit,
         to_view,
+        metrics_reader,
         cluster_role(
             "system:discovery",
             &[],

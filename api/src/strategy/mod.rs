@@ -16,6 +16,7 @@ pub mod csistoragecapacity;
 pub mod daemonset;
 pub mod deployment;
 pub(crate) mod field;
+pub mod horizontalpodautoscaler;
 pub mod ingress;
 pub mod ingressclass;
 pub mod job;

@@ -335,6 +335,9 @@ pub(super) fn cells(res: &Resource, o: &Value, now: DateTime<Utc>) -> Vec<Value>
                 json!(healthy.map_or("", |c| s(c, "/error"))),
             ]
         }
+        ("autoscaling", "HorizontalPodAutoscaler") => std::iter::once(name)
+            .chain(super::autoscaling::row(o))
+            .collect(),
         ("batch", kind) => match super::batch::batch_row(kind, o, now) {
             Some(rest) => std::iter::once(name).chain(rest).collect(),
             None => vec![name, Value::Null],

@@ -14,6 +14,7 @@ pub(super) fn columns(res: &Resource) -> Columns {
         return c;
     }
     match (res.group, res.kind) {
+        ("autoscaling", "HorizontalPodAutoscaler") => super::autoscaling::COLUMNS,
         ("", "Pod") => &[
             ("Name", "string", 0),
             ("Ready", "string", 0),

@@ -7,6 +7,7 @@
 //! `stored.rs`, volumes', claims' and storage classes' in `storage.rs`, Jobs' and CronJobs' in `batch.rs`), and `format.rs` writes durations, ages, selectors
 //! and `<none>` as kubectl does.
 
+mod autoscaling;
 mod batch;
 mod cells;
 mod columns;

@@ -159,6 +159,11 @@ impl LocalCluster {
                 args.node_eviction_rate.map(|r| r.to_string()),
             ),
             ("--compaction-interval", args.compaction_interval.map(ms)),
+            ("--metric-resolution", args.metric_resolution.map(ms)),
+            (
+                "--horizontal-pod-autoscaler-sync-period",
+                args.horizontal_pod_autoscaler_sync_period.map(ms),
+            ),
         ] {
             let Some(value) = value else { continue };
             if let Some(i) = self.controller_flags.iter().position(|f| f == flag) {

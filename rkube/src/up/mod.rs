@@ -110,6 +110,14 @@ pub struct UpArgs {
     /// How often the leader compacts the store's history (default 5m; 0: never).
     #[arg(long, value_parser = crate::flags::parse_duration)]
     pub compaction_interval: Option<Duration>,
+    /// How often the servers scrape the agents' resource usage (default 15s). Recorded for
+    /// the DIR.
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub metric_resolution: Option<Duration>,
+    /// How often the HorizontalPodAutoscaler controller looks at each autoscaler (default
+    /// 15s). Recorded for the DIR.
+    #[arg(long, value_parser = crate::flags::parse_duration)]
+    pub horizontal_pod_autoscaler_sync_period: Option<Duration>,
     /// Node agents to run (for a new DIR), each joined with a bootstrap token as a worker.
     #[arg(long, default_value_t = 2)]
     pub agents: usize,
