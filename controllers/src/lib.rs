@@ -29,6 +29,7 @@ pub mod job;
 pub mod loadbalancer;
 pub mod manager;
 pub mod nodelifecycle;
+pub mod podautoscaler;
 pub mod podgc;
 pub mod pods;
 pub mod replicaset;

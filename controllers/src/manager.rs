@@ -31,6 +31,7 @@ pub struct Settings {
     /// The CA the API serves with (PEM), published in every namespace as `kube-root-ca.crt`;
     /// None: not published.
     pub root_ca: Option<String>,
+    pub autoscaling: crate::podautoscaler::Settings,
 }
 
 /// Runs the controllers, then `hooks` (the scheduler), during every term this member leads.
@@ -56,6 +57,7 @@ impl Default for Settings {
             certificates: None,
             load_balancer_pool: None,
             root_ca: None,
+            autoscaling: Default::default(),
         }
     }
 }
@@ -124,6 +126,14 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
             .typed::<ControllerRevision>(),
         client.clone(),
         rx.clone(),
+    );
+    crate::podautoscaler::start(
+        inf.of("/registry/horizontalpodautoscalers/")
+            .typed::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(),
+        pods.clone(),
+        client.clone(),
+        rx.clone(),
+        settings.autoscaling.clone(),
     );
     let jobs = inf.of("/registry/jobs/").typed::<Job>();
     crate::job::start(jobs.clone(), pods.clone(), client.clone(), rx.clone());
