@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::resources::{groups, Resource, RESOURCES};
+use crate::resources::{group_versions, Resource, RESOURCES};
 
 /// Kind, group and version a subresource answers with, and its verbs.
 fn subresource(
@@ -41,24 +41,27 @@ pub fn api_versions(server_address: &str) -> Value {
     })
 }
 
-fn api_group(name: &str, version: &str) -> Value {
-    let gv = json!({"groupVersion": format!("{name}/{version}"), "version": version});
+fn api_group(name: &str, versions: &[&str]) -> Value {
+    let gvs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
     json!({
         "kind": "APIGroup",
         "apiVersion": "v1",
         "name": name,
-        "versions": [gv.clone()],
-        "preferredVersion": gv,
+        "preferredVersion": gvs.first().cloned().unwrap_or(Value::Null),
+        "versions": gvs,
     })
 }
 
 /// `/apis`: every named group.
 pub fn api_group_list() -> Value {
-    let groups: Vec<Value> = groups()
+    let groups: Vec<Value> = group_versions()
         .into_iter()
         .filter(|(g, _)| !g.is_empty())
         .map(|(g, v)| {
-            let mut group = api_group(g, v);
+            let mut group = api_group(g, &v);
             if let Some(o) = group.as_object_mut() {
                 o.remove("kind");
                 o.remove("apiVersion");
@@ -71,10 +74,10 @@ pub fn api_group_list() -> Value {
 
 /// `/apis/<group>`.
 pub fn group(name: &str) -> Option<Value> {
-    groups()
+    group_versions()
         .into_iter()
         .find(|(g, _)| *g == name && !g.is_empty())
-        .map(|(g, v)| api_group(g, v))
+        .map(|(g, v)| api_group(g, &v))
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`.
@@ -127,7 +130,7 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-fn aggregated_group(group: &str, version: &str) -> Value {
+fn aggregated_version(group: &str, version: &str) -> Value {
     let resources: Vec<Value> = in_group(group, version)
         .map(|r| {
             let subresources: Vec<Value> = r
@@ -161,19 +164,24 @@ fn aggregated_group(group: &str, version: &str) -> Value {
             entry
         })
         .collect();
-    json!({
-        "metadata": {"name": group},
-        "versions": [{"version": version, "resources": resources, "freshness": "Current"}],
-    })
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+fn aggregated_group(group: &str, versions: &[&str]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| aggregated_version(group, v))
+        .collect();
+    json!({"metadata": {"name": group}, "versions": versions})
 }
 
 /// The aggregated document for `/api` (`legacy`) or `/apis`, in discovery `version` (v2 or
 /// v2beta1: the same shape).
 pub fn aggregated(legacy: bool, version: &str) -> Value {
-    let items: Vec<Value> = groups()
+    let items: Vec<Value> = group_versions()
         .into_iter()
         .filter(|(g, _)| g.is_empty() == legacy)
-        .map(|(g, v)| aggregated_group(g, v))
+        .map(|(g, v)| aggregated_group(g, &v))
         .collect();
     json!({
         "kind": "APIGroupDiscoveryList",

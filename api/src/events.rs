@@ -3,12 +3,8 @@
 //! converted on the way in (bodies, patches, field selectors) and on the way out (objects, lists,
 //! watch events). The two forms differ only in the names of top-level fields.
 
-use axum::body::Body;
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use serde_json::Value;
 
-use crate::error::ApiError;
 use crate::query::Query;
 
 /// (events.k8s.io/v1 name, core/v1 name) of every field whose name differs.
@@ -70,68 +66,6 @@ fn json_patch_to_core(ops: &mut Value) {
     }
 }
 
-/// A decoded patch of an events.k8s.io Event in the core form: a JSON patch by its paths,
-/// the others by their field names.
-pub(crate) fn patch_to_core(kind: crate::patch::PatchType, patch: &mut Value) {
-    match kind {
-        crate::patch::PatchType::Json => json_patch_to_core(patch),
-        _ => to_core(patch),
-    }
-}
-
-/// A decoded answer of the core resource (an Event or an EventList) in the events.k8s.io/v1
-/// form; anything else (a Status) stays as it is.
-pub(crate) fn answer_from_core(v: &mut Value) {
-    convert_answer(v);
-}
-
-/// A request body for events.k8s.io turned into the core form: objects and merge-style patches
-/// by their field names, JSON patches by their paths. Returns the body as JSON (the content
-/// type of an object body becomes application/json).
-pub fn body_to_core(body: &Bytes, content_type: &str) -> Result<(Bytes, String), ApiError> {
-    if body.is_empty() {
-        return Ok((body.clone(), content_type.to_string()));
-    }
-    let media = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let mut v: Value = match media.as_str() {
-        "application/json-patch+json"
-        | "application/merge-patch+json"
-        | "application/strategic-merge-patch+json"
-        | "application/json"
-        | "" => serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
-        })?,
-        "application/yaml" | "application/apply-patch+yaml" => serde_yaml::from_slice(body)
-            .map_err(|e| {
-                ApiError::bad_request(format!("the request body is not valid YAML: {e}"))
-            })?,
-        _ => return Err(ApiError::unsupported_media_type(content_type)),
-    };
-    let out_type = match media.as_str() {
-        "application/json-patch+json" => {
-            json_patch_to_core(&mut v);
-            media.clone()
-        }
-        "application/merge-patch+json"
-        | "application/strategic-merge-patch+json"
-        | "application/apply-patch+yaml" => {
-            to_core(&mut v);
-            media.clone()
-        }
-        _ => {
-            to_core(&mut v);
-            "application/json".to_string()
-        }
-    };
-    let bytes = serde_json::to_vec(&v).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok((Bytes::from(bytes), out_type))
-}
-
 /// Field selectors name events.k8s.io fields (`regarding.name`, `reportingController`); the
 /// store's objects have the core names.
 pub fn query_to_core(q: &Query) -> Query {
@@ -149,78 +83,21 @@ pub fn query_to_core(q: &Query) -> Query {
     })
 }
 
-/// Converts an answer holding core Events; false when it holds none (a Status, a Table).
-fn convert_answer(v: &mut Value) -> bool {
-    match v.get("kind").and_then(Value::as_str) {
-        Some("Event") => from_core(v),
-        Some("EventList") => {
-            v["apiVersion"] = Value::from(EVENTS_API_VERSION);
-            if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
-                items.iter_mut().for_each(from_core);
-            }
-        }
-        // Watch events: {"type": ..., "object": {...}}.
-        None if v.get("type").is_some() => match v.get_mut("object") {
-            Some(o) if o.get("kind").and_then(Value::as_str) == Some("Event") => from_core(o),
-            _ => return false,
-        },
-        _ => return false,
-    }
-    true
-}
-
-fn convert_bytes(b: &[u8]) -> Bytes {
-    // A chunk of a watch is one JSON line; anything else passes through as it is.
-    let trimmed = b.strip_suffix(b"\n").unwrap_or(b);
-    let Ok(mut v) = serde_json::from_slice::<Value>(trimmed) else {
-        return Bytes::copy_from_slice(b);
-    };
-    if !convert_answer(&mut v) {
-        return Bytes::copy_from_slice(b);
-    }
-    let mut out = serde_json::to_vec(&v).unwrap_or_else(|_| trimmed.to_vec());
-    if trimmed.len() != b.len() {
-        out.push(b'\n');
-    }
-    Bytes::from(out)
-}
-
-/// A response of the core resource in the events.k8s.io/v1 form.
-pub async fn response_from_core(
-    resp: axum::response::Response,
-    watch: bool,
-) -> axum::response::Response {
-    let is_json = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|c| c.starts_with("application/json"));
-    if !is_json {
-        return resp;
-    }
-    let (mut parts, body) = resp.into_parts();
-    if watch {
-        let stream = tokio_stream::StreamExt::map(body.into_data_stream(), |chunk| {
-            chunk.map(|c| convert_bytes(&c))
-        });
-        return axum::response::Response::from_parts(parts, Body::from_stream(stream));
-    }
-    match body.collect().await {
-        Ok(c) => {
-            let converted = convert_bytes(&c.to_bytes());
-            parts.headers.remove("content-length");
-            axum::response::Response::from_parts(parts, Body::from(converted))
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "reading a response to convert failed");
-            axum::response::Response::from_parts(parts, Body::empty())
-        }
-    }
-}
+/// events.k8s.io/v1 Events, served as the stored core Events.
+pub static EVENTS: crate::view::View = crate::view::View {
+    stored: ("", "v1", "events"),
+    kind: "Event",
+    stored_api_version: "v1",
+    to_stored: to_core,
+    json_patch_to_stored: json_patch_to_core,
+    from_stored: from_core,
+    query_to_stored: query_to_core,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use serde_json::json;
 
     #[test]
@@ -245,7 +122,7 @@ mod tests {
 
     #[test]
     fn patches_and_selectors_are_renamed() {
-        let (b, ct) = body_to_core(
+        let (b, ct) = EVENTS.body_to_stored(
             &Bytes::from(r#"[{"op":"replace","path":"/note","value":"x"},{"op":"add","path":"/regarding/name","value":"y"}]"#),
             "application/json-patch+json",
         )
@@ -255,7 +132,9 @@ mod tests {
         assert_eq!(v[0]["path"], "/message");
         assert_eq!(v[1]["path"], "/involvedObject/name");
         assert!(
-            body_to_core(&Bytes::from("note: hi\n"), "application/merge-patch+json").is_err(),
+            EVENTS
+                .body_to_stored(&Bytes::from("note: hi\n"), "application/merge-patch+json")
+                .is_err(),
             "YAML is not a merge patch"
         );
         let q = query_to_core(&Query::parse(Some(
@@ -271,17 +150,17 @@ mod tests {
     fn answers_are_converted_line_by_line() {
         let line = br#"{"type":"ADDED","object":{"kind":"Event","apiVersion":"v1","message":"m"}}
 "#;
-        let out = convert_bytes(line);
+        let out = EVENTS.convert_bytes(line);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["object"]["note"], "m");
         assert_eq!(v["object"]["apiVersion"], "events.k8s.io/v1");
         assert!(out.ends_with(b"\n"));
         let list =
             br#"{"kind":"EventList","apiVersion":"v1","items":[{"kind":"Event","message":"a"}]}"#;
-        let v: Value = serde_json::from_slice(&convert_bytes(list)).unwrap();
+        let v: Value = serde_json::from_slice(&EVENTS.convert_bytes(list)).unwrap();
         assert_eq!(v["apiVersion"], "events.k8s.io/v1");
         assert_eq!(v["items"][0]["note"], "a");
         let status = br#"{"kind":"Status","code":404}"#;
-        assert_eq!(&convert_bytes(status)[..], &status[..]);
+        assert_eq!(&EVENTS.convert_bytes(status)[..], &status[..]);
     }
 }

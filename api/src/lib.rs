@@ -47,5 +47,6 @@ pub mod strategy;
 pub mod table;
 pub mod token;
 pub mod value;
+pub mod view;
 
 pub use server::{start, ApiConfig, ApiServer};

@@ -197,6 +197,11 @@ pub static RESOURCES: &[Resource] = &[
          "horizontalpodautoscaler", true, short: ["hpa"], cat: ["all"], sub: ["status"],
          storage: "horizontalpodautoscalers", verbs: ALL_VERBS, spec: true,
          strategy: &strategy::horizontalpodautoscaler::HorizontalPodAutoscaler),
+    // autoscaling/v1: the same objects, converted (targetCPUUtilizationPercentage).
+    res!("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers",
+         "horizontalpodautoscaler", true, short: ["hpa"], cat: ["all"], sub: ["status"],
+         storage: "horizontalpodautoscalers", verbs: ALL_VERBS, spec: true,
+         strategy: &strategy::horizontalpodautoscaler::HorizontalPodAutoscaler),
     // coordination.k8s.io/v1
     res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, short: [], cat: [],
          sub: [], storage: "leases", verbs: ALL_VERBS, spec: false),
@@ -293,7 +298,7 @@ pub static RESOURCES: &[Resource] = &[
          spec: false, strategy: &strategy::priorityclass::PriorityClass),
 ];
 
-/// The served groups, in discovery order, each with its one version.
+/// The served group versions, in discovery order (a group's preferred version first).
 pub fn groups() -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
     for r in RESOURCES {
@@ -309,6 +314,18 @@ pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resourc
     RESOURCES
         .iter()
         .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The served groups, each with its versions, the preferred one first.
+pub fn group_versions() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (g, v) in groups() {
+        match out.iter_mut().find(|(x, _)| *x == g) {
+            Some((_, versions)) => versions.push(v),
+            None => out.push((g, vec![v])),
+        }
+    }
+    out
 }
 
 /// The resource of a kind in a group (for `kind` fields and owner references).
@@ -348,7 +365,7 @@ mod tests {
         for (i, a) in RESOURCES.iter().enumerate() {
             for b in &RESOURCES[i + 1..] {
                 assert!(
-                    !(a.group == b.group && a.plural == b.plural),
+                    !(a.group == b.group && a.version == b.version && a.plural == b.plural),
                     "{} served twice",
                     a.qualified()
                 );

@@ -5,6 +5,8 @@
 
 #[path = "cluster/agent.rs"]
 mod agent;
+#[path = "cluster/autoscaling.rs"]
+mod autoscaling;
 #[path = "cluster/backup.rs"]
 mod backup;
 #[path = "cluster/certificates.rs"]

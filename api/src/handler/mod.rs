@@ -468,15 +468,17 @@ impl Api {
             self.node_restriction(node, &t.attributes(&method, &q), body_name.as_deref())
                 .await?;
         }
-        // events.k8s.io/v1 Events are core Events in the store, converted at this boundary.
-        let events_view = is_events_view(&t);
-        let (t, body, content_type, q) = if events_view {
-            let (body, content_type) = crate::events::body_to_core(&body, &content_type)?;
-            decoded = decoded.map(|_| decode_body(&body, &content_type));
-            let (t, q) = core_events(t, &q)?;
-            (t, body, content_type, q)
-        } else {
-            (t, body, content_type, q)
+        // Versions served as another's stored form (events.k8s.io/v1 Events are core Events,
+        // autoscaling/v1 autoscalers are autoscaling/v2 ones), converted at this boundary.
+        let view = crate::view::of(t.res);
+        let (t, body, content_type, q) = match view {
+            Some(view) => {
+                let (body, content_type) = view.body_to_stored(&body, &content_type)?;
+                decoded = decoded.map(|_| decode_body(&body, &content_type));
+                let (t, q) = stored_target(view, t, &q)?;
+                (t, body, content_type, q)
+            }
+            None => (t, body, content_type, q),
         };
         let watching = q.flag("watch");
         // Unknown and duplicate fields of a create or update body (patches check their result).
@@ -495,10 +497,9 @@ impl Api {
             (&Method::GET, false) if watching => {
                 verb_allowed(&t, "watch")?;
                 let resp = self.watch(&t, &q, accept).await?;
-                return Ok(if events_view {
-                    crate::events::response_from_core(resp, true).await
-                } else {
-                    resp
+                return Ok(match view {
+                    Some(view) => view.response_from_stored(resp, true).await,
+                    None => resp,
                 });
             }
             (&Method::GET, true) => Verb::Get,
@@ -529,10 +530,9 @@ impl Api {
         };
         warnings.splice(0..0, patch_warnings);
         let resp = fieldvalidation::with_warnings(resp, &warnings);
-        Ok(if events_view {
-            crate::events::response_from_core(resp, watching).await
-        } else {
-            resp
+        Ok(match view {
+            Some(view) => view.response_from_stored(resp, watching).await,
+            None => resp,
         })
     }
 
@@ -694,12 +694,13 @@ impl Api {
             };
             self.node_restriction(node, &attributes, body_name).await?;
         }
-        let events_view = is_events_view(&t);
-        let (t, q, verb) = if events_view {
-            let (t, q) = core_events(t, &q)?;
-            (t, q, verb.events_to_core())
-        } else {
-            (t, q, verb)
+        let view = crate::view::of(t.res);
+        let (t, q, verb) = match view {
+            Some(view) => {
+                let (t, q) = stored_target(view, t, &q)?;
+                (t, q, verb.to_stored(view))
+            }
+            None => (t, q, verb),
         };
         // Unknown fields of a create or update body: a Strict request is refused; warnings have
         // nowhere to go.
@@ -711,8 +712,8 @@ impl Api {
             Answer::Object(o) | Answer::Json(_, o) => o,
             Answer::List(l) => list_object(&t, l),
         };
-        if events_view {
-            crate::events::answer_from_core(&mut value);
+        if let Some(view) = view {
+            view.answer_from_stored(&mut value);
         }
         Ok(value)
     }
@@ -733,16 +734,17 @@ impl Api {
     }
 }
 
-fn is_events_view(t: &Target) -> bool {
-    t.res.group == "events.k8s.io" && t.res.kind == "Event"
-}
 
-/// The core Events target and query an events.k8s.io request is served as (the store holds
-/// core Events; the two views are converted at this boundary).
-fn core_events(t: Target, q: &Query) -> Result<(Target, Query), ApiError> {
-    let core = resources::find("", "v1", "events")
-        .ok_or_else(|| ApiError::internal("core events are served"))?;
-    Ok((Target { res: core, ..t }, crate::events::query_to_core(q)))
+/// The stored resource's target and query a request to a view is served as.
+fn stored_target(
+    view: &crate::view::View,
+    t: Target,
+    q: &Query,
+) -> Result<(Target, Query), ApiError> {
+    let (group, version, plural) = view.stored;
+    let stored = resources::find(group, version, plural)
+        .ok_or_else(|| ApiError::internal("a view's stored resource is served"))?;
+    Ok((Target { res: stored, ..t }, (view.query_to_stored)(q)))
 }
 
 fn verb_allowed(t: &Target, verb: &str) -> Result<(), ApiError> {
@@ -786,19 +788,19 @@ impl Verb<'_> {
         }
     }
 
-    /// The body of a request to events.k8s.io in the core Event form.
-    fn events_to_core(self) -> Self {
+    /// The body of a request to a view in the stored form.
+    fn to_stored(self, view: &crate::view::View) -> Self {
         match self {
             Verb::Create(mut o) => {
-                crate::events::to_core(&mut o);
+                (view.to_stored)(&mut o);
                 Verb::Create(o)
             }
             Verb::Update(mut o) => {
-                crate::events::to_core(&mut o);
+                (view.to_stored)(&mut o);
                 Verb::Update(o)
             }
             Verb::Patch(mut p) => {
-                crate::events::patch_to_core(p.kind, &mut p.body);
+                view.patch_to_stored(p.kind, &mut p.body);
                 Verb::Patch(p)
             }
             other => other,

@@ -208,7 +208,7 @@ fn random_input_is_an_error_never_a_panic() {
             "application/apply-patch+yaml",
             "text/plain",
         ] {
-            let _ = crate::events::body_to_core(&bytes, ct);
+            let _ = crate::events::EVENTS.body_to_stored(&bytes, ct);
         }
         let _ = crate::events::query_to_core(&Query::parse(Some(&format!("fieldSelector={text}"))));
     }

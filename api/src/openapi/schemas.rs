@@ -38,10 +38,19 @@ const LIST_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta";
 
 /// Adds the schema of a served kind (or of a subresource's kind) to the generator and returns
 /// its definition name.
-fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
+fn add(gen: &mut SchemaGenerator, group: &str, version: &str, kind: &str) -> Option<String> {
     fn named<T: JsonSchema>(gen: &mut SchemaGenerator) -> Option<String> {
         gen.subschema_for::<T>();
         Some(T::schema_name().into_owned())
+    }
+    match (group, version, kind) {
+        ("autoscaling", "v1", "HorizontalPodAutoscaler") => {
+            return named::<autoscaling::HorizontalPodAutoscaler>(gen)
+        }
+        ("autoscaling", "v2", "HorizontalPodAutoscaler") => {
+            return named::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(gen)
+        }
+        _ => {}
     }
     match (group, kind) {
         ("", "Namespace") => named::<core::Namespace>(gen),
@@ -67,9 +76,6 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
         ("apps", "DaemonSet") => named::<apps::DaemonSet>(gen),
         ("apps", "StatefulSet") => named::<apps::StatefulSet>(gen),
         ("autoscaling", "Scale") => named::<autoscaling::Scale>(gen),
-        ("autoscaling", "HorizontalPodAutoscaler") => {
-            named::<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler>(gen)
-        }
         ("policy", "Eviction") => named::<policy::Eviction>(gen),
         ("batch", "Job") => named::<batch::Job>(gen),
         ("batch", "CronJob") => named::<batch::CronJob>(gen),
@@ -117,6 +123,34 @@ fn add(gen: &mut SchemaGenerator, group: &str, kind: &str) -> Option<String> {
     }
 }
 
+/// The definition of NodeMetrics or PodMetrics (metrics.k8s.io/v1beta1).
+fn metrics_schema(kind: &str) -> Value {
+    let meta = |t: &str| json!({"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.apis.meta.v1.{t}")});
+    let usage = json!({"type": "object", "description": "The memory and CPU usage.",
+        "additionalProperties": {"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.api.resource.Quantity")}});
+    let mut props = json!({
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": meta("ObjectMeta"),
+        "timestamp": meta("Time"),
+        "window": {"type": "string"},
+    });
+    if kind == "NodeMetrics" {
+        props["usage"] = usage;
+        json!({"description": "NodeMetrics sets resource usage metrics of a node.",
+               "type": "object", "properties": props,
+               "required": ["timestamp", "window", "usage"]})
+    } else {
+        props["containers"] = json!({"type": "array", "items": {
+            "type": "object", "description": "ContainerMetrics sets resource usage metrics of a container.",
+            "properties": {"name": {"type": "string"}, "usage": usage},
+            "required": ["name", "usage"]}});
+        json!({"description": "PodMetrics sets resource usage metrics of a pod.",
+               "type": "object", "properties": props,
+               "required": ["timestamp", "window", "containers"]})
+    }
+}
+
 /// The kinds that subresources answer with, besides the served resources' own.
 const SUBRESOURCE_KINDS: &[(&str, &str, &str)] = &[
     ("autoscaling", "v1", "Scale"),
@@ -150,17 +184,24 @@ impl Schemas {
         gen.subschema_for::<meta::ListMeta>();
         let mut kinds: Vec<(String, &Resource)> = Vec::new();
         for r in RESOURCES {
-            if let Some(name) = add(&mut gen, r.group, r.kind) {
+            if let Some(name) = add(&mut gen, r.group, r.version, r.kind) {
                 kinds.push((name, r));
             }
         }
         let mut extra = Vec::new();
         for (g, v, k) in SUBRESOURCE_KINDS {
-            if let Some(name) = add(&mut gen, g, k) {
+            if let Some(name) = add(&mut gen, g, v, k) {
                 extra.push((name, *g, *v, *k));
             }
         }
         let mut defs: BTreeMap<String, Value> = gen.take_definitions(false).into_iter().collect();
+        // metrics.k8s.io's kinds have no k8s-openapi type: their definitions as metrics-server
+        // publishes them.
+        for r in RESOURCES.iter().filter(|r| r.group == "metrics.k8s.io") {
+            let name = format!("io.k8s.metrics.pkg.apis.metrics.v1beta1.{}", r.kind);
+            defs.insert(name.clone(), metrics_schema(r.kind));
+            kinds.push((name, r));
+        }
         let tag = |defs: &mut BTreeMap<String, Value>, name: &str, gvks: Vec<Value>| {
             if let Some(Value::Object(o)) = defs.get_mut(name) {
                 o.insert("x-kubernetes-group-version-kind".into(), Value::Array(gvks));

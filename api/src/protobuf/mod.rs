@@ -1,6 +1,6 @@
 //! Kubernetes' protobuf request bodies (`application/vnd.kubernetes.protobuf`), which kubectl's
 //! typed commands send (`create namespace|configmap|secret|deployment|service|role|rolebinding|
-//! clusterrole|clusterrolebinding|token|priorityclass|quota|ingress|job|cronjob`, `auth can-i`,
+//! clusterrole|clusterrolebinding|token|priorityclass|quota|ingress|job|cronjob`, `autoscale`, `auth can-i`,
 //! `auth whoami`),
 //! decoded into the JSON the rest of the server works on.
 //!

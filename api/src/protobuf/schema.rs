@@ -193,6 +193,28 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
             f(3, "status", Ignored),
         ],
     ),
+    // autoscaling/v1, as `kubectl autoscale` sends it.
+    (
+        "HorizontalPodAutoscaler",
+        &[
+            f(1, "metadata", Msg("ObjectMeta")),
+            f(2, "spec", Msg("HorizontalPodAutoscalerSpec")),
+            f(3, "status", Ignored),
+        ],
+    ),
+    (
+        "HorizontalPodAutoscalerSpec",
+        &[
+            f(1, "scaleTargetRef", Msg("CrossVersionObjectReference")),
+            p(2, "minReplicas", Int),
+            f(3, "maxReplicas", Int),
+            p(4, "targetCPUUtilizationPercentage", Int),
+        ],
+    ),
+    (
+        "CrossVersionObjectReference",
+        &[f(1, "kind", Str), f(2, "name", Str), f(3, "apiVersion", Str)],
+    ),
     (
         "DeploymentSpec",
         &[

@@ -299,7 +299,7 @@ pub fn cluster_roles() -> Vec<Value> {
         "edit",
         "edit",
         &[("rbac.authorization.k8s.io/aggregate-to-admin", "true")],
-        &[&to_edit, &view],
+        &[&to_edit, &metrics_reader, &view],
     );
     let admin = aggregated("admin", "admin", &[], &[&edit, &to_admin]);
     vec![

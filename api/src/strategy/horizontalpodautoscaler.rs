@@ -306,6 +306,137 @@ impl Strategy for HorizontalPodAutoscaler {
     }
 }
 
+/// The annotations autoscaling/v1 keeps what it has no field for in (Kubernetes' names).
+const CONDITIONS_ANNOTATION: &str = "autoscaling.alpha.kubernetes.io/conditions";
+const BEHAVIOR_ANNOTATION: &str = "autoscaling.alpha.kubernetes.io/behavior";
+
+fn cpu_utilization_metric(percent: Value) -> Value {
+    json!([{"type": "Resource", "resource": {"name": "cpu",
+        "target": {"type": "Utilization", "averageUtilization": percent}}}])
+}
+
+/// The CPU utilization (target or current) among v2 metrics.
+fn cpu_utilization(metrics: Option<&Value>, ptr: &str) -> Option<Value> {
+    metrics?
+        .as_array()?
+        .iter()
+        .find(|m| {
+            m.get("type").and_then(Value::as_str) == Some("Resource")
+                && m.pointer("/resource/name").and_then(Value::as_str) == Some("cpu")
+        })?
+        .pointer(ptr)
+        .cloned()
+}
+
+/// An autoscaling/v1 object, or a merge-style patch of one, in the stored autoscaling/v2 form:
+/// `targetCPUUtilizationPercentage` becomes a CPU Utilization metric, the behavior and
+/// conditions v1 keeps in annotations come back as fields.
+pub fn v1_to_v2(v: &mut Value) {
+    let Some(o) = v.as_object_mut() else {
+        return;
+    };
+    if o.contains_key("apiVersion") {
+        o.insert("apiVersion".into(), json!("autoscaling/v2"));
+    }
+    let mut annotations = |key: &str| -> Option<Value> {
+        let a = o
+            .get_mut("metadata")?
+            .get_mut("annotations")?
+            .as_object_mut()?;
+        let raw = a.remove(key)?;
+        serde_json::from_str(raw.as_str()?).ok()
+    };
+    let behavior = annotations(BEHAVIOR_ANNOTATION);
+    let conditions = annotations(CONDITIONS_ANNOTATION);
+    if let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) {
+        if let Some(target) = spec.remove("targetCPUUtilizationPercentage") {
+            let metrics = if target.is_null() {
+                Value::Null
+            } else {
+                cpu_utilization_metric(target)
+            };
+            spec.insert("metrics".into(), metrics);
+        }
+        if let Some(b) = behavior {
+            spec.insert("behavior".into(), b);
+        }
+    }
+    if let Some(status) = o.get_mut("status").and_then(Value::as_object_mut) {
+        if let Some(current) = status.remove("currentCPUUtilizationPercentage") {
+            status.insert(
+                "currentMetrics".into(),
+                json!([{"type": "Resource", "resource": {"name": "cpu",
+                    "current": {"averageUtilization": current}}}]),
+            );
+        }
+        if let Some(c) = conditions {
+            status.insert("conditions".into(), c);
+        }
+    }
+}
+
+/// A JSON patch of an autoscaling/v1 object in the v2 form: the CPU target's path becomes the
+/// metrics'.
+fn v1_json_patch_to_v2(ops: &mut Value) {
+    for op in ops.as_array_mut().into_iter().flatten() {
+        if op.get("path").and_then(Value::as_str) == Some("/spec/targetCPUUtilizationPercentage") {
+            op["path"] = json!("/spec/metrics");
+            if let Some(v) = op.get("value").cloned() {
+                op["value"] = cpu_utilization_metric(v);
+            }
+        }
+    }
+}
+
+/// A stored autoscaling/v2 object in the autoscaling/v1 form.
+pub fn v2_to_v1(v: &mut Value) {
+    let Some(o) = v.as_object_mut() else {
+        return;
+    };
+    o.insert("apiVersion".into(), json!("autoscaling/v1"));
+    let mut annotations: Vec<(&str, String)> = Vec::new();
+    if let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) {
+        let metrics = spec.remove("metrics");
+        if let Some(t) = cpu_utilization(metrics.as_ref(), "/resource/target/averageUtilization") {
+            spec.insert("targetCPUUtilizationPercentage".into(), t);
+        }
+        if let Some(b) = spec.remove("behavior") {
+            annotations.push((BEHAVIOR_ANNOTATION, b.to_string()));
+        }
+    }
+    if let Some(status) = o.get_mut("status").and_then(Value::as_object_mut) {
+        let current = status.remove("currentMetrics");
+        if let Some(c) = cpu_utilization(current.as_ref(), "/resource/current/averageUtilization") {
+            status.insert("currentCPUUtilizationPercentage".into(), c);
+        }
+        if let Some(c) = status.remove("conditions") {
+            annotations.push((CONDITIONS_ANNOTATION, c.to_string()));
+        }
+        status.entry("currentReplicas").or_insert(json!(0));
+        status.entry("desiredReplicas").or_insert(json!(0));
+    }
+    if !annotations.is_empty() {
+        let meta = o.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            let a = m.entry("annotations").or_insert_with(|| json!({}));
+            for (k, v) in annotations {
+                a[k] = json!(v);
+            }
+        }
+    }
+}
+
+/// autoscaling/v1 HorizontalPodAutoscalers, served as the stored autoscaling/v2 ones.
+pub static V1: crate::view::View = crate::view::View {
+    stored: ("autoscaling", "v2", "horizontalpodautoscalers"),
+    kind: "HorizontalPodAutoscaler",
+    stored_api_version: "autoscaling/v2",
+    to_stored: v1_to_v2,
+    json_patch_to_stored: v1_json_patch_to_v2,
+    from_stored: v2_to_v1,
+    query_to_stored: Clone::clone,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,6 +473,41 @@ mod tests {
         assert_eq!(b["scaleDown"]["stabilizationWindowSeconds"], 5);
         assert_eq!(b["scaleDown"]["selectPolicy"], "Max");
         assert_eq!(b["scaleDown"]["policies"][0]["type"], "Percent");
+    }
+
+    #[test]
+    fn v1_converts_both_ways() {
+        let v1 = json!({"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "web"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "name": "web"},
+                     "minReplicas": 1, "maxReplicas": 5, "targetCPUUtilizationPercentage": 50}});
+        let mut v2 = v1.clone();
+        v1_to_v2(&mut v2);
+        assert_eq!(v2["apiVersion"], "autoscaling/v2");
+        assert_eq!(v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 50);
+        assert!(v2["spec"].get("targetCPUUtilizationPercentage").is_none());
+        v2["spec"]["behavior"] = json!({"scaleDown": {"stabilizationWindowSeconds": 5}});
+        v2["status"] = json!({"currentReplicas": 2, "desiredReplicas": 3,
+            "currentMetrics": [{"type": "Resource", "resource": {"name": "cpu",
+                "current": {"averageUtilization": 40, "averageValue": "40m"}}}],
+            "conditions": [{"type": "AbleToScale", "status": "True"}]});
+        let mut back = v2.clone();
+        v2_to_v1(&mut back);
+        assert_eq!(back["apiVersion"], "autoscaling/v1");
+        assert_eq!(back["spec"]["targetCPUUtilizationPercentage"], 50);
+        assert_eq!(back["status"]["currentCPUUtilizationPercentage"], 40);
+        assert!(back["metadata"]["annotations"][CONDITIONS_ANNOTATION].is_string());
+        // Through v1 and back, nothing v2 holds is lost but the current average value.
+        let mut again = back.clone();
+        v1_to_v2(&mut again);
+        assert_eq!(again["spec"], v2["spec"]);
+        assert_eq!(again["status"]["conditions"], v2["status"]["conditions"]);
+        let mut ops = json!([{"op": "replace", "path": "/spec/targetCPUUtilizationPercentage",
+                              "value": 70}]);
+        v1_json_patch_to_v2(&mut ops);
+        assert_eq!(ops[0]["path"], "/spec/metrics");
+        assert_eq!(ops[0]["value"][0]["resource"]["target"]["averageUtilization"], 70);
     }
 
     #[test]

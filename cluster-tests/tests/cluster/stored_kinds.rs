@@ -73,6 +73,9 @@ const KUBE_APISERVER_1_32: &[&str] = &[
     "volumeattachments.storage.k8s.io",
 ];
 
+/// What a cluster with metrics-server adds, and rkube serves itself.
+const METRICS_SERVER: &[&str] = &["nodes.metrics.k8s.io", "pods.metrics.k8s.io"];
+
 /// What rkube does not serve yet: the extension groups and flow control (later issues bring
 /// them with their machinery) and the kinds that come with their controllers.
 const NOT_YET: &[&str] = &[
@@ -80,7 +83,6 @@ const NOT_YET: &[&str] = &[
     ".apiextensions.k8s.io",
     ".apiregistration.k8s.io",
     ".flowcontrol.apiserver.k8s.io",
-    "horizontalpodautoscalers.autoscaling",
 ];
 
 /// One object of each kind added, as a user writes them.
@@ -221,6 +223,7 @@ async fn stored_kinds_are_served_as_kube_apiserver_serves_them() {
                 .iter()
                 .any(|n| r == n || (n.starts_with('.') && r.ends_with(n)))
         })
+        .chain(METRICS_SERVER.iter().copied())
         .collect();
     want.sort_unstable();
     let listed = k.run(&["api-resources", "-o", "name"]).await.ok();

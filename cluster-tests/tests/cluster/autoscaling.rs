@@ -1,0 +1,316 @@
+//! Resource metrics and autoscaling as a user sees them with kubectl, on a simulated node whose
+//! pods use the CPU and memory their `sim.rkube.io/cpu` and `sim.rkube.io/memory` annotations
+//! say: `kubectl top nodes|pods` (and `--containers`) print the scraped usage, metrics.k8s.io
+//! answers Kubernetes' NotFound and is listed by `kubectl api-resources`; `kubectl autoscale`
+//! makes an autoscaling/v2 HorizontalPodAutoscaler whose TARGETS show `cpu: 20%/50%`; when the
+//! pods' usage rises it scales the Deployment up to its maximum (SuccessfulRescale events in
+//! Kubernetes' words, ScalingLimited TooManyReplicas), and when it falls back down after its
+//! short stabilization window. Then, with real containers (`rkube up --runtime cri`), a
+//! busy-looping container's CPU shows in `kubectl top pods` and an autoscaler scales up on it.
+
+use std::time::Duration;
+
+use cluster_tests::kubectl::Kubectl;
+use cluster_tests::{wait_for, Cluster, Options};
+
+/// A cluster whose servers scrape every second and whose autoscalers sync every second.
+async fn cluster(agents: usize, extra: &[&str]) -> (Cluster, Kubectl) {
+    let mut up_args: Vec<String> = [
+        "--metric-resolution",
+        "1s",
+        "--horizontal-pod-autoscaler-sync-period",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    up_args.extend(extra.iter().map(|s| s.to_string()));
+    let c = Cluster::start(Options {
+        kubernetes_api: true,
+        agents,
+        up_args,
+        ..Options::default()
+    })
+    .await
+    .expect("cluster starts");
+    c.wait_leader().await;
+    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
+    let names = c.agent_names();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    k.wait_nodes_ready(&names).await;
+    (c, k)
+}
+
+fn words(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// The rows of `kubectl ARGS` once it succeeds with at least one row besides the header.
+async fn rows_when_listed(k: &Kubectl, args: &[&str], what: &str) -> Vec<Vec<String>> {
+    wait_for(what, Duration::from_secs(60), || async {
+        let out = k.run(args).await;
+        let t = words(&out.stdout);
+        (out.success && t.len() > 1).then_some(t)
+    })
+    .await
+}
+
+/// Millicores of a `kubectl top` CPU cell (`20m`, `1`).
+fn millicores(cell: &str) -> i64 {
+    match cell.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(-1),
+        None => cell.parse::<i64>().map(|c| c * 1000).unwrap_or(-1),
+    }
+}
+
+async fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
+    let mut args = vec!["get"];
+    args.extend_from_slice(what);
+    let jp = format!("jsonpath={path}");
+    args.extend_from_slice(&["-o", &jp]);
+    k.run(&args).await.ok()
+}
+
+/// The messages of the events of `reason` about `name`.
+async fn event_messages(k: &Kubectl, name: &str, reason: &str) -> Vec<String> {
+    let out = jsonpath(
+        k,
+        &["events"],
+        "{range .items[*]}{.involvedObject.name}|{.reason}|{.message}{\"\\n\"}{end}",
+    )
+    .await;
+    out.lines()
+        .filter_map(|l| {
+            let mut parts = l.splitn(3, '|');
+            let (n, r, m) = (parts.next()?, parts.next()?, parts.next()?);
+            (n == name && r == reason).then(|| m.to_string())
+        })
+        .collect()
+}
+
+fn web(cpu: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+      annotations:
+        sim.rkube.io/cpu: "{cpu}"
+        sim.rkube.io/memory: 32Mi
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+        resources:
+          requests:
+            cpu: 100m
+      - name: sidecar
+        image: busybox:1.36
+        resources:
+          requests:
+            cpu: 100m
+"#
+    )
+}
+
+/// `(replicas, TARGETS)` of `kubectl get hpa web`.
+async fn hpa_row(k: &Kubectl) -> (String, String) {
+    let t = words(&k.run(&["get", "hpa", "web"]).await.ok());
+    assert_eq!(
+        t[0],
+        ["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"]
+    );
+    // TARGETS is two words: "cpu:" and "20%/50%".
+    (t[1][6].clone(), format!("{} {}", t[1][2], t[1][3]))
+}
+
+async fn wait_replicas(k: &Kubectl, want: &str, timeout: Duration) {
+    wait_for(
+        &format!("deployment web at {want} replicas, all available"),
+        timeout,
+        || async {
+            let got = jsonpath(
+                k,
+                &["deployment", "web"],
+                "{.spec.replicas} {.status.availableReplicas} {.status.updatedReplicas}",
+            )
+            .await;
+            (got == format!("{want} {want} {want}")).then_some(())
+        },
+    )
+    .await;
+}
+
+fn condition(k: &str, ty: &str) -> String {
+    format!("{{.status.conditions[?(@.type==\"{ty}\")].{k}}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_down() {
+    let (_c, k) = cluster(1, &[]).await;
+    let applied = k.run_with_input(&["apply", "-f", "-"], &web("10m")).await.ok();
+    assert!(applied.contains("deployment.apps/web created"), "{applied}");
+    wait_replicas(&k, "1", Duration::from_secs(60)).await;
+
+    // metrics.k8s.io is discovered as metrics-server's is.
+    let resources = words(
+        &k.run(&["api-resources", "--api-group=metrics.k8s.io"])
+            .await
+            .ok(),
+    );
+    assert_eq!(resources[1], ["nodes", "metrics.k8s.io/v1beta1", "false", "NodeMetrics"]);
+    assert_eq!(resources[2], ["pods", "metrics.k8s.io/v1beta1", "true", "PodMetrics"]);
+
+    // kubectl top: the node, the pod (two containers of 10m and 32Mi each), its containers.
+    let nodes = rows_when_listed(&k, &["top", "nodes"], "kubectl top nodes").await;
+    assert_eq!(
+        nodes[0],
+        ["NAME", "CPU(cores)", "CPU(%)", "MEMORY(bytes)", "MEMORY(%)"]
+    );
+    assert_eq!(nodes[1][0], "agent1");
+    let pods = rows_when_listed(&k, &["top", "pods"], "kubectl top pods").await;
+    assert_eq!(pods[0], ["NAME", "CPU(cores)", "MEMORY(bytes)"]);
+    assert!(pods[1][0].starts_with("web-"), "{pods:?}");
+    let cpu = millicores(&pods[1][1]);
+    assert!((19..=21).contains(&cpu), "two containers at 10m: {pods:?}");
+    assert_eq!(pods[1][2], "64Mi");
+    let containers = rows_when_listed(&k, &["top", "pods", "--containers"], "top --containers").await;
+    assert_eq!(containers[0], ["POD", "NAME", "CPU(cores)", "MEMORY(bytes)"]);
+    let mut names: Vec<&str> = containers[1..].iter().map(|r| r[1].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["sidecar", "web"]);
+    assert!(containers[1..].iter().all(|r| r[3] == "32Mi"), "{containers:?}");
+    let missing = k.run(&["top", "pod", "nope"]).await.err();
+    assert!(
+        missing.contains("podmetrics.metrics.k8s.io \"default/nope\" not found"),
+        "{missing}"
+    );
+    let missing = k.run(&["top", "node", "nope"]).await.err();
+    assert!(
+        missing.contains("nodemetrics.metrics.k8s.io \"nope\" not found"),
+        "{missing}"
+    );
+    // Label selectors select.
+    let none = k.run(&["top", "pods", "-l", "app=other"]).await;
+    assert!(!none.stdout.contains("web-"), "{}", none.stdout);
+    // Reading metrics is part of view, as with metrics-server's aggregated role.
+    let view = jsonpath(&k, &["clusterrole", "view"], "{.rules[*].apiGroups}").await;
+    assert!(view.contains("metrics.k8s.io"), "{view}");
+
+    // kubectl autoscale makes an autoscaling/v2 HPA with Kubernetes' defaults.
+    let made = k
+        .run(&[
+            "autoscale",
+            "deployment",
+            "web",
+            "--cpu-percent=50",
+            "--min=1",
+            "--max=5",
+        ])
+        .await
+        .ok();
+    assert!(made.contains("horizontalpodautoscaler.autoscaling/web autoscaled"), "{made}");
+    let patched = k
+        .run(&[
+            "patch",
+            "hpa",
+            "web",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"behavior":{"scaleDown":{"stabilizationWindowSeconds":5}}}}"#,
+        ])
+        .await
+        .ok();
+    assert!(patched.contains("patched"), "{patched}");
+    let defaults = jsonpath(
+        &k,
+        &["hpa", "web"],
+        "{.spec.behavior.scaleUp.selectPolicy} {.spec.behavior.scaleUp.policies[*].type} {.spec.behavior.scaleDown.policies[0].value}",
+    )
+    .await;
+    assert_eq!(defaults, "Max Pods Percent 100");
+
+    // 20m of 200m requested: 10% of the 50% target, one replica.
+    wait_for("the HPA at 10%", Duration::from_secs(60), || async {
+        let (replicas, targets) = hpa_row(&k).await;
+        (replicas == "1" && targets == "cpu: 10%/50%").then_some(())
+    })
+    .await;
+    let active = jsonpath(
+        &k,
+        &["hpa", "web"],
+        &format!("{} {}", condition("status", "ScalingActive"), condition("reason", "ScalingActive")),
+    )
+    .await;
+    assert_eq!(active, "True ValidMetricFound");
+
+    // The pods' usage rises to 150% of their requests: up to the maximum of five.
+    let rolled = k
+        .run(&[
+            "patch",
+            "deployment",
+            "web",
+            "-p",
+            r#"{"spec":{"template":{"metadata":{"annotations":{"sim.rkube.io/cpu":"150m"}}}}}"#,
+        ])
+        .await
+        .ok();
+    assert!(rolled.contains("patched"), "{rolled}");
+    wait_replicas(&k, "5", Duration::from_secs(120)).await;
+    let limited = jsonpath(
+        &k,
+        &["hpa", "web"],
+        &format!("{} {}", condition("status", "ScalingLimited"), condition("reason", "ScalingLimited")),
+    )
+    .await;
+    let ups = event_messages(&k, "web", "SuccessfulRescale").await;
+    assert!(
+        ups.iter().any(|m| m.starts_with("New size: ")
+            && m.ends_with("; reason: cpu resource utilization (percentage of request) above target")),
+        "{ups:?}"
+    );
+    wait_for("the HPA limited at five", Duration::from_secs(30), || async {
+        let (replicas, targets) = hpa_row(&k).await;
+        let limited = jsonpath(
+            &k,
+            &["hpa", "web"],
+            &format!("{} {}", condition("status", "ScalingLimited"), condition("reason", "ScalingLimited")),
+        )
+        .await;
+        (replicas == "5" && targets == "cpu: 150%/50%" && limited == "True TooManyReplicas")
+            .then_some(())
+    })
+    .await;
+    let _ = limited;
+
+    // It falls back to 10m: after the five-second stabilization window, down to one.
+    k.run(&[
+        "patch",
+        "deployment",
+        "web",
+        "-p",
+        r#"{"spec":{"template":{"metadata":{"annotations":{"sim.rkube.io/cpu":"10m"}}}}}"#,
+    ])
+    .await
+    .ok();
+    wait_replicas(&k, "1", Duration::from_secs(120)).await;
+    let downs = event_messages(&k, "web", "SuccessfulRescale").await;
+    assert!(
+        downs.iter().any(|m| m.starts_with("New size: ") && m.ends_with("; reason: All metrics below target")),
+        "{downs:?}"
+    );
+    let last = jsonpath(&k, &["hpa", "web"], "{.status.lastScaleTime}").await;
+    assert!(!last.is_empty());
+}
