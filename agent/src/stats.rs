@@ -49,7 +49,8 @@ struct SimPod {
 impl SimPod {
     /// CPU time each container has used by `now`.
     fn used_by(&self, now: Instant) -> u128 {
-        self.used_ns + self.nanocores as u128 * now.duration_since(self.at).as_nanos() / NANO as u128
+        self.used_ns
+            + self.nanocores as u128 * now.duration_since(self.at).as_nanos() / NANO as u128
     }
 }
 
@@ -142,7 +143,13 @@ fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
 }
 
-fn container(name: &str, started: DateTime<Utc>, time: DateTime<Utc>, cpu_ns: u128, mem: u64) -> Value {
+fn container(
+    name: &str,
+    started: DateTime<Utc>,
+    time: DateTime<Utc>,
+    cpu_ns: u128,
+    mem: u64,
+) -> Value {
     json!({
         "name": name,
         "startTime": rfc3339(started),
@@ -151,7 +158,13 @@ fn container(name: &str, started: DateTime<Utc>, time: DateTime<Utc>, cpu_ns: u1
     })
 }
 
-fn pod_stats(ns: &str, name: &str, uid: &str, started: DateTime<Utc>, containers: Vec<Value>) -> Value {
+fn pod_stats(
+    ns: &str,
+    name: &str,
+    uid: &str,
+    started: DateTime<Utc>,
+    containers: Vec<Value>,
+) -> Value {
     json!({
         "podRef": {"namespace": ns, "name": name, "uid": uid},
         "startTime": rfc3339(started),
@@ -219,9 +232,13 @@ pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
             json!({"time": at(m.timestamp),
                    "workingSetBytes": m.working_set_bytes.as_ref().map(|v| v.value)})
         });
-        let entry = pods
-            .entry(uid)
-            .or_insert_with(|| (label(crate::cri::POD_NAMESPACE), label(crate::cri::POD_NAME), Vec::new()));
+        let entry = pods.entry(uid).or_insert_with(|| {
+            (
+                label(crate::cri::POD_NAMESPACE),
+                label(crate::cri::POD_NAME),
+                Vec::new(),
+            )
+        });
         entry
             .2
             .push(json!({"name": name, "cpu": cpu, "memory": memory}));
@@ -290,7 +307,10 @@ mod tests {
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0]["podRef"]["uid"], "u1");
         assert_eq!(pods[0]["containers"].as_array().unwrap().len(), 2);
-        assert_eq!(pods[0]["containers"][1]["memory"]["workingSetBytes"], 4 << 20);
+        assert_eq!(
+            pods[0]["containers"][1]["memory"]["workingSetBytes"],
+            4 << 20
+        );
         assert_eq!(sum["node"]["memory"]["workingSetBytes"], 8 << 20);
         usage.forget("u1");
         assert!(usage.summary("n1")["pods"].as_array().unwrap().is_empty());

@@ -295,7 +295,10 @@ mod tests {
         assert_eq!(pod[0].usage.nanocores, 100_000_000);
         assert_eq!(pod[0].usage.memory, 500);
         // A pod absent from the next scrape is gone; the same sample twice changes nothing.
-        cache.record("n1", &json!({"node": summary(30, 6_000_000_000, 0)["node"].clone()}));
+        cache.record(
+            "n1",
+            &json!({"node": summary(30, 6_000_000_000, 0)["node"].clone()}),
+        );
         assert_eq!(cache.pod("default", "web"), None);
         cache.retain(&[]);
         assert_eq!(cache.node("n1"), None);
@@ -311,6 +314,9 @@ mod tests {
         };
         assert_eq!(usage(p(0, 10), p(10, 5)), None);
         assert_eq!(usage(p(10, 0), p(10, 5)), None);
-        assert_eq!(usage(p(0, 0), p(10, 5_000_000_000)).unwrap().nanocores, 500_000_000);
+        assert_eq!(
+            usage(p(0, 0), p(10, 5_000_000_000)).unwrap().nanocores,
+            500_000_000
+        );
     }
 }

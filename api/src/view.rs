@@ -83,7 +83,11 @@ impl View {
     /// A request body turned into the stored form: objects and merge-style patches by their
     /// fields, JSON patches by their paths. Returns the body as JSON (the content type of an
     /// object body becomes application/json).
-    pub fn body_to_stored(&self, body: &Bytes, content_type: &str) -> Result<(Bytes, String), ApiError> {
+    pub fn body_to_stored(
+        &self,
+        body: &Bytes,
+        content_type: &str,
+    ) -> Result<(Bytes, String), ApiError> {
         if body.is_empty() {
             return Ok((body.clone(), content_type.to_string()));
         }

@@ -35,14 +35,18 @@ fn window(u: &Usage) -> String {
 }
 
 fn timestamp(u: &Usage) -> String {
-    u.timestamp.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    u.timestamp
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn meta_of(o: &Value, namespaced: bool) -> Value {
     let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut m = json!({"name": o.pointer("/metadata/name"), "creationTimestamp": now});
     if namespaced {
-        m["namespace"] = o.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
+        m["namespace"] = o
+            .pointer("/metadata/namespace")
+            .cloned()
+            .unwrap_or(Value::Null);
     }
     if let Some(l) = o.pointer("/metadata/labels") {
         m["labels"] = l.clone();

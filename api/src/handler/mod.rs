@@ -734,7 +734,6 @@ impl Api {
     }
 }
 
-
 /// The stored resource's target and query a request to a view is served as.
 fn stored_target(
     view: &crate::view::View,

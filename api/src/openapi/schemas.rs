@@ -125,7 +125,8 @@ fn add(gen: &mut SchemaGenerator, group: &str, version: &str, kind: &str) -> Opt
 
 /// The definition of NodeMetrics or PodMetrics (metrics.k8s.io/v1beta1).
 fn metrics_schema(kind: &str) -> Value {
-    let meta = |t: &str| json!({"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.apis.meta.v1.{t}")});
+    let meta =
+        |t: &str| json!({"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.apis.meta.v1.{t}")});
     let usage = json!({"type": "object", "description": "The memory and CPU usage.",
         "additionalProperties": {"$ref": format!("{REF_PREFIX}io.k8s.apimachinery.pkg.api.resource.Quantity")}});
     let mut props = json!({

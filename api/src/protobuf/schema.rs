@@ -213,7 +213,11 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
     ),
     (
         "CrossVersionObjectReference",
-        &[f(1, "kind", Str), f(2, "name", Str), f(3, "apiVersion", Str)],
+        &[
+            f(1, "kind", Str),
+            f(2, "name", Str),
+            f(3, "apiVersion", Str),
+        ],
     ),
     (
         "DeploymentSpec",

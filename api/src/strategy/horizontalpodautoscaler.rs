@@ -64,7 +64,10 @@ fn validate_target(field: &str, target: Option<&Value>, causes: &mut Vec<Cause>)
     let ty = target.get("type").cloned().unwrap_or(Value::Null);
     match ty.as_str() {
         Some("Utilization" | "Value" | "AverageValue") => {}
-        None => causes.push(required(&format!("{field}.type"), "must specify a metric target type")),
+        None => causes.push(required(
+            &format!("{field}.type"),
+            "must specify a metric target type",
+        )),
         Some(_) => causes.push(not_supported(
             &format!("{field}.type"),
             &ty,
@@ -110,12 +113,21 @@ fn validate_metric(field: &str, metric: &Value, causes: &mut Vec<Cause>) {
     ];
     let Some((_, source)) = kinds.iter().find(|(k, _)| Some(*k) == ty.as_str()) else {
         if ty.is_null() {
-            causes.push(required(&format!("{field}.type"), "must specify a metric source type"));
+            causes.push(required(
+                &format!("{field}.type"),
+                "must specify a metric source type",
+            ));
         } else {
             causes.push(not_supported(
                 &format!("{field}.type"),
                 &ty,
-                &["ContainerResource", "External", "Object", "Pods", "Resource"],
+                &[
+                    "ContainerResource",
+                    "External",
+                    "Object",
+                    "Pods",
+                    "Resource",
+                ],
             ));
         }
         return;
@@ -123,19 +135,35 @@ fn validate_metric(field: &str, metric: &Value, causes: &mut Vec<Cause>) {
     let Some(src) = metric.get(*source).filter(|s| s.is_object()) else {
         causes.push(required(
             &format!("{field}.{source}"),
-            &format!("must populate information for the given metric source (type {})", ty.as_str().unwrap_or("")),
+            &format!(
+                "must populate information for the given metric source (type {})",
+                ty.as_str().unwrap_or("")
+            ),
         ));
         return;
     };
     let sf = format!("{field}.{source}");
     if matches!(*source, "resource" | "containerResource") {
-        if src.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
-            causes.push(required(&format!("{sf}.name"), "must specify a resource name"));
+        if src
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            causes.push(required(
+                &format!("{sf}.name"),
+                "must specify a resource name",
+            ));
         }
         if *source == "containerResource"
-            && src.get("container").and_then(Value::as_str).is_none_or(str::is_empty)
+            && src
+                .get("container")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
         {
-            causes.push(required(&format!("{sf}.container"), "must specify a container"));
+            causes.push(required(
+                &format!("{sf}.container"),
+                "must specify a container",
+            ));
         }
         if let Some(t) = src.pointer("/target/type").and_then(Value::as_str) {
             if t == "Value" {
@@ -146,14 +174,24 @@ fn validate_metric(field: &str, metric: &Value, causes: &mut Vec<Cause>) {
                 ));
             }
         }
-    } else if src.pointer("/metric/name").and_then(Value::as_str).is_none_or(str::is_empty) {
-        causes.push(required(&format!("{sf}.metric.name"), "must specify a metric name"));
+    } else if src
+        .pointer("/metric/name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        causes.push(required(
+            &format!("{sf}.metric.name"),
+            "must specify a metric name",
+        ));
     }
     validate_target(&format!("{sf}.target"), src.get("target"), causes);
 }
 
 fn validate_rules(field: &str, rules: &Value, causes: &mut Vec<Cause>) {
-    if let Some(w) = rules.get("stabilizationWindowSeconds").filter(|v| !v.is_null()) {
+    if let Some(w) = rules
+        .get("stabilizationWindowSeconds")
+        .filter(|v| !v.is_null())
+    {
         match w.as_i64() {
             Some(w) if w < 0 => causes.push(invalid(
                 &format!("{field}.stabilizationWindowSeconds"),
@@ -188,7 +226,11 @@ fn validate_rules(field: &str, rules: &Value, causes: &mut Vec<Cause>) {
         let pf = format!("{field}.policies[{i}]");
         let ty = p.get("type").cloned().unwrap_or(Value::Null);
         if !matches!(ty.as_str(), Some("Pods" | "Percent")) {
-            causes.push(not_supported(&format!("{pf}.type"), &ty, &["Percent", "Pods"]));
+            causes.push(not_supported(
+                &format!("{pf}.type"),
+                &ty,
+                &["Percent", "Pods"],
+            ));
         }
         let period = p.get("periodSeconds").and_then(Value::as_i64).unwrap_or(0);
         if period <= 0 {
@@ -273,7 +315,11 @@ impl Strategy for HorizontalPodAutoscaler {
         }
         let max = spec.get("maxReplicas").and_then(Value::as_i64).unwrap_or(0);
         if max < 1 {
-            causes.push(invalid("spec.maxReplicas", &json!(max), "must be greater than 0"));
+            causes.push(invalid(
+                "spec.maxReplicas",
+                &json!(max),
+                "must be greater than 0",
+            ));
         } else if min.is_some_and(|m| max < m) {
             causes.push(invalid(
                 "spec.maxReplicas",
@@ -291,7 +337,10 @@ impl Strategy for HorizontalPodAutoscaler {
             validate_metric(&format!("spec.metrics[{i}]"), m, causes);
         }
         for dir in ["scaleUp", "scaleDown"] {
-            if let Some(r) = spec.pointer(&format!("/behavior/{dir}")).filter(|r| r.is_object()) {
+            if let Some(r) = spec
+                .pointer(&format!("/behavior/{dir}"))
+                .filter(|r| r.is_object())
+            {
                 validate_rules(&format!("spec.behavior.{dir}"), r, causes);
             }
         }
@@ -455,8 +504,10 @@ mod tests {
 
     #[test]
     fn defaults_are_kubernetes() {
-        let mut o = hpa(json!({"scaleTargetRef": {"kind": "Deployment", "name": "web"},
-                                "maxReplicas": 5}));
+        let mut o = hpa(
+            json!({"scaleTargetRef": {"kind": "Deployment", "name": "web"},
+                                "maxReplicas": 5}),
+        );
         HorizontalPodAutoscaler.defaults(&mut o);
         assert_eq!(o["spec"]["minReplicas"], 1);
         assert_eq!(o["spec"]["metrics"][0]["resource"]["name"], "cpu");
@@ -464,7 +515,10 @@ mod tests {
             o["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
             80
         );
-        assert!(o["spec"].get("behavior").is_none(), "no behavior stays none");
+        assert!(
+            o["spec"].get("behavior").is_none(),
+            "no behavior stays none"
+        );
 
         let mut o = hpa(json!({"behavior": {"scaleDown": {"stabilizationWindowSeconds": 5}}}));
         HorizontalPodAutoscaler.defaults(&mut o);
@@ -485,7 +539,10 @@ mod tests {
         let mut v2 = v1.clone();
         v1_to_v2(&mut v2);
         assert_eq!(v2["apiVersion"], "autoscaling/v2");
-        assert_eq!(v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 50);
+        assert_eq!(
+            v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+            50
+        );
         assert!(v2["spec"].get("targetCPUUtilizationPercentage").is_none());
         v2["spec"]["behavior"] = json!({"scaleDown": {"stabilizationWindowSeconds": 5}});
         v2["status"] = json!({"currentReplicas": 2, "desiredReplicas": 3,
@@ -507,7 +564,10 @@ mod tests {
                               "value": 70}]);
         v1_json_patch_to_v2(&mut ops);
         assert_eq!(ops[0]["path"], "/spec/metrics");
-        assert_eq!(ops[0]["value"][0]["resource"]["target"]["averageUtilization"], 70);
+        assert_eq!(
+            ops[0]["value"][0]["resource"]["target"]["averageUtilization"],
+            70
+        );
     }
 
     #[test]
@@ -516,32 +576,49 @@ mod tests {
                         "minReplicas": 1, "maxReplicas": 5});
         assert_eq!(causes(ok), vec![]);
         let table: Vec<(Value, &str, &str)> = vec![
-            (json!({"scaleTargetRef": {"kind": "Deployment"}, "maxReplicas": 1}),
-             "spec.scaleTargetRef.name", "Required value"),
-            (json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "minReplicas": 0,
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment"}, "maxReplicas": 1}),
+                "spec.scaleTargetRef.name",
+                "Required value",
+            ),
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "minReplicas": 0,
                     "maxReplicas": 1}),
-             "spec.minReplicas", "Invalid value: 0: must be greater than or equal to 1"),
-            (json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "minReplicas": 3,
+                "spec.minReplicas",
+                "Invalid value: 0: must be greater than or equal to 1",
+            ),
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "minReplicas": 3,
                     "maxReplicas": 2}),
-             "spec.maxReplicas", "Invalid value: 2: must be greater than or equal to `minReplicas`"),
-            (json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
+                "spec.maxReplicas",
+                "Invalid value: 2: must be greater than or equal to `minReplicas`",
+            ),
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
                     "metrics": [{"type": "Resource", "resource": {"name": "cpu",
                         "target": {"type": "Utilization", "averageUtilization": 0}}}]}),
-             "spec.metrics[0].resource.target.averageUtilization",
-             "Invalid value: 0: must be greater than 0"),
-            (json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
+                "spec.metrics[0].resource.target.averageUtilization",
+                "Invalid value: 0: must be greater than 0",
+            ),
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
                     "behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 1,
                                                            "periodSeconds": 1801}]}}}),
-             "spec.behavior.scaleUp.policies[0].periodSeconds",
-             "Invalid value: 1801: must be less than or equal to 1800"),
-            (json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
+                "spec.behavior.scaleUp.policies[0].periodSeconds",
+                "Invalid value: 1801: must be less than or equal to 1800",
+            ),
+            (
+                json!({"scaleTargetRef": {"kind": "Deployment", "name": "w"}, "maxReplicas": 2,
                     "behavior": {"scaleDown": {"selectPolicy": "Most"}}}),
-             "spec.behavior.scaleDown.selectPolicy", "Unsupported value: \"Most\""),
+                "spec.behavior.scaleDown.selectPolicy",
+                "Unsupported value: \"Most\"",
+            ),
         ];
         for (spec, field, message) in table {
             let got = causes(spec.clone());
             assert!(
-                got.iter().any(|(f, m)| f == field && m.starts_with(message)),
+                got.iter()
+                    .any(|(f, m)| f == field && m.starts_with(message)),
                 "{spec}: {got:?}"
             );
         }

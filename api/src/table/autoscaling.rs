@@ -36,27 +36,35 @@ fn metric(spec: &Value, status: Option<&Value>) -> String {
         _ => "external",
     };
     let src = spec.get(source).cloned().unwrap_or(Value::Null);
-    let cur = status.and_then(|st| st.get(source)).and_then(|c| c.get("current"));
+    let cur = status
+        .and_then(|st| st.get(source))
+        .and_then(|c| c.get("current"));
     let unknown = || "<unknown>".to_string();
     let name = match ty {
         "Resource" | "ContainerResource" => s(&src, "/name").to_string(),
         _ => s(&src, "/metric/name").to_string(),
     };
     let target = src.get("target").cloned().unwrap_or(Value::Null);
-    let (current, wanted) = if let Some(u) = target.get("averageUtilization").and_then(Value::as_i64)
-    {
-        let c = cur
-            .and_then(|c| c.get("averageUtilization"))
-            .and_then(Value::as_i64)
-            .map_or_else(unknown, |c| format!("{c}%"));
-        (c, format!("{u}%"))
-    } else if let Some(v) = quantity(target.get("averageValue")) {
-        (quantity(cur.and_then(|c| c.get("averageValue"))).unwrap_or_else(unknown), v)
-    } else if let Some(v) = quantity(target.get("value")) {
-        (quantity(cur.and_then(|c| c.get("value"))).unwrap_or_else(unknown), v)
-    } else {
-        (unknown(), "<auto>".to_string())
-    };
+    let (current, wanted) =
+        if let Some(u) = target.get("averageUtilization").and_then(Value::as_i64) {
+            let c = cur
+                .and_then(|c| c.get("averageUtilization"))
+                .and_then(Value::as_i64)
+                .map_or_else(unknown, |c| format!("{c}%"));
+            (c, format!("{u}%"))
+        } else if let Some(v) = quantity(target.get("averageValue")) {
+            (
+                quantity(cur.and_then(|c| c.get("averageValue"))).unwrap_or_else(unknown),
+                v,
+            )
+        } else if let Some(v) = quantity(target.get("value")) {
+            (
+                quantity(cur.and_then(|c| c.get("value"))).unwrap_or_else(unknown),
+                v,
+            )
+        } else {
+            (unknown(), "<auto>".to_string())
+        };
     match ty {
         "ContainerResource" => format!(
             "{name}: {current}/{wanted} (container {})",
@@ -98,8 +106,14 @@ pub(super) fn row(o: &Value) -> Vec<Value> {
         json!(reference),
         json!(targets),
         json!(min),
-        json!(o.pointer("/spec/maxReplicas").and_then(Value::as_i64).unwrap_or(0)),
-        json!(o.pointer("/status/currentReplicas").and_then(Value::as_i64).unwrap_or(0)),
+        json!(o
+            .pointer("/spec/maxReplicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)),
+        json!(o
+            .pointer("/status/currentReplicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)),
         Value::Null,
     ]
 }

@@ -130,7 +130,15 @@ async fn hpa_row(k: &Kubectl) -> (String, String) {
     let t = words(&k.run(&["get", "hpa", "web"]).await.ok());
     assert_eq!(
         t[0],
-        ["NAME", "REFERENCE", "TARGETS", "MINPODS", "MAXPODS", "REPLICAS", "AGE"]
+        [
+            "NAME",
+            "REFERENCE",
+            "TARGETS",
+            "MINPODS",
+            "MAXPODS",
+            "REPLICAS",
+            "AGE"
+        ]
     );
     // TARGETS is two words: "cpu:" and "20%/50%".
     (t[1][6].clone(), format!("{} {}", t[1][2], t[1][3]))
@@ -160,7 +168,10 @@ fn condition(k: &str, ty: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_down() {
     let (_c, k) = cluster(1, &[]).await;
-    let applied = k.run_with_input(&["apply", "-f", "-"], &web("10m")).await.ok();
+    let applied = k
+        .run_with_input(&["apply", "-f", "-"], &web("10m"))
+        .await
+        .ok();
     assert!(applied.contains("deployment.apps/web created"), "{applied}");
     wait_replicas(&k, "1", Duration::from_secs(60)).await;
 
@@ -170,8 +181,14 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
             .await
             .ok(),
     );
-    assert_eq!(resources[1], ["nodes", "metrics.k8s.io/v1beta1", "false", "NodeMetrics"]);
-    assert_eq!(resources[2], ["pods", "metrics.k8s.io/v1beta1", "true", "PodMetrics"]);
+    assert_eq!(
+        resources[1],
+        ["nodes", "metrics.k8s.io/v1beta1", "false", "NodeMetrics"]
+    );
+    assert_eq!(
+        resources[2],
+        ["pods", "metrics.k8s.io/v1beta1", "true", "PodMetrics"]
+    );
 
     // kubectl top: the node, the pod (two containers of 10m and 32Mi each), its containers.
     let nodes = rows_when_listed(&k, &["top", "nodes"], "kubectl top nodes").await;
@@ -186,12 +203,19 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     let cpu = millicores(&pods[1][1]);
     assert!((19..=21).contains(&cpu), "two containers at 10m: {pods:?}");
     assert_eq!(pods[1][2], "64Mi");
-    let containers = rows_when_listed(&k, &["top", "pods", "--containers"], "top --containers").await;
-    assert_eq!(containers[0], ["POD", "NAME", "CPU(cores)", "MEMORY(bytes)"]);
+    let containers =
+        rows_when_listed(&k, &["top", "pods", "--containers"], "top --containers").await;
+    assert_eq!(
+        containers[0],
+        ["POD", "NAME", "CPU(cores)", "MEMORY(bytes)"]
+    );
     let mut names: Vec<&str> = containers[1..].iter().map(|r| r[1].as_str()).collect();
     names.sort_unstable();
     assert_eq!(names, ["sidecar", "web"]);
-    assert!(containers[1..].iter().all(|r| r[3] == "32Mi"), "{containers:?}");
+    assert!(
+        containers[1..].iter().all(|r| r[3] == "32Mi"),
+        "{containers:?}"
+    );
     let missing = k.run(&["top", "pod", "nope"]).await.err();
     assert!(
         missing.contains("podmetrics.metrics.k8s.io \"default/nope\" not found"),
@@ -221,7 +245,10 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         ])
         .await
         .ok();
-    assert!(made.contains("horizontalpodautoscaler.autoscaling/web autoscaled"), "{made}");
+    assert!(
+        made.contains("horizontalpodautoscaler.autoscaling/web autoscaled"),
+        "{made}"
+    );
     let patched = k
         .run(&[
             "patch",
@@ -251,7 +278,11 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     let active = jsonpath(
         &k,
         &["hpa", "web"],
-        &format!("{} {}", condition("status", "ScalingActive"), condition("reason", "ScalingActive")),
+        &format!(
+            "{} {}",
+            condition("status", "ScalingActive"),
+            condition("reason", "ScalingActive")
+        ),
     )
     .await;
     assert_eq!(active, "True ValidMetricFound");
@@ -272,26 +303,40 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     let limited = jsonpath(
         &k,
         &["hpa", "web"],
-        &format!("{} {}", condition("status", "ScalingLimited"), condition("reason", "ScalingLimited")),
+        &format!(
+            "{} {}",
+            condition("status", "ScalingLimited"),
+            condition("reason", "ScalingLimited")
+        ),
     )
     .await;
     let ups = event_messages(&k, "web", "SuccessfulRescale").await;
     assert!(
         ups.iter().any(|m| m.starts_with("New size: ")
-            && m.ends_with("; reason: cpu resource utilization (percentage of request) above target")),
+            && m.ends_with(
+                "; reason: cpu resource utilization (percentage of request) above target"
+            )),
         "{ups:?}"
     );
-    wait_for("the HPA limited at five", Duration::from_secs(30), || async {
-        let (replicas, targets) = hpa_row(&k).await;
-        let limited = jsonpath(
-            &k,
-            &["hpa", "web"],
-            &format!("{} {}", condition("status", "ScalingLimited"), condition("reason", "ScalingLimited")),
-        )
-        .await;
-        (replicas == "5" && targets == "cpu: 150%/50%" && limited == "True TooManyReplicas")
-            .then_some(())
-    })
+    wait_for(
+        "the HPA limited at five",
+        Duration::from_secs(30),
+        || async {
+            let (replicas, targets) = hpa_row(&k).await;
+            let limited = jsonpath(
+                &k,
+                &["hpa", "web"],
+                &format!(
+                    "{} {}",
+                    condition("status", "ScalingLimited"),
+                    condition("reason", "ScalingLimited")
+                ),
+            )
+            .await;
+            (replicas == "5" && targets == "cpu: 150%/50%" && limited == "True TooManyReplicas")
+                .then_some(())
+        },
+    )
     .await;
     let _ = limited;
 
@@ -308,9 +353,104 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     wait_replicas(&k, "1", Duration::from_secs(120)).await;
     let downs = event_messages(&k, "web", "SuccessfulRescale").await;
     assert!(
-        downs.iter().any(|m| m.starts_with("New size: ") && m.ends_with("; reason: All metrics below target")),
+        downs
+            .iter()
+            .any(|m| m.starts_with("New size: ")
+                && m.ends_with("; reason: All metrics below target")),
         "{downs:?}"
     );
     let last = jsonpath(&k, &["hpa", "web"], "{.status.lastScaleTime}").await;
     assert!(!last.is_empty());
+}
+
+/// A container that keeps one CPU as busy as its 100m limit lets it, requesting 50m.
+const BURN: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: burn
+spec:
+  replicas: 1
+  selector:
+    matchLabels:
+      app: burn
+  template:
+    metadata:
+      labels:
+        app: burn
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: loop
+        image: rkube.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sh", "-c", "while :; do :; done"]
+        resources:
+          requests:
+            cpu: 50m
+          limits:
+            cpu: 100m
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_container_shows_in_top_and_is_scaled_on() {
+    let images = tempfile::tempdir().unwrap();
+    cluster_tests::build_images(images.path());
+    let (c, k) = cluster(1, &["--runtime", "cri"]).await;
+    let load = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["image", "load", "--dir"])
+        .arg(c.path())
+        .arg(images.path().join("busybox.tar"))
+        .output()
+        .unwrap();
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    k.run_with_input(&["apply", "-f", "-"], BURN).await.ok();
+
+    // The runtime's stats: the loop uses about its 100m limit, well above its 50m request.
+    let busy = wait_for(
+        "the loop's CPU in kubectl top",
+        Duration::from_secs(120),
+        || async {
+            let out = k.run(&["top", "pods", "--containers"]).await;
+            words(&out.stdout)
+                .into_iter()
+                .find(|r| r.len() == 4 && r[0].starts_with("burn-") && r[1] == "loop")
+                .filter(|r| millicores(&r[2]) >= 60)
+        },
+    )
+    .await;
+    assert!(millicores(&busy[2]) <= 150, "{busy:?}");
+    let nodes = rows_when_listed(&k, &["top", "nodes"], "kubectl top nodes").await;
+    assert_eq!(nodes[1][0], "agent1");
+
+    // At about 200% of its request against a 50% target, the autoscaler goes to its maximum.
+    let made = k
+        .run(&[
+            "autoscale",
+            "deployment",
+            "burn",
+            "--cpu-percent=50",
+            "--min=1",
+            "--max=2",
+        ])
+        .await
+        .ok();
+    assert!(made.contains("autoscaled"), "{made}");
+    wait_for("burn scaled to two", Duration::from_secs(120), || async {
+        let got = jsonpath(&k, &["deployment", "burn"], "{.spec.replicas}").await;
+        (got == "2").then_some(())
+    })
+    .await;
+    let ups = event_messages(&k, "burn", "SuccessfulRescale").await;
+    assert!(
+        ups.iter().any(|m| {
+            m
+            == "New size: 2; reason: cpu resource utilization (percentage of request) above target"
+        }),
+        "{ups:?}"
+    );
 }

@@ -107,7 +107,13 @@ impl History {
     /// A rescale from `from` to `to`, counted against the policies of its direction for
     /// their longest period.
     pub fn record_rescale(&mut self, from: i32, to: i32, rules: (&Rules, &Rules), now: Ms) {
-        let longest = |r: &Rules| r.policies.iter().map(|p| p.period_seconds).max().unwrap_or(0);
+        let longest = |r: &Rules| {
+            r.policies
+                .iter()
+                .map(|p| p.period_seconds)
+                .max()
+                .unwrap_or(0)
+        };
         if to > from {
             let cutoff = now - longest(rules.0) * 1000;
             self.up.retain(|(_, t)| *t > cutoff);
@@ -122,7 +128,11 @@ impl History {
 
 fn change_in_period(events: &[(i32, Ms)], period_seconds: i64, now: Ms) -> i32 {
     let cutoff = now - period_seconds * 1000;
-    events.iter().filter(|(_, t)| *t > cutoff).map(|(c, _)| c).sum()
+    events
+        .iter()
+        .filter(|(_, t)| *t > cutoff)
+        .map(|(c, _)| c)
+        .sum()
 }
 
 /// Without `behavior`: the highest recommendation of the downscale stabilization window, then
@@ -320,15 +330,57 @@ mod tests {
     #[test]
     fn without_behavior() {
         // (history, current, desired, bounds) -> (replicas, able reason, limited, reason)
-        let table: Vec<(Vec<(i32, Ms)>, i32, i32, (i32, i32), (i32, &str, bool, &str))> = vec![
-            (vec![], 2, 3, (1, 10), (3, "ReadyForNewScale", false, "DesiredWithinRange")),
-            (vec![], 2, 12, (1, 10), (4, "ReadyForNewScale", true, "ScaleUpLimit")),
-            (vec![], 8, 12, (1, 10), (10, "ReadyForNewScale", true, "TooManyReplicas")),
-            (vec![], 2, 0, (1, 10), (1, "ReadyForNewScale", true, "TooFewReplicas")),
+        let table: Vec<(
+            Vec<(i32, Ms)>,
+            i32,
+            i32,
+            (i32, i32),
+            (i32, &str, bool, &str),
+        )> = vec![
+            (
+                vec![],
+                2,
+                3,
+                (1, 10),
+                (3, "ReadyForNewScale", false, "DesiredWithinRange"),
+            ),
+            (
+                vec![],
+                2,
+                12,
+                (1, 10),
+                (4, "ReadyForNewScale", true, "ScaleUpLimit"),
+            ),
+            (
+                vec![],
+                8,
+                12,
+                (1, 10),
+                (10, "ReadyForNewScale", true, "TooManyReplicas"),
+            ),
+            (
+                vec![],
+                2,
+                0,
+                (1, 10),
+                (1, "ReadyForNewScale", true, "TooFewReplicas"),
+            ),
             // A higher recommendation 100 s ago holds a scale-down for 5 minutes...
-            (vec![(5, 900_000)], 5, 2, (1, 10), (5, "ScaleDownStabilized", false, "DesiredWithinRange")),
+            (
+                vec![(5, 900_000)],
+                5,
+                2,
+                (1, 10),
+                (5, "ScaleDownStabilized", false, "DesiredWithinRange"),
+            ),
             // ... but not once it is older than the window.
-            (vec![(5, 500_000)], 5, 2, (1, 10), (2, "ReadyForNewScale", false, "DesiredWithinRange")),
+            (
+                vec![(5, 500_000)],
+                5,
+                2,
+                (1, 10),
+                (2, "ReadyForNewScale", false, "DesiredWithinRange"),
+            ),
         ];
         for (recs, current, desired, bounds, want) in table {
             let mut h = History {
@@ -359,34 +411,120 @@ mod tests {
         let down = default_down(0);
         let held_down = default_down(60);
         let slow_down = rules(0, Select::Max, &[(PolicyKind::Percent, 50, 15)]);
-        type Case<'a> = (&'a str, &'a Rules, &'a Rules, History, i32, i32, (i32, &'a str, &'a str));
+        type Case<'a> = (
+            &'a str,
+            &'a Rules,
+            &'a Rules,
+            History,
+            i32,
+            i32,
+            (i32, &'a str, &'a str),
+        );
         let table: Vec<Case> = vec![
-            ("up to the desired count", &up, &down, History::default(), 2, 5,
-             (5, "ReadyForNewScale", "DesiredWithinRange")),
-            ("Max: 4 pods or 100%, the larger", &up, &down, History::default(), 10, 40,
-             (20, "ReadyForNewScale", "ScaleUpLimit")),
-            ("Min: the smaller", &min_up, &down, History::default(), 10, 40,
-             (14, "ReadyForNewScale", "ScaleUpLimit")),
-            ("a policy's period counts the last rescales", &slow_up, &down,
-             History { up: vec![(1, now - 30_000)], ..Default::default() }, 3, 6,
-             (3, "ReadyForNewScale", "ScaleUpLimit")),
-            ("the bound limits before the policy", &up, &down, History::default(), 8, 40,
-             (10, "ReadyForNewScale", "TooManyReplicas")),
-            ("scaling up disabled", &disabled, &down, History::default(), 2, 5,
-             (2, "ReadyForNewScale", "ScaleUpLimit")),
-            ("down at once", &up, &down, History::default(), 6, 2,
-             (2, "ReadyForNewScale", "DesiredWithinRange")),
-            ("down by half a period", &up, &slow_down, History::default(), 8, 1,
-             (4, "ReadyForNewScale", "ScaleDownLimit")),
-            ("down held by the window", &up, &held_down,
-             History { recommendations: vec![(6, now - 30_000)], ..Default::default() }, 6, 2,
-             (6, "ScaleDownStabilized", "DesiredWithinRange")),
-            ("down below min", &up, &down, History::default(), 3, 0,
-             (1, "ReadyForNewScale", "TooFewReplicas")),
+            (
+                "up to the desired count",
+                &up,
+                &down,
+                History::default(),
+                2,
+                5,
+                (5, "ReadyForNewScale", "DesiredWithinRange"),
+            ),
+            (
+                "Max: 4 pods or 100%, the larger",
+                &up,
+                &down,
+                History::default(),
+                10,
+                40,
+                (20, "ReadyForNewScale", "ScaleUpLimit"),
+            ),
+            (
+                "Min: the smaller",
+                &min_up,
+                &down,
+                History::default(),
+                10,
+                40,
+                (14, "ReadyForNewScale", "ScaleUpLimit"),
+            ),
+            (
+                "a policy's period counts the last rescales",
+                &slow_up,
+                &down,
+                History {
+                    up: vec![(1, now - 30_000)],
+                    ..Default::default()
+                },
+                3,
+                6,
+                (3, "ReadyForNewScale", "ScaleUpLimit"),
+            ),
+            (
+                "the bound limits before the policy",
+                &up,
+                &down,
+                History::default(),
+                8,
+                40,
+                (10, "ReadyForNewScale", "TooManyReplicas"),
+            ),
+            (
+                "scaling up disabled",
+                &disabled,
+                &down,
+                History::default(),
+                2,
+                5,
+                (2, "ReadyForNewScale", "ScaleUpLimit"),
+            ),
+            (
+                "down at once",
+                &up,
+                &down,
+                History::default(),
+                6,
+                2,
+                (2, "ReadyForNewScale", "DesiredWithinRange"),
+            ),
+            (
+                "down by half a period",
+                &up,
+                &slow_down,
+                History::default(),
+                8,
+                1,
+                (4, "ReadyForNewScale", "ScaleDownLimit"),
+            ),
+            (
+                "down held by the window",
+                &up,
+                &held_down,
+                History {
+                    recommendations: vec![(6, now - 30_000)],
+                    ..Default::default()
+                },
+                6,
+                2,
+                (6, "ScaleDownStabilized", "DesiredWithinRange"),
+            ),
+            (
+                "down below min",
+                &up,
+                &down,
+                History::default(),
+                3,
+                0,
+                (1, "ReadyForNewScale", "TooFewReplicas"),
+            ),
         ];
         for (what, up, down, mut h, current, desired, want) in table {
             // The bound is 10 where a case is about it, else out of the way.
-            let max = if what.starts_with("the bound") { 10 } else { 100 };
+            let max = if what.starts_with("the bound") {
+                10
+            } else {
+                100
+            };
             let n = normalize_with_behavior(&mut h, (up, down), (1, max), current, desired, now);
             assert_eq!((n.replicas, n.able.0, n.limited.1), want, "{what}");
         }

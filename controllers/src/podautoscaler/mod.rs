@@ -254,7 +254,9 @@ impl Autoscalers {
         if let Some(wait) = wait {
             return Ok(Action::requeue(wait));
         }
-        self.remember(&hpa_key, |m| m.last = Some((Instant::now(), meta.generation)));
+        self.remember(&hpa_key, |m| {
+            m.last = Some((Instant::now(), meta.generation))
+        });
         self.sync(hpa, &hpa_key).await?;
         Ok(Action::requeue(period))
     }
@@ -273,7 +275,12 @@ impl Autoscalers {
             &target.kind,
             &target.name,
         ) {
-            Ok(path) => self.client.get(&path).await.map(|s| (path, s)).map_err(|e| e.message),
+            Ok(path) => self
+                .client
+                .get(&path)
+                .await
+                .map(|s| (path, s))
+                .map_err(|e| e.message),
             Err(e) => Err(e),
         };
         let (path, mut scale) = match scale {
@@ -319,9 +326,15 @@ impl Autoscalers {
             );
             (current, String::new())
         } else if current > max {
-            (max, "Current number of replicas above Spec.MaxReplicas".to_string())
+            (
+                max,
+                "Current number of replicas above Spec.MaxReplicas".to_string(),
+            )
         } else if current < min {
-            (min, "Current number of replicas below Spec.MinReplicas".to_string())
+            (
+                min,
+                "Current number of replicas below Spec.MinReplicas".to_string(),
+            )
         } else {
             let selector = scale
                 .pointer("/status/selector")
@@ -354,7 +367,13 @@ impl Autoscalers {
                 String::new()
             };
             let n = self.normalize(hpa_key, &spec, (min, max), current, replicas, now);
-            set_condition(&mut conditions, "AbleToScale", true, n.able.0, n.able.1.into());
+            set_condition(
+                &mut conditions,
+                "AbleToScale",
+                true,
+                n.able.0,
+                n.able.1.into(),
+            );
             set_condition(
                 &mut conditions,
                 "ScalingLimited",
@@ -374,7 +393,9 @@ impl Autoscalers {
                         "AbleToScale",
                         true,
                         "SucceededRescale",
-                        format!("the HPA controller was able to update the target scale to {desired}"),
+                        format!(
+                            "the HPA controller was able to update the target scale to {desired}"
+                        ),
                     );
                     self.recorder
                         .event_for(
@@ -387,7 +408,8 @@ impl Autoscalers {
                     if let Some(b) = &spec.behavior {
                         let (up, down) = self.behavior_rules(b);
                         self.remember(hpa_key, |m| {
-                            m.history.record_rescale(current, desired, (&up, &down), now)
+                            m.history
+                                .record_rescale(current, desired, (&up, &down), now)
                         });
                     }
                     status.last_scale_time = Some(Time(Timestamp::now()));
@@ -399,7 +421,10 @@ impl Autoscalers {
                             hpa,
                             WARNING,
                             "FailedRescale",
-                            &format!("New size: {desired}; reason: {reason}; error: {}", e.message),
+                            &format!(
+                                "New size: {desired}; reason: {reason}; error: {}",
+                                e.message
+                            ),
                         )
                         .await;
                     set_condition(
@@ -407,7 +432,10 @@ impl Autoscalers {
                         "AbleToScale",
                         false,
                         "FailedUpdateScale",
-                        format!("the HPA controller was unable to update the target scale: {}", e.message),
+                        format!(
+                            "the HPA controller was unable to update the target scale: {}",
+                            e.message
+                        ),
                     );
                     status.conditions = Some(conditions);
                     status.current_replicas = Some(current);
@@ -556,7 +584,10 @@ impl Autoscalers {
                     "ScalingActive",
                     false,
                     first.reason,
-                    format!("the HPA was unable to compute the replica count: {}", first.error),
+                    format!(
+                        "the HPA was unable to compute the replica count: {}",
+                        first.error
+                    ),
                 );
                 self.recorder
                     .event_for(
@@ -592,7 +623,11 @@ impl Autoscalers {
         metric: &MetricSpec,
         pods: &[Arc<Pod>],
     ) -> Result<Proposed, Failure> {
-        let Some(source) = metric.resource.as_ref().filter(|_| metric.type_ == "Resource") else {
+        let Some(source) = metric
+            .resource
+            .as_ref()
+            .filter(|_| metric.type_ == "Resource")
+        else {
             let (reason, what) = match metric.type_.as_str() {
                 "Pods" => ("FailedGetPodsMetric", "pods"),
                 "Object" => ("FailedGetObjectMetric", "object"),
@@ -637,7 +672,11 @@ impl Autoscalers {
         let samples = self
             .pod_samples(ns, selector, resource)
             .await
-            .map_err(|e| fail(format!("unable to get metrics for resource {resource}: {e}")))?;
+            .map_err(|e| {
+                fail(format!(
+                    "unable to get metrics for resource {resource}: {e}"
+                ))
+            })?;
         let infos: Vec<PodInfo> = pods.iter().map(|p| pod_info(p, resource)).collect();
         let p = replicas::resource_replicas(
             &self.calc,
@@ -785,7 +824,13 @@ fn pod_info(pod: &Pod, resource: &str) -> PodInfo {
             )
         });
     let mut request = Ok(0i64);
-    for c in pod.spec.as_ref().map(|s| &s.containers).into_iter().flatten() {
+    for c in pod
+        .spec
+        .as_ref()
+        .map(|s| &s.containers)
+        .into_iter()
+        .flatten()
+    {
         let r = c
             .resources
             .as_ref()
@@ -844,7 +889,10 @@ mod tests {
         assert_eq!(s["a"].window, 15_500);
         assert_eq!(
             s["a"].timestamp,
-            "2026-01-01T00:00:00Z".parse::<Timestamp>().unwrap().as_millisecond()
+            "2026-01-01T00:00:00Z"
+                .parse::<Timestamp>()
+                .unwrap()
+                .as_millisecond()
         );
     }
 

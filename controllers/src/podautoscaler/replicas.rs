@@ -78,7 +78,13 @@ struct Groups {
     ignored: BTreeSet<String>,
 }
 
-fn group(calc: &Calculator, pods: &[PodInfo], samples: &BTreeMap<String, Sample>, cpu: bool, now: Ms) -> Groups {
+fn group(
+    calc: &Calculator,
+    pods: &[PodInfo],
+    samples: &BTreeMap<String, Sample>,
+    cpu: bool,
+    now: Ms,
+) -> Groups {
     let mut g = Groups {
         ready: 0,
         unready: BTreeSet::new(),
@@ -211,7 +217,10 @@ pub fn resource_replicas(
             if ratio < 1.0 {
                 let fallback = t.max(100);
                 for m in &g.missing {
-                    samples.insert(m.clone(), zero(requests.get(m).copied().unwrap_or(0) * fallback / 100));
+                    samples.insert(
+                        m.clone(),
+                        zero(requests.get(m).copied().unwrap_or(0) * fallback / 100),
+                    );
                 }
             } else if ratio > 1.0 {
                 for m in &g.missing {
@@ -224,7 +233,13 @@ pub fn resource_replicas(
                 }
             }
             let (new_ratio, _, _) = utilization_ratio(&samples, &requests, t)?;
-            Ok(proposal(settle(current, ratio, new_ratio, samples.len(), tolerance)))
+            Ok(proposal(settle(
+                current,
+                ratio,
+                new_ratio,
+                samples.len(),
+                tolerance,
+            )))
         }
         Target::AverageValue(t) => {
             let (ratio, average) = usage_ratio(&samples, t);
@@ -253,7 +268,13 @@ pub fn resource_replicas(
                 }
             }
             let (new_ratio, _) = usage_ratio(&samples, t);
-            Ok(proposal(settle(current, ratio, new_ratio, samples.len(), tolerance)))
+            Ok(proposal(settle(
+                current,
+                ratio,
+                new_ratio,
+                samples.len(),
+                tolerance,
+            )))
         }
     }
 }
@@ -321,51 +342,178 @@ mod tests {
         let mut sample_before_ready = pod("b");
         sample_before_ready.start = Some(NOW - 20_000);
         sample_before_ready.ready = Some((true, NOW - 5_000));
-        let table: Vec<(&str, i32, Target, Vec<PodInfo>, Vec<(&str, i64)>, Result<Proposal, &str>)> = vec![
-            ("within the tolerance: no change", 2, Target::Utilization(50),
-             vec![pod("a"), pod("b")], vec![("a", 54), ("b", 54)],
-             Ok(Proposal { replicas: 2, utilization: Some(54), average: 54 })),
-            ("double the target: twice the pods", 2, Target::Utilization(50),
-             vec![pod("a"), pod("b")], vec![("a", 100), ("b", 100)],
-             Ok(Proposal { replicas: 4, utilization: Some(100), average: 100 })),
-            ("the ratio is rounded up", 3, Target::Utilization(50),
-             vec![pod("a"), pod("b"), pod("c")], vec![("a", 70), ("b", 70), ("c", 70)],
-             Ok(Proposal { replicas: 5, utilization: Some(70), average: 70 })),
-            ("idle: scale down", 4, Target::Utilization(50),
-             vec![pod("a"), pod("b"), pod("c"), pod("d")],
-             vec![("a", 10), ("b", 10), ("c", 10), ("d", 10)],
-             Ok(Proposal { replicas: 1, utilization: Some(10), average: 10 })),
-            ("a missing pod counts at 100% on a scale-down", 3, Target::Utilization(50),
-             vec![pod("a"), pod("b"), pod("c")], vec![("a", 10), ("b", 10)],
-             Ok(Proposal { replicas: 3, utilization: Some(10), average: 10 })),
-            ("a missing pod counts as idle on a scale-up", 2, Target::Utilization(50),
-             vec![pod("a"), pod("b")], vec![("a", 200)],
-             Ok(Proposal { replicas: 4, utilization: Some(200), average: 200 })),
-            ("a pending pod counts as idle on a scale-up", 2, Target::Utilization(50),
-             vec![pod("a"), pod("b"), pending.clone()], vec![("a", 100), ("b", 100)],
-             Ok(Proposal { replicas: 4, utilization: Some(100), average: 100 })),
-            ("a pending pod is left out of a scale-down", 3, Target::Utilization(50),
-             vec![pod("a"), pod("b"), pending], vec![("a", 10), ("b", 10)],
-             Ok(Proposal { replicas: 1, utilization: Some(10), average: 10 })),
-            ("a pod being deleted is ignored", 3, Target::Utilization(50),
-             vec![pod("a"), pod("b"), deleting], vec![("a", 100), ("b", 100), ("c", 500)],
-             Ok(Proposal { replicas: 4, utilization: Some(100), average: 100 })),
-            ("a starting pod not ready is unready", 2, Target::Utilization(50),
-             vec![pod("a"), fresh_unready], vec![("a", 100), ("c", 900)],
-             Ok(Proposal { replicas: 2, utilization: Some(100), average: 100 })),
-            ("a sample from before the pod was ready is unready", 2, Target::Utilization(50),
-             vec![pod("a"), sample_before_ready], vec![("a", 100), ("b", 900)],
-             Ok(Proposal { replicas: 2, utilization: Some(100), average: 100 })),
-            ("average value", 2, Target::AverageValue(100),
-             vec![pod("a"), pod("b")], vec![("a", 300), ("b", 300)],
-             Ok(Proposal { replicas: 6, utilization: None, average: 300 })),
-            ("no pods", 1, Target::Utilization(50), vec![], vec![],
-             Err("no pods returned by selector while calculating replica count")),
-            ("no samples", 1, Target::Utilization(50), vec![pod("a")], vec![],
-             Err("did not receive metrics for targeted pods (pods might be unready)")),
+        let table: Vec<(
+            &str,
+            i32,
+            Target,
+            Vec<PodInfo>,
+            Vec<(&str, i64)>,
+            Result<Proposal, &str>,
+        )> = vec![
+            (
+                "within the tolerance: no change",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b")],
+                vec![("a", 54), ("b", 54)],
+                Ok(Proposal {
+                    replicas: 2,
+                    utilization: Some(54),
+                    average: 54,
+                }),
+            ),
+            (
+                "double the target: twice the pods",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b")],
+                vec![("a", 100), ("b", 100)],
+                Ok(Proposal {
+                    replicas: 4,
+                    utilization: Some(100),
+                    average: 100,
+                }),
+            ),
+            (
+                "the ratio is rounded up",
+                3,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), pod("c")],
+                vec![("a", 70), ("b", 70), ("c", 70)],
+                Ok(Proposal {
+                    replicas: 5,
+                    utilization: Some(70),
+                    average: 70,
+                }),
+            ),
+            (
+                "idle: scale down",
+                4,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), pod("c"), pod("d")],
+                vec![("a", 10), ("b", 10), ("c", 10), ("d", 10)],
+                Ok(Proposal {
+                    replicas: 1,
+                    utilization: Some(10),
+                    average: 10,
+                }),
+            ),
+            (
+                "a missing pod counts at 100% on a scale-down",
+                3,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), pod("c")],
+                vec![("a", 10), ("b", 10)],
+                Ok(Proposal {
+                    replicas: 3,
+                    utilization: Some(10),
+                    average: 10,
+                }),
+            ),
+            (
+                "a missing pod counts as idle on a scale-up",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b")],
+                vec![("a", 200)],
+                Ok(Proposal {
+                    replicas: 4,
+                    utilization: Some(200),
+                    average: 200,
+                }),
+            ),
+            (
+                "a pending pod counts as idle on a scale-up",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), pending.clone()],
+                vec![("a", 100), ("b", 100)],
+                Ok(Proposal {
+                    replicas: 4,
+                    utilization: Some(100),
+                    average: 100,
+                }),
+            ),
+            (
+                "a pending pod is left out of a scale-down",
+                3,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), pending],
+                vec![("a", 10), ("b", 10)],
+                Ok(Proposal {
+                    replicas: 1,
+                    utilization: Some(10),
+                    average: 10,
+                }),
+            ),
+            (
+                "a pod being deleted is ignored",
+                3,
+                Target::Utilization(50),
+                vec![pod("a"), pod("b"), deleting],
+                vec![("a", 100), ("b", 100), ("c", 500)],
+                Ok(Proposal {
+                    replicas: 4,
+                    utilization: Some(100),
+                    average: 100,
+                }),
+            ),
+            (
+                "a starting pod not ready is unready",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), fresh_unready],
+                vec![("a", 100), ("c", 900)],
+                Ok(Proposal {
+                    replicas: 2,
+                    utilization: Some(100),
+                    average: 100,
+                }),
+            ),
+            (
+                "a sample from before the pod was ready is unready",
+                2,
+                Target::Utilization(50),
+                vec![pod("a"), sample_before_ready],
+                vec![("a", 100), ("b", 900)],
+                Ok(Proposal {
+                    replicas: 2,
+                    utilization: Some(100),
+                    average: 100,
+                }),
+            ),
+            (
+                "average value",
+                2,
+                Target::AverageValue(100),
+                vec![pod("a"), pod("b")],
+                vec![("a", 300), ("b", 300)],
+                Ok(Proposal {
+                    replicas: 6,
+                    utilization: None,
+                    average: 300,
+                }),
+            ),
+            (
+                "no pods",
+                1,
+                Target::Utilization(50),
+                vec![],
+                vec![],
+                Err("no pods returned by selector while calculating replica count"),
+            ),
+            (
+                "no samples",
+                1,
+                Target::Utilization(50),
+                vec![pod("a")],
+                vec![],
+                Err("did not receive metrics for targeted pods (pods might be unready)"),
+            ),
         ];
         for (what, current, target, pods, values, want) in table {
-            let got = resource_replicas(&calc, current, target, true, &pods, &samples(&values), NOW);
+            let got =
+                resource_replicas(&calc, current, target, true, &pods, &samples(&values), NOW);
             assert_eq!(got, want.map_err(String::from), "{what}");
         }
     }
