@@ -698,7 +698,7 @@ impl Api {
         let (t, q, verb) = match view {
             Some(view) => {
                 let (t, q) = stored_target(view, t, &q)?;
-                (t, q, verb.to_stored(view))
+                (t, q, verb.into_stored(view))
             }
             None => (t, q, verb),
         };
@@ -788,7 +788,7 @@ impl Verb<'_> {
     }
 
     /// The body of a request to a view in the stored form.
-    fn to_stored(self, view: &crate::view::View) -> Self {
+    fn into_stored(self, view: &crate::view::View) -> Self {
         match self {
             Verb::Create(mut o) => {
                 (view.to_stored)(&mut o);

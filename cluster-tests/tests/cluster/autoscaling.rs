@@ -161,8 +161,11 @@ async fn wait_replicas(k: &Kubectl, want: &str, timeout: Duration) {
     .await;
 }
 
-fn condition(k: &str, ty: &str) -> String {
-    format!("{{.status.conditions[?(@.type==\"{ty}\")].{k}}}")
+/// "<status> <reason>" of the HPA's condition `ty`.
+async fn condition(k: &Kubectl, ty: &str) -> String {
+    let pick = |field: &str| format!("{{.status.conditions[?(@.type==\"{ty}\")].{field}}}");
+    let path = format!("{} {}", pick("status"), pick("reason"));
+    jsonpath(k, &["hpa", "web"], &path).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,16 +278,7 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         (replicas == "1" && targets == "cpu: 10%/50%").then_some(())
     })
     .await;
-    let active = jsonpath(
-        &k,
-        &["hpa", "web"],
-        &format!(
-            "{} {}",
-            condition("status", "ScalingActive"),
-            condition("reason", "ScalingActive")
-        ),
-    )
-    .await;
+    let active = condition(&k, "ScalingActive").await;
     assert_eq!(active, "True ValidMetricFound");
 
     // The pods' usage rises to 150% of their requests: up to the maximum of five.
@@ -300,16 +294,6 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         .ok();
     assert!(rolled.contains("patched"), "{rolled}");
     wait_replicas(&k, "5", Duration::from_secs(120)).await;
-    let limited = jsonpath(
-        &k,
-        &["hpa", "web"],
-        &format!(
-            "{} {}",
-            condition("status", "ScalingLimited"),
-            condition("reason", "ScalingLimited")
-        ),
-    )
-    .await;
     let ups = event_messages(&k, "web", "SuccessfulRescale").await;
     assert!(
         ups.iter().any(|m| m.starts_with("New size: ")
@@ -323,22 +307,12 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         Duration::from_secs(30),
         || async {
             let (replicas, targets) = hpa_row(&k).await;
-            let limited = jsonpath(
-                &k,
-                &["hpa", "web"],
-                &format!(
-                    "{} {}",
-                    condition("status", "ScalingLimited"),
-                    condition("reason", "ScalingLimited")
-                ),
-            )
-            .await;
+            let limited = condition(&k, "ScalingLimited").await;
             (replicas == "5" && targets == "cpu: 150%/50%" && limited == "True TooManyReplicas")
                 .then_some(())
         },
     )
     .await;
-    let _ = limited;
 
     // It falls back to 10m: after the five-second stabilization window, down to one.
     k.run(&[
@@ -397,17 +371,7 @@ async fn a_busy_container_shows_in_top_and_is_scaled_on() {
     let images = tempfile::tempdir().unwrap();
     cluster_tests::build_images(images.path());
     let (c, k) = cluster(1, &["--runtime", "cri"]).await;
-    let load = std::process::Command::new(cluster_tests::rkube_bin())
-        .args(["image", "load", "--dir"])
-        .arg(c.path())
-        .arg(images.path().join("busybox.tar"))
-        .output()
-        .unwrap();
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
+    crate::common::load_image(&c, &images.path().join("busybox.tar"));
     k.run_with_input(&["apply", "-f", "-"], BURN).await.ok();
 
     // The runtime's stats: the loop uses about its 100m limit, well above its 50m request.

@@ -183,17 +183,7 @@ pub(crate) async fn cri_cluster(agents: usize) -> (Cluster, cluster_tests::kubec
     k.wait_nodes_ready(&names.iter().map(String::as_str).collect::<Vec<_>>())
         .await;
     for image in ["busybox.tar", "busybox2.tar"] {
-        let load = std::process::Command::new(cluster_tests::rkube_bin())
-            .args(["image", "load", "--dir"])
-            .arg(c.path())
-            .arg(images.path().join(image))
-            .output()
-            .unwrap();
-        assert!(
-            load.status.success(),
-            "{}",
-            String::from_utf8_lossy(&load.stderr)
-        );
+        load_image(&c, &images.path().join(image));
     }
     (c, k)
 }
@@ -303,4 +293,19 @@ pub(crate) async fn rollout_history(
         .skip(1)
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect()
+}
+
+/// Loads an image archive into the containerd of every agent of `c` (`rkube image load`).
+pub(crate) fn load_image(c: &Cluster, archive: &std::path::Path) {
+    let load = std::process::Command::new(cluster_tests::rkube_bin())
+        .args(["image", "load", "--dir"])
+        .arg(c.path())
+        .arg(archive)
+        .output()
+        .expect("rkube image load runs");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
 }

@@ -215,7 +215,7 @@ pub fn normalize_with_behavior(
         DOWN_STABILIZED
     };
     let (replicas, why) = if stabilized > current {
-        let limit = up_limit(current, h, up, now).max(current);
+        let limit = policy_limit(current, h, up, true, now).max(current);
         let (allowed, why) = if max > limit {
             (limit, UP_LIMIT)
         } else {
@@ -227,7 +227,7 @@ pub fn normalize_with_behavior(
             (stabilized, WITHIN)
         }
     } else if stabilized < current {
-        let limit = down_limit(current, h, down, now).min(current);
+        let limit = policy_limit(current, h, down, false, now).min(current);
         let (allowed, why) = if min < limit {
             (limit, DOWN_LIMIT)
         } else {
@@ -248,50 +248,31 @@ pub fn normalize_with_behavior(
     }
 }
 
-/// The most replicas the scale-up policies allow now.
-fn up_limit(current: i32, h: &History, rules: &Rules, now: Ms) -> i32 {
-    let pick: fn(i32, i32) -> i32 = match rules.select {
-        Select::Disabled => return current,
-        Select::Min => std::cmp::min,
-        Select::Max => std::cmp::max,
-    };
-    let mut result = if rules.select == Select::Min {
-        i32::MAX
-    } else {
-        i32::MIN
-    };
-    for p in &rules.policies {
-        let start = current - change_in_period(&h.up, p.period_seconds, now)
-            + change_in_period(&h.down, p.period_seconds, now);
-        let proposed = match p.kind {
-            PolicyKind::Pods => start + p.value,
-            PolicyKind::Percent => (start as f64 * (1.0 + p.value as f64 / 100.0)).ceil() as i32,
-        };
-        result = pick(result, proposed);
+/// How far the policies of one direction let the count go now: the most replicas going up,
+/// the fewest going down. Each policy counts from the count at the start of its period (the
+/// rescales within it undone); Max takes the largest change, Min the smallest.
+fn policy_limit(current: i32, h: &History, rules: &Rules, up: bool, now: Ms) -> i32 {
+    if rules.select == Select::Disabled {
+        return current;
     }
-    result
-}
-
-/// The fewest replicas the scale-down policies allow now.
-fn down_limit(current: i32, h: &History, rules: &Rules, now: Ms) -> i32 {
-    let pick: fn(i32, i32) -> i32 = match rules.select {
-        Select::Disabled => return current,
-        Select::Min => std::cmp::max,
-        Select::Max => std::cmp::min,
-    };
-    let mut result = if rules.select == Select::Min {
-        i32::MIN
-    } else {
-        i32::MAX
-    };
+    let highest = (rules.select == Select::Max) == up;
+    let mut result = if highest { i32::MIN } else { i32::MAX };
     for p in &rules.policies {
         let start = current - change_in_period(&h.up, p.period_seconds, now)
             + change_in_period(&h.down, p.period_seconds, now);
-        let proposed = match p.kind {
-            PolicyKind::Pods => start - p.value,
-            PolicyKind::Percent => (start as f64 * (1.0 - p.value as f64 / 100.0)) as i32,
+        let value = p.value as f64;
+        let proposed = match (p.kind, up) {
+            (PolicyKind::Pods, true) => start + p.value,
+            (PolicyKind::Pods, false) => start - p.value,
+            // Up rounds up, or a small count might never grow.
+            (PolicyKind::Percent, true) => (start as f64 * (1.0 + value / 100.0)).ceil() as i32,
+            (PolicyKind::Percent, false) => (start as f64 * (1.0 - value / 100.0)) as i32,
         };
-        result = pick(result, proposed);
+        result = if highest {
+            result.max(proposed)
+        } else {
+            result.min(proposed)
+        };
     }
     result
 }
@@ -330,13 +311,14 @@ mod tests {
     #[test]
     fn without_behavior() {
         // (history, current, desired, bounds) -> (replicas, able reason, limited, reason)
-        let table: Vec<(
+        type Case = (
             Vec<(i32, Ms)>,
             i32,
             i32,
             (i32, i32),
-            (i32, &str, bool, &str),
-        )> = vec![
+            (i32, &'static str, bool, &'static str),
+        );
+        let table: Vec<Case> = vec![
             (
                 vec![],
                 2,

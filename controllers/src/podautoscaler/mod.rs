@@ -688,29 +688,19 @@ impl Autoscalers {
             now_ms(),
         )
         .map_err(fail)?;
-        let (name, current_value) = match target {
-            Target::Utilization(_) => (
-                format!("{resource} resource utilization (percentage of request)"),
-                MetricValueStatus {
-                    average_utilization: p.utilization.map(|u| u as i32),
-                    average_value: Some(Quantity(format_quantity(
-                        p.average as i128 * 1_000_000,
-                        false,
-                    ))),
-                    value: None,
-                },
-            ),
-            Target::AverageValue(_) => (
-                format!("{resource} resource"),
-                MetricValueStatus {
-                    average_utilization: None,
-                    average_value: Some(Quantity(format_quantity(
-                        p.average as i128 * 1_000_000,
-                        false,
-                    ))),
-                    value: None,
-                },
-            ),
+        let name = match target {
+            Target::Utilization(_) => {
+                format!("{resource} resource utilization (percentage of request)")
+            }
+            Target::AverageValue(_) => format!("{resource} resource"),
+        };
+        let current_value = MetricValueStatus {
+            average_utilization: p.utilization.map(|u| u as i32),
+            average_value: Some(Quantity(format_quantity(
+                p.average as i128 * 1_000_000,
+                false,
+            ))),
+            value: None,
         };
         Ok(Proposed {
             replicas: p.replicas,

@@ -185,98 +185,72 @@ pub fn resource_replicas(
         window: 0,
     };
     let tolerance = calc.tolerance;
-    match target {
-        Target::Utilization(t) => {
-            let mut requests = BTreeMap::new();
-            for p in pods {
-                match &p.request {
-                    Ok(r) => {
-                        requests.insert(p.name.clone(), *r);
-                    }
-                    Err(container) => {
-                        return Err(format!(
-                            "missing request for cpu in container {container} of Pod {}",
-                            p.name
-                        ))
-                    }
+    let mut requests = BTreeMap::new();
+    if let Target::Utilization(_) = target {
+        for p in pods {
+            match &p.request {
+                Ok(r) => {
+                    requests.insert(p.name.clone(), *r);
+                }
+                Err(container) => {
+                    return Err(format!(
+                        "missing request for cpu in container {container} of Pod {}",
+                        p.name
+                    ))
                 }
             }
-            let (ratio, utilization, average) = utilization_ratio(&samples, &requests, t)?;
-            let proposal = |replicas| Proposal {
-                replicas,
-                utilization: Some(utilization),
-                average,
-            };
-            let with_unready = !g.unready.is_empty() && ratio > 1.0;
-            if !with_unready && g.missing.is_empty() {
-                if (1.0 - ratio).abs() <= tolerance {
-                    return Ok(proposal(current));
-                }
-                return Ok(proposal((ratio * g.ready as f64).ceil() as i32));
-            }
-            if ratio < 1.0 {
-                let fallback = t.max(100);
-                for m in &g.missing {
-                    samples.insert(
-                        m.clone(),
-                        zero(requests.get(m).copied().unwrap_or(0) * fallback / 100),
-                    );
-                }
-            } else if ratio > 1.0 {
-                for m in &g.missing {
-                    samples.insert(m.clone(), zero(0));
-                }
-            }
-            if with_unready {
-                for u in &g.unready {
-                    samples.insert(u.clone(), zero(0));
-                }
-            }
-            let (new_ratio, _, _) = utilization_ratio(&samples, &requests, t)?;
-            Ok(proposal(settle(
-                current,
-                ratio,
-                new_ratio,
-                samples.len(),
-                tolerance,
-            )))
-        }
-        Target::AverageValue(t) => {
-            let (ratio, average) = usage_ratio(&samples, t);
-            let proposal = |replicas| Proposal {
-                replicas,
-                utilization: None,
-                average,
-            };
-            let with_unready = !g.unready.is_empty() && ratio > 1.0;
-            if !with_unready && g.missing.is_empty() {
-                if (1.0 - ratio).abs() <= tolerance {
-                    return Ok(proposal(current));
-                }
-                return Ok(proposal((ratio * g.ready as f64).ceil() as i32));
-            }
-            for m in &g.missing {
-                if ratio < 1.0 {
-                    samples.insert(m.clone(), zero(t));
-                } else {
-                    samples.insert(m.clone(), zero(0));
-                }
-            }
-            if with_unready {
-                for u in &g.unready {
-                    samples.insert(u.clone(), zero(0));
-                }
-            }
-            let (new_ratio, _) = usage_ratio(&samples, t);
-            Ok(proposal(settle(
-                current,
-                ratio,
-                new_ratio,
-                samples.len(),
-                tolerance,
-            )))
         }
     }
+    // (usage ratio, utilization percent, average) of some samples against the target.
+    let ratio_of = |samples: &BTreeMap<String, Sample>| match target {
+        Target::Utilization(t) => {
+            utilization_ratio(samples, &requests, t).map(|(r, u, a)| (r, Some(u), a))
+        }
+        Target::AverageValue(t) => {
+            let (r, a) = usage_ratio(samples, t);
+            Ok((r, None, a))
+        }
+    };
+    let (ratio, utilization, average) = ratio_of(&samples)?;
+    let proposal = |replicas| Proposal {
+        replicas,
+        utilization,
+        average,
+    };
+    let with_unready = !g.unready.is_empty() && ratio > 1.0;
+    if !with_unready && g.missing.is_empty() {
+        if (1.0 - ratio).abs() <= tolerance {
+            return Ok(proposal(current));
+        }
+        return Ok(proposal((ratio * g.ready as f64).ceil() as i32));
+    }
+    // Missing pods count as at the target (at least their whole request) on a scale-down,
+    // as idle on a scale-up.
+    for m in &g.missing {
+        let assumed = match target {
+            Target::Utilization(t) if ratio < 1.0 => {
+                Some(requests.get(m).copied().unwrap_or(0) * t.max(100) / 100)
+            }
+            Target::Utilization(_) => (ratio > 1.0).then_some(0),
+            Target::AverageValue(t) => Some(if ratio < 1.0 { t } else { 0 }),
+        };
+        if let Some(value) = assumed {
+            samples.insert(m.clone(), zero(value));
+        }
+    }
+    if with_unready {
+        for u in &g.unready {
+            samples.insert(u.clone(), zero(0));
+        }
+    }
+    let (new_ratio, _, _) = ratio_of(&samples)?;
+    Ok(proposal(settle(
+        current,
+        ratio,
+        new_ratio,
+        samples.len(),
+        tolerance,
+    )))
 }
 
 /// The count after the conservative pass: unchanged within the tolerance or when the
@@ -342,14 +316,15 @@ mod tests {
         let mut sample_before_ready = pod("b");
         sample_before_ready.start = Some(NOW - 20_000);
         sample_before_ready.ready = Some((true, NOW - 5_000));
-        let table: Vec<(
-            &str,
+        type Case = (
+            &'static str,
             i32,
             Target,
             Vec<PodInfo>,
-            Vec<(&str, i64)>,
-            Result<Proposal, &str>,
-        )> = vec![
+            Vec<(&'static str, i64)>,
+            Result<Proposal, &'static str>,
+        );
+        let table: Vec<Case> = vec![
             (
                 "within the tolerance: no change",
                 2,
