@@ -161,11 +161,11 @@ async fn wait_replicas(k: &Kubectl, want: &str, timeout: Duration) {
     .await;
 }
 
-/// "<status> <reason>" of the HPA's condition `ty`.
-async fn condition(k: &Kubectl, ty: &str) -> String {
+/// "<status> <reason>" of HPA `hpa`'s condition `ty`.
+async fn condition(k: &Kubectl, hpa: &str, ty: &str) -> String {
     let pick = |field: &str| format!("{{.status.conditions[?(@.type==\"{ty}\")].{field}}}");
     let path = format!("{} {}", pick("status"), pick("reason"));
-    jsonpath(k, &["hpa", "web"], &path).await
+    jsonpath(k, &["hpa", hpa], &path).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -278,8 +278,44 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         (replicas == "1" && targets == "cpu: 10%/50%").then_some(())
     })
     .await;
-    let active = condition(&k, "ScalingActive").await;
+    let active = condition(&k, "web", "ScalingActive").await;
     assert_eq!(active, "True ValidMetricFound");
+
+    // Pods that request no CPU have no utilization: the autoscaler says why, and waits.
+    let idle = k
+        .run(&["create", "deployment", "idle", "--image=nginx:1.27"])
+        .await
+        .ok();
+    assert!(idle.contains("created"), "{idle}");
+    k.run(&[
+        "autoscale",
+        "deployment",
+        "idle",
+        "--cpu-percent=50",
+        "--max=2",
+    ])
+    .await
+    .ok();
+    let message = wait_for(
+        "idle's autoscaler inactive",
+        Duration::from_secs(60),
+        || async {
+            let message = jsonpath(
+                &k,
+                &["hpa", "idle"],
+                "{.status.conditions[?(@.type==\"ScalingActive\")].message}",
+            )
+            .await;
+            (condition(&k, "idle", "ScalingActive").await == "False FailedGetResourceMetric"
+                && message.contains("missing request"))
+            .then_some(message)
+        },
+    )
+    .await;
+    assert!(
+        message.starts_with("the HPA was unable to compute the replica count: failed to get cpu utilization: missing request for cpu in container nginx of Pod idle-"),
+        "{message}"
+    );
 
     // The pods' usage rises to 150% of their requests: up to the maximum of five.
     let rolled = k
@@ -307,7 +343,7 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         Duration::from_secs(30),
         || async {
             let (replicas, targets) = hpa_row(&k).await;
-            let limited = condition(&k, "ScalingLimited").await;
+            let limited = condition(&k, "web", "ScalingLimited").await;
             (replicas == "5" && targets == "cpu: 150%/50%" && limited == "True TooManyReplicas")
                 .then_some(())
         },

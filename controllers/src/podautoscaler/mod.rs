@@ -682,7 +682,7 @@ impl Autoscalers {
             &self.calc,
             current,
             target,
-            resource == "cpu",
+            resource,
             &infos,
             &samples,
             now_ms(),

@@ -155,12 +155,13 @@ fn usage_ratio(samples: &BTreeMap<String, Sample>, target: i64) -> (f64, i64) {
     (average as f64 / target as f64, average)
 }
 
-/// The replicas the metric proposes for `current` replicas over `pods`, or why it cannot.
+/// The replicas a metric of `resource` proposes for `current` replicas over `pods`, or why it
+/// cannot.
 pub fn resource_replicas(
     calc: &Calculator,
     current: i32,
     target: Target,
-    cpu: bool,
+    resource: &str,
     pods: &[PodInfo],
     samples: &BTreeMap<String, Sample>,
     now: Ms,
@@ -168,7 +169,7 @@ pub fn resource_replicas(
     if pods.is_empty() {
         return Err("no pods returned by selector while calculating replica count".into());
     }
-    let g = group(calc, pods, samples, cpu, now);
+    let g = group(calc, pods, samples, resource == "cpu", now);
     let mut samples: BTreeMap<String, Sample> = samples
         .iter()
         .filter(|(n, _)| {
@@ -194,7 +195,7 @@ pub fn resource_replicas(
                 }
                 Err(container) => {
                     return Err(format!(
-                        "missing request for cpu in container {container} of Pod {}",
+                        "missing request for {resource} in container {container} of Pod {}",
                         p.name
                     ))
                 }
@@ -488,7 +489,7 @@ mod tests {
         ];
         for (what, current, target, pods, values, want) in table {
             let got =
-                resource_replicas(&calc, current, target, true, &pods, &samples(&values), NOW);
+                resource_replicas(&calc, current, target, "cpu", &pods, &samples(&values), NOW);
             assert_eq!(got, want.map_err(String::from), "{what}");
         }
     }
@@ -501,7 +502,7 @@ mod tests {
             &Calculator::default(),
             1,
             Target::Utilization(50),
-            true,
+            "cpu",
             &[p],
             &samples(&[("a", 10)]),
             NOW,
