@@ -317,6 +317,25 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
         "{message}"
     );
 
+    let t = words(&k.run(&["get", "hpa", "idle"]).await.ok());
+    assert_eq!(t[1][2..4], ["cpu:", "<unknown>/50%"], "{t:?}");
+    // Kubernetes' validation.
+    let refused = k
+        .run_with_input(
+            &["apply", "-f", "-"],
+            r#"{"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": "bad"},
+                "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                            "name": "web"},
+                         "minReplicas": 0, "maxReplicas": 1}}"#,
+        )
+        .await
+        .err();
+    assert!(
+        refused.contains("spec.minReplicas: Invalid value: 0: must be greater than or equal to 1"),
+        "{refused}"
+    );
+
     // The pods' usage rises to 150% of their requests: up to the maximum of five.
     let rolled = k
         .run(&[
