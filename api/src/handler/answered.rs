@@ -1,6 +1,6 @@
 //! The stored-nowhere kinds besides the reviews: bindings, which assign the pod their name
-//! names (pods/binding by the collection's path), and component statuses, the health of the
-//! control plane's parts worked out on each read.
+//! names (pods/binding by the collection's path), component statuses, the health of the
+//! control plane's parts worked out on each read, and resource metrics ([`super::metrics`]).
 
 use serde_json::{json, Value};
 
@@ -74,8 +74,12 @@ impl Api {
         self.bind(&pod, q, object, fence).await
     }
 
-    /// The objects of an answered kind that can be read (component statuses).
-    pub(super) fn answered_list(&self, t: &Target) -> Result<Listed, ApiError> {
+    /// The objects of an answered kind that can be read (component statuses, resource
+    /// metrics).
+    pub(super) async fn answered_list(&self, t: &Target, q: &Query) -> Result<Listed, ApiError> {
+        if t.res.group == "metrics.k8s.io" {
+            return self.metrics_list(t, q).await;
+        }
         if t.res.kind != "ComponentStatus" {
             return Err(ApiError::method_not_allowed(format!(
                 "{} are answered, not listed",
@@ -93,8 +97,12 @@ impl Api {
     }
 
     /// One object of an answered kind that can be read.
-    pub(super) fn answered_get(&self, t: &Target) -> Result<Value, ApiError> {
-        self.answered_list(t)?
+    pub(super) async fn answered_get(&self, t: &Target) -> Result<Value, ApiError> {
+        if t.res.group == "metrics.k8s.io" {
+            return self.metrics_get(t).await;
+        }
+        self.answered_list(t, &Query::default())
+            .await?
             .items
             .into_iter()
             .find(|o| meta_str(o, "name") == Some(t.name()))

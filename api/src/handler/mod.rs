@@ -549,22 +549,14 @@ impl Api {
         fence: Fence,
     ) -> Result<(Answer, Vec<String>), ApiError> {
         let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
-            (Verb::List, false, None) if t.res.group == "metrics.k8s.io" => {
-                verb_allowed(t, "list")?;
-                return Ok((Answer::List(self.metrics_list(t, q).await?), Vec::new()));
-            }
-            (Verb::Get, true, None) if t.res.group == "metrics.k8s.io" => {
-                verb_allowed(t, "get")?;
-                return Ok((Answer::Object(self.metrics_get(t).await?), Vec::new()));
-            }
             (Verb::List, false, None) if t.res.is_virtual() => {
                 verb_allowed(t, "list")?;
-                let listed = self.answered_list(t)?;
+                let listed = self.answered_list(t, q).await?;
                 return Ok((Answer::List(listed), answered::warnings(t)));
             }
             (Verb::Get, true, None) if t.res.is_virtual() => {
                 verb_allowed(t, "get")?;
-                let object = self.answered_get(t)?;
+                let object = self.answered_get(t).await?;
                 return Ok((Answer::Object(object), answered::warnings(t)));
             }
             (Verb::List, false, None) => {
