@@ -10,8 +10,12 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{wait_for, Cluster, Options};
+
+use crate::common::jsonpath;
 
 /// A cluster whose servers scrape every second and whose autoscalers sync every second.
 async fn cluster(agents: usize, extra: &[&str]) -> (Cluster, Kubectl) {
@@ -65,14 +69,6 @@ fn millicores(cell: &str) -> i64 {
     }
 }
 
-async fn jsonpath(k: &Kubectl, what: &[&str], path: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let jp = format!("jsonpath={path}");
-    args.extend_from_slice(&["-o", &jp]);
-    k.run(&args).await.ok()
-}
-
 /// The messages of the events of `reason` about `name`.
 async fn event_messages(k: &Kubectl, name: &str, reason: &str) -> Vec<String> {
     let out = jsonpath(
@@ -123,6 +119,18 @@ spec:
             cpu: 100m
 "#
     )
+}
+
+/// Rolls deployment web out with pods that each use `cpu` per container.
+async fn set_cpu(k: &Kubectl, cpu: &str) {
+    let patch = json!({"spec": {"template": {"metadata": {"annotations":
+        {"sim.rkube.io/cpu": cpu}}}}})
+    .to_string();
+    let rolled = k
+        .run(&["patch", "deployment", "web", "-p", &patch])
+        .await
+        .ok();
+    assert!(rolled.contains("patched"), "{rolled}");
 }
 
 /// `(replicas, TARGETS)` of `kubectl get hpa web`.
@@ -337,17 +345,7 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     );
 
     // The pods' usage rises to 150% of their requests: up to the maximum of five.
-    let rolled = k
-        .run(&[
-            "patch",
-            "deployment",
-            "web",
-            "-p",
-            r#"{"spec":{"template":{"metadata":{"annotations":{"sim.rkube.io/cpu":"150m"}}}}}"#,
-        ])
-        .await
-        .ok();
-    assert!(rolled.contains("patched"), "{rolled}");
+    set_cpu(&k, "150m").await;
     wait_replicas(&k, "5", Duration::from_secs(120)).await;
     let ups = event_messages(&k, "web", "SuccessfulRescale").await;
     assert!(
@@ -370,15 +368,7 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
     .await;
 
     // It falls back to 10m: after the five-second stabilization window, down to one.
-    k.run(&[
-        "patch",
-        "deployment",
-        "web",
-        "-p",
-        r#"{"spec":{"template":{"metadata":{"annotations":{"sim.rkube.io/cpu":"10m"}}}}}"#,
-    ])
-    .await
-    .ok();
+    set_cpu(&k, "10m").await;
     wait_replicas(&k, "1", Duration::from_secs(120)).await;
     let downs = event_messages(&k, "web", "SuccessfulRescale").await;
     assert!(
