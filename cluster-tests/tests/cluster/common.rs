@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{wait_for, Cluster, Options, WithLogs};
 use tokio::sync::Mutex;
 

@@ -11,8 +11,6 @@ use std::time::Duration;
 use cluster_tests::kubectl::Kubectl;
 use cluster_tests::{Cluster, Options};
 
-use crate::common::jsonpath;
-
 async fn cluster_with_a_node() -> (Cluster, Kubectl) {
     let c = Cluster::start(Options {
         kubernetes_api: true,
