@@ -25,8 +25,8 @@ pub mod projected;
 pub mod proxy;
 pub mod server;
 pub mod spdy;
-pub mod volumes;
 pub mod stats;
+pub mod volumes;
 
 /// The Kubernetes version the agent reports as its kubelet's.
 pub const KUBELET_VERSION: &str = "v1.32.0";
