@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use cluster_tests::chaos::campaign::{self, Config, Fault};
+use cluster_tests::chaos::campaign::{self, Config};
+use cluster_tests::chaos::faults::Fault;
 use cluster_tests::chaos::system::{Kind, Tuning};
 
 #[derive(Parser)]
@@ -33,8 +34,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_parser = Fault::parse)]
     faults: Vec<Fault>,
     /// rkube, etcd (the etcd 3.4 reference from Debian's etcd-server package), or kubernetes
-    /// (the Kubernetes-level campaign against rkube; --faults, --clients, --watchers and --dir
-    /// do not apply to it).
+    /// (the Kubernetes-level campaign against rkube: its --faults are kill-leader,
+    /// kill-member, quorum-loss, pause-leader and kill-endpoint; --clients, --watchers and
+    /// --dir do not apply to it).
     #[arg(long, default_value = "rkube", value_parser = ["rkube", "etcd", "kubernetes"])]
     system: String,
     /// Register/transaction clients.
@@ -97,7 +99,12 @@ async fn main() -> Result<()> {
     };
     if a.system == "kubernetes" {
         eprintln!("seed {seed}");
-        let summary = cluster_tests::chaos::k8s::campaign(seed, a.duration)
+        let faults = if a.faults.is_empty() {
+            Fault::all_for(Kind::Kubernetes)
+        } else {
+            a.faults.clone()
+        };
+        let summary = cluster_tests::chaos::k8s::campaign_with(seed, a.duration, &faults)
             .await
             .context("the campaign could not run")?;
         print!("{}", summary.table());
@@ -118,7 +125,7 @@ async fn main() -> Result<()> {
         None => cluster_tests::rkube_bin().to_path_buf(),
     };
     let mut faults = if a.faults.is_empty() {
-        Fault::ALL.to_vec()
+        Fault::all_for(system)
     } else {
         a.faults.clone()
     };

@@ -7,6 +7,7 @@
 
 pub mod campaign;
 pub mod check;
+pub mod faults;
 pub mod k8s;
 pub mod net;
 pub mod proxy;

@@ -27,6 +27,9 @@ use crate::powerfs::{CutReport, PowerFs};
 pub enum Kind {
     Rkube,
     Etcd,
+    /// An `rkube up` cluster serving the Kubernetes API ([`crate::Cluster`]), which the
+    /// Kubernetes campaign faults; a [`System`] is never one.
+    Kubernetes,
 }
 
 impl Kind {
@@ -34,6 +37,7 @@ impl Kind {
         match self {
             Kind::Rkube => "rkube",
             Kind::Etcd => "etcd 3.4",
+            Kind::Kubernetes => "Kubernetes API on rkube",
         }
     }
 }
@@ -105,6 +109,9 @@ impl System {
         bin: &Path,
         setup: &Setup,
     ) -> Result<Self> {
+        if kind == Kind::Kubernetes {
+            bail!("a Kubernetes cluster is started with Cluster::start, not as a System");
+        }
         if let Some(why) = super::net::unavailable() {
             bail!("{why}");
         }
@@ -128,7 +135,7 @@ impl System {
         let proxies = FaultProxies::start(&hosts, 12380, targets).await?;
         let token = format!("chaos-{:08x}", rand::random::<u32>());
         let tls = match kind {
-            Kind::Etcd => None,
+            Kind::Etcd | Kind::Kubernetes => None,
             Kind::Rkube => Some(make_pki(&dir.join("pki"), &hosts)?),
         };
         let mut sys = Self {
@@ -192,6 +199,7 @@ impl System {
             .open(self.dir.join(format!("{}.log", Self::name(i))))?;
         let t = &self.tuning;
         let mut cmd = match self.kind {
+            Kind::Kubernetes => bail!("a System is never a Kubernetes cluster"),
             Kind::Rkube => {
                 let mut c = self.hosts.command(i, &self.bin);
                 c.arg("server")

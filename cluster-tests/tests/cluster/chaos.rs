@@ -56,7 +56,7 @@ async fn a_short_chaos_campaign_loses_nothing_and_stays_linearizable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let seed = seed_or(20261204);
     // Every kind but the power cuts, which have campaigns of their own below.
-    let faults: Vec<Fault> = Fault::ALL
+    let faults: Vec<Fault> = Fault::all_for(Kind::Rkube)
         .into_iter()
         .filter(|f| !f.is_power_cut())
         .collect();

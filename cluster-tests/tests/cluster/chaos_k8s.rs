@@ -9,7 +9,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use cluster_tests::chaos::k8s::{self, FaultKind};
+use cluster_tests::chaos::faults::Fault;
+use cluster_tests::chaos::k8s;
+use cluster_tests::chaos::system::Kind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubernetes_clients_keep_their_guarantees_through_member_faults() {
@@ -21,10 +23,10 @@ async fn kubernetes_clients_keep_their_guarantees_through_member_faults() {
         .await
         .expect("the campaign runs");
     println!("{}", summary.table());
-    let kinds: BTreeSet<FaultKind> = summary.faults.iter().map(|f| f.kind).collect();
+    let kinds: BTreeSet<Fault> = summary.faults.iter().map(|f| f.fault).collect();
     assert_eq!(
         kinds.len(),
-        FaultKind::ALL.len(),
+        Fault::all_for(Kind::Kubernetes).len(),
         "a minute and a half of faults injects every kind: {kinds:?}\n{}",
         summary.table()
     );

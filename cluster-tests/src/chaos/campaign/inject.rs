@@ -1,7 +1,61 @@
-//! The fault injector of the store campaign: each fault applied to the system under test,
-//! then healed, with the time to a leader and to a write measured.
+//! The store campaign's side of the fault injector: the process faults through
+//! [`faults::strike`] (the campaign holding each for a fixed time, or until a new leader),
+//! and the faults only a [`System`] allows (network faults through the proxies, snapshot
+//! catch-up, member replacement, failpoints, power cuts), each applied and then healed; the
+//! times to a leader and to a write come from the monitor's and prober's records.
 
 use super::*;
+use crate::chaos::faults::{self, wait_leader_except, Injector};
+
+impl Injector for Run {
+    type Members = System;
+
+    fn members(&mut self) -> &mut System {
+        &mut self.sys
+    }
+
+    fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+
+    fn now(&self) -> u64 {
+        self.rec.now()
+    }
+
+    async fn hold(
+        &mut self,
+        fault: Fault,
+        _down: &[usize],
+        leader: usize,
+        _since: Instant,
+        record: &mut FaultRecord,
+    ) {
+        match fault {
+            Fault::KillLeader => {
+                let new = self
+                    .wait_leader_except(Some(leader), Duration::from_secs(30))
+                    .await;
+                record.detail += &format!("; new leader {new:?}");
+            }
+            Fault::QuorumLoss => {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                record.detail += " for 3 s";
+            }
+            Fault::PauseLeader => {
+                let hold = 2 * self.sys.tuning.election_timeout_ms + 1500;
+                tokio::time::sleep(Duration::from_millis(hold)).await;
+                record.detail += &format!(" for {hold} ms");
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                record.detail += " for 2 s";
+            }
+        }
+    }
+
+    /// The recovery is timed afterwards from the monitor's and the prober's records.
+    async fn healed(&mut self, _: Fault, _: Instant, _: &mut FaultRecord) {}
+}
 
 impl Run {
     pub(super) async fn head_revision(&self) -> Option<i64> {
@@ -39,14 +93,7 @@ impl Run {
         skip: Option<usize>,
         bound: Duration,
     ) -> Option<usize> {
-        let end = Instant::now() + bound;
-        while Instant::now() < end {
-            if let Some(l) = self.sys.leader_except(skip).await {
-                return Some(l);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
+        wait_leader_except(&self.sys, skip, bound).await
     }
 
     pub(super) fn term_at(&self, t: u64) -> u64 {
@@ -77,27 +124,6 @@ impl Run {
 
     pub(super) fn others(&self, m: usize) -> Vec<usize> {
         (0..self.sys.size()).filter(|i| *i != m).collect()
-    }
-
-    pub(super) fn record(
-        &self,
-        fault: Fault,
-        detail: String,
-        reference: u64,
-        deposes: bool,
-    ) -> FaultRecord {
-        FaultRecord {
-            fault,
-            detail,
-            reference,
-            deposes,
-            to_leader: None,
-            to_write: None,
-            recovered: false,
-            injected: true,
-            cuts: Vec::new(),
-            leader_kept: None,
-        }
     }
 
     /// Writes `n` keys as fast as the cluster takes them (20 at a time) through every member
@@ -155,53 +181,10 @@ impl Run {
         let leader = self.wait_leader_except(None, Duration::from_secs(30)).await;
         let l = leader.unwrap_or(0);
         let now = || self.rec.now();
+        if fault.is_process() {
+            return faults::strike(self, fault, l).await;
+        }
         Ok(match fault {
-            Fault::KillLeader => {
-                self.sys.kill(l);
-                let at = now();
-                let new = self
-                    .wait_leader_except(Some(l), Duration::from_secs(30))
-                    .await;
-                self.sys.restart(l, &[])?;
-                self.record(
-                    fault,
-                    format!("killed leader m{l}; new leader {new:?}"),
-                    at,
-                    true,
-                )
-            }
-            Fault::KillMember => {
-                let m = self.rng.gen_range(0..n);
-                self.sys.kill(m);
-                let at = now();
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                self.sys.restart(m, &[])?;
-                self.record(fault, format!("killed m{m} for 2 s"), at, m == l)
-            }
-            Fault::QuorumLoss => {
-                let others = self.others(l);
-                let f = others[self.rng.gen_range(0..others.len())];
-                self.sys.kill(l);
-                self.sys.kill(f);
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                self.sys.restart(l, &[])?;
-                self.sys.restart(f, &[])?;
-                let at = now();
-                self.record(
-                    fault,
-                    format!("killed m{l} (leader) and m{f} for 3 s"),
-                    at,
-                    true,
-                )
-            }
-            Fault::PauseLeader => {
-                self.sys.pause(l);
-                let at = now();
-                let hold = 2 * self.sys.tuning.election_timeout_ms + 1500;
-                tokio::time::sleep(Duration::from_millis(hold)).await;
-                self.sys.resume(l);
-                self.record(fault, format!("paused leader m{l} for {hold} ms"), at, true)
-            }
             Fault::PartitionLeader | Fault::PartitionLeaderOut | Fault::PartitionLeaderIn => {
                 let (out, inc) = match fault {
                     Fault::PartitionLeader => (true, true),
@@ -219,7 +202,7 @@ impl Run {
                     (true, false) => "leader -> followers",
                     _ => "followers -> leader",
                 };
-                self.record(
+                FaultRecord::new(
                     fault,
                     format!("cut leader m{l} off ({dir}) for 4 s; the old leader {old_refuses}"),
                     at,
@@ -245,7 +228,7 @@ impl Run {
                 } else {
                     "20% loss"
                 };
-                self.record(
+                FaultRecord::new(
                     fault,
                     format!("{what} on every peer link for 5 s"),
                     at,
@@ -275,7 +258,7 @@ impl Run {
                 let after = term_of(self.sys.status(l).await);
                 let still_leads = self.sys.leader().await == Some(l);
                 let kept = before.is_some() && before == after && still_leads;
-                let mut r = self.record(
+                let mut r = FaultRecord::new(
                     fault,
                     format!(
                         "cut follower m{f} off both ways for {hold} ms; caught up {}; leader m{l} {}",
@@ -312,7 +295,7 @@ impl Run {
                 let head = self.head_revision_of(l).await.unwrap_or(0);
                 self.sys.proxies.heal();
                 let caught = self.wait_caught_up(f, head, RECOVERY_BOUND).await;
-                self.record(
+                FaultRecord::new(
                     fault,
                     format!(
                         "cut follower m{f} off while {wrote} writes went in; caught up {}",
@@ -333,7 +316,7 @@ impl Run {
                 self.sys.replace(f).await?;
                 let head = self.head_revision_of(l).await.unwrap_or(0);
                 let caught = self.wait_caught_up(f, head, RECOVERY_BOUND).await;
-                self.record(
+                FaultRecord::new(
                     fault,
                     format!(
                         "replaced m{f} (removed, wiped, added back); caught up {}",
@@ -355,6 +338,11 @@ impl Run {
                 };
                 self.power_cut(fault, &members, leader).await?
             }
+            Fault::KillLeader
+            | Fault::KillMember
+            | Fault::QuorumLoss
+            | Fault::PauseLeader
+            | Fault::KillEndpoint => bail!("{} is a process fault, struck above", fault.name()),
             Fault::RollingRestart => {
                 let at = now();
                 for m in 0..n {
@@ -363,7 +351,7 @@ impl Run {
                     let head = self.head_revision_of((m + 1) % n).await.unwrap_or(0);
                     self.wait_caught_up(m, head, RECOVERY_BOUND).await;
                 }
-                self.record(
+                FaultRecord::new(
                     fault,
                     "stopped and restarted every member in turn".into(),
                     at,
@@ -407,7 +395,7 @@ impl Run {
             .iter()
             .map(|(m, report, _)| format!("m{m} {}", describe_cut(report)))
             .collect();
-        let mut r = self.record(
+        let mut r = FaultRecord::new(
             fault,
             format!(
                 "cut the power of {} {}; {}",
@@ -519,7 +507,7 @@ impl Run {
             self.sys.kill(m);
         }
         self.sys.restart(m, &[])?;
-        Ok(self.record(
+        Ok(FaultRecord::new(
             Fault::Failpoint,
             format!(
                 "m{m} armed at {point}: {}",

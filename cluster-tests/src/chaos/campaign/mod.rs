@@ -3,13 +3,12 @@
 //! then everything heals, the final state is read, the histories are checked, and every
 //! member must hold the same keys and history at one revision (HashKV).
 
-mod fault;
 mod inject;
 mod summary;
 mod verify;
 
-pub use fault::Fault;
-pub use summary::{describe_cut, percentiles, FaultRecord, Summary};
+pub use super::faults::{Fault, FaultRecord};
+pub use summary::{describe_cut, percentiles, Summary};
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -85,7 +84,7 @@ pub async fn run(config: Config) -> Result<Summary> {
             power_fs: config.power_fs,
             rkube_args: match config.system {
                 Kind::Rkube => config.rkube_args.clone(),
-                Kind::Etcd => Vec::new(),
+                Kind::Etcd | Kind::Kubernetes => Vec::new(),
             },
         },
     )
@@ -172,7 +171,8 @@ pub async fn run(config: Config) -> Result<Summary> {
             Ok(r) => r,
             Err(e) => {
                 let at = rec.now();
-                let mut r = run.record(fault, format!("could not be injected: {e:#}"), at, false);
+                let mut r =
+                    FaultRecord::new(fault, format!("could not be injected: {e:#}"), at, false);
                 r.injected = false;
                 r
             }

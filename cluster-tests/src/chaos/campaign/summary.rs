@@ -4,32 +4,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::{Config, Fault};
+use super::{Config, Fault, FaultRecord};
 use crate::chaos::check;
 use crate::powerfs::CutReport;
-
-/// One injected fault and how the cluster came back from it.
-#[derive(Debug, Clone)]
-pub struct FaultRecord {
-    pub fault: Fault,
-    pub detail: String,
-    /// When recovery is timed from (ns): the injection, or for quorum loss the restart.
-    pub reference: u64,
-    /// Whether the fault took the leader away (a new leader is then expected).
-    pub deposes: bool,
-    pub to_leader: Option<Duration>,
-    pub to_write: Option<Duration>,
-    /// False when the cluster did not serve writes again within the bound after healing.
-    pub recovered: bool,
-    /// False when the harness could not inject it (a failed member replacement, say).
-    pub injected: bool,
-    /// For a power cut: each member whose power was cut, what its filesystem threw away, and
-    /// the fsyncs that filesystem had seen until then.
-    pub cuts: Vec<(usize, CutReport, u64)>,
-    /// For a fault that must not move the leadership (a follower cut off and back): whether
-    /// the leader kept its term through it.
-    pub leader_kept: Option<bool>,
-}
 
 #[derive(Debug)]
 pub struct Summary {

@@ -42,23 +42,24 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::system::Kind;
 use crate::{Cluster, Options};
 
 mod deployment;
-mod faults;
+mod inject;
 mod shared;
 mod summary;
 mod violation;
 mod watchers;
 mod writer;
 
+pub use super::faults::{Fault, FaultRecord};
 pub use deployment::resolve_surge;
-pub use faults::{FaultKind, FaultRecord};
 pub use summary::{Explicit, K8sSummary, Requests};
 pub use violation::Violation;
 
 use deployment::{converge, deployment, roll, Pods};
-use faults::Chaos;
+use inject::Chaos;
 use shared::{clients, configmap, lock, until_ok, Cursor, History, Shared, Stats};
 use watchers::{gaps, Follower, Tokens};
 use writer::Writer;
@@ -103,6 +104,26 @@ const DESCRIBED: usize = 5;
 /// Runs the campaign: `duration` of faults from `seed`, then the checks. Err only when the
 /// cluster could not be set up at all.
 pub async fn campaign(seed: u64, duration: Duration) -> Result<K8sSummary> {
+    campaign_with(seed, duration, &Fault::all_for(Kind::Kubernetes)).await
+}
+
+/// [`campaign`] drawing from `kinds` alone; Err when one does not apply to a Kubernetes
+/// cluster or there is none.
+pub async fn campaign_with(seed: u64, duration: Duration, kinds: &[Fault]) -> Result<K8sSummary> {
+    if let Some(f) = kinds.iter().find(|f| !f.applies(Kind::Kubernetes)) {
+        let all: Vec<&str> = Fault::all_for(Kind::Kubernetes)
+            .iter()
+            .map(|f| f.name())
+            .collect();
+        bail!(
+            "{} does not apply to the Kubernetes campaign; its faults are {}",
+            f.name(),
+            all.join(", ")
+        );
+    }
+    if kinds.is_empty() {
+        bail!("no fault to draw from");
+    }
     // Building the binary is no part of the campaign's time.
     crate::rkube_bin();
     let started = Instant::now();
@@ -249,28 +270,27 @@ pub async fn campaign(seed: u64, duration: Duration) -> Result<K8sSummary> {
     // The faults: every kind once in a seeded order, then drawn at random.
     let mut chaos = Chaos {
         c: &c,
+        start: started,
         shared: shared.clone(),
         rng: StdRng::seed_from_u64(seed),
         pings: 0,
         explicit: Explicit::default(),
     };
-    let mut order = FaultKind::ALL.to_vec();
+    let mut order = kinds.to_vec();
     order.shuffle(&mut chaos.rng);
     let mut faults = Vec::new();
     let faulting = Instant::now();
     while faulting.elapsed() < duration {
         let kind = match order.get(faults.len()) {
             Some(k) => *k,
-            None => *FaultKind::ALL
-                .choose(&mut chaos.rng)
-                .unwrap_or(&FaultKind::KillLeader),
+            None => *kinds.choose(&mut chaos.rng).unwrap_or(&Fault::KillLeader),
         };
         // Most faults hit a rollout in flight.
         if faults.is_empty() || chaos.rng.gen_bool(0.7) {
             let _ = roll_now.send(());
         }
         let record = chaos.inject(kind).await;
-        let recovered = record.to_api.is_some();
+        let recovered = record.to_write.is_some();
         let detail = record.detail.clone();
         faults.push(record);
         if !recovered || !chaos.all_serving().await {

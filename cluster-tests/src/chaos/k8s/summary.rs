@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::faults::{FaultKind, FaultRecord};
 use super::violation::Violation;
+use super::{Fault, FaultRecord};
 use super::{MAX_SURGE, REPLICAS, WATCHERS};
 
 /// Requests the clients made and how they were answered.
@@ -59,7 +59,10 @@ impl K8sSummary {
         self.violations.is_empty()
             && self.converged.is_some()
             && !self.faults.is_empty()
-            && self.faults.iter().all(|f| f.injected && f.to_api.is_some())
+            && self
+                .faults
+                .iter()
+                .all(|f| f.injected && f.to_write.is_some())
             && self.writes_acked > 0
             && self.updates_ok > 0
             && e.stale_update.0 > 0
@@ -78,15 +81,15 @@ impl K8sSummary {
             "{:<14}{:>4}  {:>30}\n",
             "fault", "n", "API serving again p50 / max"
         );
-        let mut by: BTreeMap<FaultKind, Vec<&FaultRecord>> = BTreeMap::new();
+        let mut by: BTreeMap<Fault, Vec<&FaultRecord>> = BTreeMap::new();
         for f in &self.faults {
-            by.entry(f.kind).or_default().push(f);
+            by.entry(f.fault).or_default().push(f);
         }
         for (kind, recs) in &by {
-            let times: Vec<Duration> = recs.iter().filter_map(|r| r.to_api).collect();
+            let times: Vec<Duration> = recs.iter().filter_map(|r| r.to_write).collect();
             let failed = recs
                 .iter()
-                .filter(|r| !r.injected || r.to_api.is_none())
+                .filter(|r| !r.injected || r.to_write.is_none())
                 .count();
             out += &format!(
                 "{:<14}{:>4}  {:>30}{}\n",

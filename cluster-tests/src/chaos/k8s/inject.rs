@@ -1,4 +1,7 @@
-//! The faults (kinds and records) and the fault injector that also runs the explicit checks.
+//! The Kubernetes campaign's side of the fault injector ([`faults::strike`] on the `rkube up`
+//! cluster's members): while a fault holds and after it healed, writes through the API time
+//! its serving again and nothing may be acknowledged without quorum; between faults, the
+//! explicit 409 and 410 checks.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,7 +14,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams};
 use kube::Api;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::Rng;
 use rkube_store::proto::etcdserverpb as pb;
 use serde_json::json;
@@ -21,54 +23,14 @@ use super::shared::{configmap, member, rv_of, Answer, Shared};
 use super::summary::Explicit;
 use super::violation::Violation;
 use super::{GONE_APP, NS, PAUSE_FOR, PING_APP, QUORUM_LOSS_FOR, RECOVERY_BOUND};
+use crate::chaos::faults::{self, wait_leader_except, Fault, FaultRecord, Injector};
 use crate::Cluster;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum FaultKind {
-    KillLeader,
-    KillMember,
-    PauseLeader,
-    QuorumLoss,
-    /// SIGKILL of the member holding the control-plane endpoint (the admin kubeconfig's
-    /// current context), which one writer and one watcher use.
-    KillEndpoint,
-}
-
-impl FaultKind {
-    pub const ALL: [FaultKind; 5] = [
-        FaultKind::KillLeader,
-        FaultKind::KillMember,
-        FaultKind::PauseLeader,
-        FaultKind::QuorumLoss,
-        FaultKind::KillEndpoint,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::KillLeader => "kill-leader",
-            FaultKind::KillMember => "kill-member",
-            FaultKind::PauseLeader => "pause-leader",
-            FaultKind::QuorumLoss => "quorum-loss",
-            FaultKind::KillEndpoint => "kill-endpoint",
-        }
-    }
-}
-
-/// One injected fault.
-#[derive(Debug, Clone)]
-pub struct FaultRecord {
-    pub kind: FaultKind,
-    pub detail: String,
-    /// False when there was no leader to fault.
-    pub injected: bool,
-    /// From the injection (for quorum loss: from the restart) to the first write the API
-    /// acknowledged; None when it did not within the bound.
-    pub to_api: Option<Duration>,
-}
-
-/// The fault injector and the explicit checks, on the main task.
+/// The campaign's checks during the faults and the explicit checks, on the main task.
 pub(super) struct Chaos<'a> {
     pub(super) c: &'a Cluster,
+    /// The clock of the faults' records.
+    pub(super) start: Instant,
     pub(super) shared: Arc<Shared>,
     pub(super) rng: StdRng,
     pub(super) pings: u64,
@@ -76,19 +38,8 @@ pub(super) struct Chaos<'a> {
 }
 
 impl Chaos<'_> {
-    fn members(&self) -> usize {
+    fn size(&self) -> usize {
         self.c.members.len()
-    }
-
-    async fn leader(&self) -> Option<usize> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(l) = self.c.leader().await {
-                return Some(l);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
     }
 
     /// One write through member `m`'s API: whether it was acknowledged.
@@ -160,128 +111,53 @@ impl Chaos<'_> {
         false
     }
 
-    async fn restart(&self) -> String {
-        match self.c.restart_missing().await {
-            Ok(()) => String::new(),
-            Err(e) => format!("; restart: {e}"),
+    /// With `down` killed, nothing may be acknowledged: a write through `survivor`'s API.
+    async fn no_write_without_quorum(&mut self, survivor: usize, down: &[usize]) {
+        let ping = format!("ping-quorum-{}", self.pings);
+        self.pings += 1;
+        let cm = configmap(&ping, json!({"app": PING_APP}), "no-quorum");
+        let api: Api<ConfigMap> = self.shared.api(survivor);
+        if let Answer::Ok(made) = self
+            .shared
+            .call(
+                "write without quorum",
+                api.create(&PostParams::default(), &cm),
+            )
+            .await
+        {
+            let down: Vec<String> = down.iter().map(|d| member(*d)).collect();
+            self.shared.violation(
+                Violation::WriteWithoutQuorum,
+                format!(
+                    "{} acknowledged the create of {ping} at version {:?} with {} down",
+                    member(survivor),
+                    made.metadata.resource_version,
+                    down.join(" and ")
+                ),
+            );
         }
     }
 
-    pub(super) async fn inject(&mut self, kind: FaultKind) -> FaultRecord {
-        let mut record = FaultRecord {
-            kind,
-            detail: String::new(),
-            injected: false,
-            to_api: None,
-        };
-        let Some(leader) = self.leader().await else {
-            record.detail = "no leader to fault".into();
+    pub(super) async fn inject(&mut self, fault: Fault) -> FaultRecord {
+        let Some(leader) = wait_leader_except(&self.c, None, Duration::from_secs(30)).await else {
+            let mut record =
+                FaultRecord::new(fault, "no leader to fault".into(), self.now(), false);
+            record.injected = false;
             return record;
         };
-        let n = self.members();
-        record.injected = true;
-        match kind {
-            FaultKind::KillLeader | FaultKind::KillMember => {
-                let victim = if kind == FaultKind::KillLeader {
-                    leader
-                } else {
-                    self.rng.gen_range(0..n)
-                };
-                let since = Instant::now();
-                self.c.kill(victim).await;
-                let others: Vec<usize> = (0..n).filter(|&i| i != victim).collect();
-                record.to_api = self.serving(&others, since).await;
-                record.detail = format!("killed {} (leader {})", member(victim), member(leader));
-                record.detail += &self.restart().await;
-            }
-            FaultKind::KillEndpoint => {
-                let mut holder = None;
-                for i in 0..n {
-                    if self.c.metric(i, "rkube_endpoint_held").await == Some(1.0) {
-                        holder = Some(i);
-                    }
-                }
-                let Some(victim) = holder else {
-                    record.injected = false;
-                    record.detail = format!(
-                        "no member holds the control-plane endpoint (leader {})",
-                        member(leader)
-                    );
-                    return record;
-                };
-                let since = Instant::now();
-                self.c.kill(victim).await;
-                // The endpoint's client, after the members'.
-                record.to_api = self.serving(&[n], since).await;
-                record.detail = format!(
-                    "killed {} (holding the endpoint; leader {})",
-                    member(victim),
-                    member(leader)
-                );
-                record.detail += &self.restart().await;
-            }
-            FaultKind::PauseLeader => {
-                let since = Instant::now();
-                self.c.pause(leader);
-                let others: Vec<usize> = (0..n).filter(|&i| i != leader).collect();
-                record.to_api = self.serving(&others, since).await;
-                // Past the election timeout in any case, so the others elect a new leader.
-                tokio::time::sleep(PAUSE_FOR.saturating_sub(since.elapsed())).await;
-                self.c.resume(leader);
-                record.detail = format!("paused {} for {:?}", member(leader), since.elapsed());
-            }
-            FaultKind::QuorumLoss => {
-                let others: Vec<usize> = (0..n).filter(|&i| i != leader).collect();
-                let second = *others.choose(&mut self.rng).unwrap_or(&leader);
-                let survivor = (0..n)
-                    .find(|&i| i != leader && i != second)
-                    .unwrap_or(leader);
-                let down = Instant::now();
-                self.c.kill(leader).await;
-                self.c.kill(second).await;
-                // Nothing may be acknowledged without a quorum.
-                let ping = format!("ping-quorum-{}", self.pings);
-                self.pings += 1;
-                let cm = configmap(&ping, json!({"app": PING_APP}), "no-quorum");
-                let api: Api<ConfigMap> = self.shared.api(survivor);
-                if let Answer::Ok(made) = self
-                    .shared
-                    .call(
-                        "write without quorum",
-                        api.create(&PostParams::default(), &cm),
-                    )
-                    .await
-                {
-                    self.shared.violation(
-                        Violation::WriteWithoutQuorum,
-                        format!(
-                            "{} acknowledged the create of {ping} at version {:?} with {} and {} down",
-                            member(survivor),
-                            made.metadata.resource_version,
-                            member(leader),
-                            member(second)
-                        ),
-                    );
-                }
-                tokio::time::sleep(QUORUM_LOSS_FOR.saturating_sub(down.elapsed())).await;
-                let since = Instant::now();
-                let restarted = self.restart().await;
-                let all: Vec<usize> = (0..n).collect();
-                record.to_api = self.serving(&all, since).await;
-                record.detail = format!(
-                    "killed {} (leader) and {} for {:?}{restarted}",
-                    member(leader),
-                    member(second),
-                    since.duration_since(down)
-                );
+        match faults::strike(self, fault, leader).await {
+            Ok(record) => record,
+            Err(e) => {
+                let mut record = FaultRecord::new(fault, format!("{e:#}"), self.now(), false);
+                record.injected = false;
+                record
             }
         }
-        record
     }
 
     /// An update and a delete from a version known to be old must be 409.
     pub(super) async fn stale_update(&mut self) {
-        let m = self.rng.gen_range(0..self.members());
+        let m = self.rng.gen_range(0..self.size());
         let api: Api<ConfigMap> = self.shared.api(m);
         let name = "stale-probe";
         self.explicit.stale_update.1 += 1;
@@ -366,7 +242,7 @@ impl Chaos<'_> {
     /// A watch and a continue token from before a compaction must be 410 Gone on a member
     /// that has applied the compaction.
     pub(super) async fn gone(&mut self) {
-        let n = self.members();
+        let n = self.size();
         let (m, j) = (self.rng.gen_range(0..n), self.rng.gen_range(0..n));
         self.explicit.gone_watch.1 += 1;
         self.explicit.gone_continue.1 += 1;
@@ -519,6 +395,64 @@ impl Chaos<'_> {
                 );
             }
             _ => {}
+        }
+    }
+}
+
+impl<'a> Injector for Chaos<'a> {
+    type Members = &'a Cluster;
+
+    fn members(&mut self) -> &mut &'a Cluster {
+        &mut self.c
+    }
+
+    fn rng(&mut self) -> &mut StdRng {
+        &mut self.rng
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Writes through the API of every member still up (for the endpoint's holder: through
+    /// the endpoint) time its serving again; with two of three down, a write through the
+    /// third must not be acknowledged. A paused leader stays paused past the election
+    /// timeout, two members down [`QUORUM_LOSS_FOR`].
+    async fn hold(
+        &mut self,
+        fault: Fault,
+        down: &[usize],
+        leader: usize,
+        since: Instant,
+        record: &mut FaultRecord,
+    ) {
+        let n = self.size();
+        let up: Vec<usize> = (0..n).filter(|i| !down.contains(i)).collect();
+        match fault {
+            Fault::QuorumLoss => {
+                let survivor = up.first().copied().unwrap_or(leader);
+                self.no_write_without_quorum(survivor, down).await;
+                tokio::time::sleep(QUORUM_LOSS_FOR.saturating_sub(since.elapsed())).await;
+                record.detail += &format!(" for {:?}", since.elapsed());
+            }
+            // The endpoint's client, after the members'.
+            Fault::KillEndpoint => record.to_write = self.serving(&[n], since).await,
+            _ => {
+                record.to_write = self.serving(&up, since).await;
+                if fault == Fault::PauseLeader {
+                    // Past the election timeout in any case, so the others elect a new leader.
+                    tokio::time::sleep(PAUSE_FOR.saturating_sub(since.elapsed())).await;
+                    record.detail += &format!(" for {:?}", since.elapsed());
+                }
+            }
+        }
+    }
+
+    /// After quorum loss, the API serves again on some member from the restart.
+    async fn healed(&mut self, fault: Fault, healed: Instant, record: &mut FaultRecord) {
+        if fault == Fault::QuorumLoss {
+            let all: Vec<usize> = (0..self.size()).collect();
+            record.to_write = self.serving(&all, healed).await;
         }
     }
 }
