@@ -289,11 +289,14 @@ pub async fn campaign_with(seed: u64, duration: Duration, kinds: &[Fault]) -> Re
         if faults.is_empty() || chaos.rng.gen_bool(0.7) {
             let _ = roll_now.send(());
         }
-        let record = chaos.inject(kind).await;
-        let recovered = record.to_write.is_some();
+        let mut record = chaos.inject(kind).await;
+        // Recovered: some API took a write, and then every member's API and the endpoint
+        // answer reads.
+        record.recovered = record.to_write.is_some() && chaos.all_serving().await;
+        let recovered = record.recovered;
         let detail = record.detail.clone();
         faults.push(record);
-        if !recovered || !chaos.all_serving().await {
+        if !recovered {
             shared.violation(
                 Violation::ApiDown,
                 format!(

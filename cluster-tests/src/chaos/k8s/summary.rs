@@ -59,10 +59,7 @@ impl K8sSummary {
         self.violations.is_empty()
             && self.converged.is_some()
             && !self.faults.is_empty()
-            && self
-                .faults
-                .iter()
-                .all(|f| f.injected && f.to_write.is_some())
+            && self.faults.iter().all(|f| f.injected && f.recovered)
             && self.writes_acked > 0
             && self.updates_ok > 0
             && e.stale_update.0 > 0
@@ -87,10 +84,7 @@ impl K8sSummary {
         }
         for (kind, recs) in &by {
             let times: Vec<Duration> = recs.iter().filter_map(|r| r.to_write).collect();
-            let failed = recs
-                .iter()
-                .filter(|r| !r.injected || r.to_write.is_none())
-                .count();
+            let failed = recs.iter().filter(|r| !r.injected || !r.recovered).count();
             out += &format!(
                 "{:<14}{:>4}  {:>30}{}\n",
                 kind.name(),
