@@ -377,16 +377,18 @@ pub async fn strike<I: Injector>(i: &mut I, fault: Fault, leader: usize) -> Resu
     }
     let mut record = FaultRecord::new(fault, what, i.now(), down.contains(&leader));
     i.hold(fault, &down, leader, since, &mut record).await;
+    // Healing starts here: quorum loss is timed from the restart's start (`rkube up` takes
+    // a while to start the members again).
+    let healed = Instant::now();
+    if fault == Fault::QuorumLoss {
+        record.reference = i.now();
+    }
     if fault == Fault::PauseLeader {
         i.members().resume(leader);
     } else if let Err(e) = i.members().restart_missing().await {
         // Not healed: the fault was not injected as it should have been.
         record.detail += &format!("; could not restart: {e:#}");
         record.injected = false;
-    }
-    let healed = Instant::now();
-    if fault == Fault::QuorumLoss {
-        record.reference = i.now();
     }
     i.healed(fault, healed, &mut record).await;
     Ok(record)
