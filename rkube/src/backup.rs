@@ -93,6 +93,8 @@ const BUILT_IN: &[(&str, &str, &str, &str)] = &[
     ("", "configmaps", "kube-public", "cluster-info"),
     ("", "configmaps", "*", "kube-root-ca.crt"),
     ("", "serviceaccounts", "*", "default"),
+    // The built-in local-path provisioner's default class (the leader makes it when missing).
+    ("storage.k8s.io", "storageclasses", "", "local-path"),
 ];
 
 /// Secret types that controllers or the join process manage.
