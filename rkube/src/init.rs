@@ -529,18 +529,7 @@ pub async fn prepare_join(
             (added.member.map(|m| m.id).unwrap_or(0), added.members)
         }
     };
-    let initial_cluster = members
-        .iter()
-        .map(|x| {
-            let n = if x.name.is_empty() {
-                m.name
-            } else {
-                x.name.as_str()
-            };
-            format!("{n}={}", x.peer_ur_ls.first().cloned().unwrap_or_default())
-        })
-        .collect::<Vec<_>>()
-        .join(",");
+    let initial_cluster = crate::member::initial_cluster(&members, id, m.name);
     Ok(JoinPlan {
         initial_cluster,
         member_id: id,

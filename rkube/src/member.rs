@@ -93,20 +93,15 @@ pub async fn run(target: &Target, ch: Channel, cmd: MemberCommand) -> Result<()>
                 "Member {id:x} added ({name}, {peer_url}{})",
                 if learner { ", learner" } else { "" }
             );
-            let mut initial: Vec<String> = r
-                .members
-                .iter()
-                .filter(|m| m.id != id)
-                .map(|m| {
-                    format!(
-                        "{}={}",
-                        m.name,
-                        m.peer_ur_ls.first().cloned().unwrap_or_default()
-                    )
-                })
-                .collect();
-            initial.push(format!("{name}={peer_url}"));
-            println!("Start it with: rkube server --name {name} --initial-cluster {} --initial-cluster-state existing ...", initial.join(","));
+            let mut members = r.members.clone();
+            if !members.iter().any(|m| m.id == id) {
+                members.push(pb::Member {
+                    id,
+                    peer_ur_ls: vec![peer_url.clone()],
+                    ..Default::default()
+                });
+            }
+            println!("Start it with: rkube server --name {name} --initial-cluster {} --initial-cluster-state existing ...", initial_cluster(&members, id, &name));
         }
         MemberCommand::Promote { id } => {
             let id = parse_id(&id)?;
@@ -163,4 +158,60 @@ pub async fn run(target: &Target, ch: Channel, cmd: MemberCommand) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// `--initial-cluster` for member `own_id`, named `own_name`, joining `members`. A member added
+/// but not started yet has no name: it gets `unstarted-<id>`, so that two members added at
+/// once do not both read as the joining one (a server refuses a name that appears twice).
+pub(crate) fn initial_cluster(members: &[pb::Member], own_id: u64, own_name: &str) -> String {
+    members
+        .iter()
+        .map(|m| {
+            let name = if m.id == own_id {
+                own_name.to_string()
+            } else if m.name.is_empty() {
+                format!("unstarted-{:x}", m.id)
+            } else {
+                m.name.clone()
+            };
+            format!(
+                "{name}={}",
+                m.peer_ur_ls.first().cloned().unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, name: &str, peer: &str) -> pb::Member {
+        pb::Member {
+            id,
+            name: name.into(),
+            peer_ur_ls: vec![peer.into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn two_members_added_at_once_get_names_of_their_own() {
+        let members = [
+            member(1, "s1", "https://10.0.0.1:2380"),
+            member(2, "", "https://10.0.0.2:2380"),
+            member(3, "", "https://10.0.0.3:2380"),
+        ];
+        let s2 = initial_cluster(&members, 2, "s2");
+        assert_eq!(
+            s2,
+            "s1=https://10.0.0.1:2380,s2=https://10.0.0.2:2380,unstarted-3=https://10.0.0.3:2380"
+        );
+        let parsed = rkube_store::server::parse_initial_cluster(&s2).expect("parses");
+        assert_eq!(parsed.len(), 3);
+        // The joining member's own entry is named by it even when the cluster knows a name.
+        let again = initial_cluster(&[member(2, "old", "https://10.0.0.2:2380")], 2, "s2");
+        assert_eq!(again, "s2=https://10.0.0.2:2380");
+    }
 }
