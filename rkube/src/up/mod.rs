@@ -240,7 +240,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
                     m.api_addr(),
                     args.dir.join(format!("{}.log", m.name)).display()
                 );
-                started.push(m.name.clone());
+                started.push((m.name.clone(), pid));
             }
         }
     }
@@ -265,13 +265,14 @@ pub async fn up(args: UpArgs) -> Result<()> {
         }
         // A member that exited (a port taken, a damaged data dir) will not answer: say which
         // and why now rather than after the whole minute.
-        if let Some(name) = started
+        if let Some((name, pid)) = started
             .iter()
-            .find(|name| process::running_pid(&args.dir, name).is_none())
+            .find(|(name, _)| process::running_pid(&args.dir, name).is_none())
         {
             let log = args.dir.join(format!("{name}.log"));
             bail!(
-                "{name} exited while the cluster was starting; the end of {}:\n{}",
+                "{name} {} while the cluster was starting; the end of {}:\n{}",
+                process::how_it_ended(*pid),
                 log.display(),
                 process::log_tail(&log, 20)
             );

@@ -58,6 +58,27 @@ pub(crate) async fn stop(dir: &Path, names: &[String]) {
     }
 }
 
+/// How child `pid` of this process ended, for an error: its exit status or the signal that
+/// ended it (collecting it), or that it runs on but is not recognised as this cluster's.
+pub(crate) fn how_it_ended(pid: i32) -> String {
+    let mut status = 0;
+    let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if reaped != pid {
+        return format!("(pid {pid}) is not running as this cluster's member");
+    }
+    if libc::WIFSIGNALED(status) {
+        format!(
+            "(pid {pid}) was killed by signal {}",
+            libc::WTERMSIG(status)
+        )
+    } else {
+        format!(
+            "(pid {pid}) exited with status {}",
+            libc::WEXITSTATUS(status)
+        )
+    }
+}
+
 /// Collects an exited child so it does not linger as a zombie (only our own children).
 fn reap(pid: i32) {
     let mut status = 0;
