@@ -165,23 +165,7 @@ spec:
 pub(crate) async fn cri_cluster(agents: usize) -> (Cluster, cluster_tests::kubectl::Kubectl) {
     let images = tempfile::tempdir().unwrap();
     cluster_tests::build_images(images.path());
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents,
-        up_args: vec!["--runtime".into(), "cri".into()],
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = cluster_tests::kubectl::Kubectl::from_env_file(
-        &c.path().join("env"),
-        &c.path().join("home"),
-    )
-    .expect("env");
-    let names = c.agent_names();
-    k.wait_nodes_ready(&names.iter().map(String::as_str).collect::<Vec<_>>())
-        .await;
+    let (c, k) = cluster_of(agents, vec!["--runtime".into(), "cri".into()]).await;
     for image in ["busybox.tar", "busybox2.tar"] {
         load_image(&c, &images.path().join(image));
     }

@@ -9,20 +9,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster_tests::kubectl::Kubectl;
-use cluster_tests::{Cluster, Options};
+use cluster_tests::Cluster;
 
 async fn cluster_with_a_node() -> (Cluster, Kubectl) {
-    let c = Cluster::start(Options {
-        kubernetes_api: true,
-        agents: 1,
-        ..Options::default()
-    })
-    .await
-    .expect("cluster starts");
-    c.wait_leader().await;
-    let k = Kubectl::from_env_file(&c.path().join("env"), &c.path().join("home")).expect("env");
-    k.wait_nodes_ready(&["agent1"]).await;
-    (c, k)
+    super::common::sim_cluster(1).await
 }
 
 const JOBS: &str = r#"
