@@ -67,10 +67,15 @@ pub fn run(
                     .await;
                 match ignore_gone(deleted) {
                     Ok(_) => {
-                        tracing::info!(pod = %format!("{ns}/{pod_name}"), node, "garbage-collected a pod whose node is gone")
+                        tracing::info!(
+                            namespace = ns,
+                            pod = pod_name,
+                            node,
+                            "garbage-collected a pod whose node is gone"
+                        )
                     }
                     Err(e) => {
-                        tracing::debug!(pod = %format!("{ns}/{pod_name}"), error = %e, "pod garbage collection failed")
+                        tracing::debug!(namespace = ns, pod = pod_name, error = %e, "pod garbage collection failed")
                     }
                 }
             }
