@@ -257,42 +257,142 @@ async fn a_slow_watcher_gets_every_revision_once_and_in_order() {
     ));
 }
 
-/// A tracked watcher counts as delivered up to a revision only once its consumer has passed
-/// on every message it was sent: what a progress notification may promise.
+/// What a set of watchers sent, as (watch id, message) in order.
+type SetMessages = tokio::sync::mpsc::Receiver<(i64, watch::SetMessage)>;
+
+fn watcher_set(s: &Arc<MvccStore>) -> (watch::WatchSet, SetMessages) {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let set = watch::WatchSet::start(s.clone(), tx, |id, m| Some((id, m)));
+    (set, rx)
+}
+
+async fn next_of_set(rx: &mut SetMessages) -> (i64, watch::SetMessage) {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("a message of the set within the timeout")
+        .expect("the set is still running")
+}
+
+fn on(key: &str) -> Result<WatchSpec, String> {
+    Ok(WatchSpec {
+        range: KeyRange::single(key),
+        ..Default::default()
+    })
+}
+
+/// A set's answer to a progress request comes after every event up to its revision of every
+/// watcher in the set, on the one ordered channel: what a stream-wide progress may promise.
 #[tokio::test]
-async fn a_tracked_watcher_is_delivered_only_up_to_what_its_consumer_passed_on() {
+async fn a_sets_progress_answer_follows_every_event_up_to_its_revision() {
+    use watch::SetMessage::*;
     let s = new_store();
     put(&s, "a", "1"); // 1
-    let (mut rx, delivery) = watch::start_tracked(
-        s.clone(),
-        WatchSpec {
-            range: KeyRange::single("a"),
-            ..Default::default()
-        },
-        16,
-    );
-    assert_eq!(
-        delivery.delivered(),
-        Some(1),
-        "nothing sent yet: in sync at the start"
-    );
+    let (set, mut rx) = watcher_set(&s);
+    assert!(set.add(0, on("a")).await);
+    assert!(set.add(0, on("b")).await);
+    assert_eq!(next_of_set(&mut rx).await, (0, Created { revision: 1 }));
+    assert_eq!(next_of_set(&mut rx).await, (1, Created { revision: 1 }));
     put(&s, "a", "2"); // 2
-    put(&s, "b", "1"); // 3, outside the range
-    let WatchMessage::Events { revision: 2, .. } = next(&mut rx).await else {
-        panic!("the event of revision 2 first")
-    };
-    // Received but not yet passed on: not delivered, whatever the store's revision.
-    assert_eq!(delivery.delivered(), None);
-    delivery.passed_one();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    while delivery.delivered() != Some(3) {
+    put(&s, "b", "1"); // 3
+    put(&s, "c", "1"); // 4, outside every range
+    assert!(set.request_progress().await);
+    let mut seen = Vec::new();
+    loop {
+        match next_of_set(&mut rx).await {
+            (id, Watch(WatchMessage::Events { revision, .. })) => seen.push((id, revision)),
+            (watch::SET_ID, InSync { revision }) => {
+                assert_eq!(revision, 4, "the store's revision when asked");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, vec![(0, 2), (1, 3)], "both events before the answer");
+}
+
+/// Ids: the set picks the lowest free one from its counter on, refuses a running one, and a
+/// cancelled watcher says so once and sends nothing after it.
+#[tokio::test]
+async fn a_set_picks_ids_refuses_duplicates_and_cancels() {
+    use watch::SetMessage::*;
+    let s = new_store();
+    let (set, mut rx) = watcher_set(&s);
+    assert!(set.add(7, on("a")).await);
+    assert_eq!(next_of_set(&mut rx).await, (7, Created { revision: 0 }));
+    assert!(set.add(7, on("b")).await);
+    assert_eq!(
+        next_of_set(&mut rx).await,
+        (7, Refused(watch::Refusal::DuplicateId))
+    );
+    assert!(set.add(0, Err("no key".into())).await);
+    assert_eq!(
+        next_of_set(&mut rx).await,
+        (0, Refused(watch::Refusal::Invalid("no key".into())))
+    );
+    assert!(set.add(0, on("b")).await);
+    assert_eq!(next_of_set(&mut rx).await, (0, Created { revision: 0 }));
+    assert!(set.cancel(7).await);
+    assert_eq!(next_of_set(&mut rx).await, (7, Canceled { reason: None }));
+    put(&s, "a", "1"); // 1: watcher 7 is gone
+    put(&s, "b", "1"); // 2
+    let (id, message) = next_of_set(&mut rx).await;
+    assert!(
+        id == 0 && matches!(message, Watch(WatchMessage::Events { revision: 2, .. })),
+        "only watcher 0's event, got {id} {message:?}"
+    );
+    assert_eq!(s.watcher_count(), 1);
+    drop(set);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while s.watcher_count() != 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "revision 3 (no event in range) never counted as delivered: {:?}",
-            delivery.delivered()
+            "the set ends with its handle"
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// A watcher that starts far in the past catches up from history in chunks while a live
+/// watcher of the same set keeps getting new events.
+#[tokio::test]
+async fn a_watcher_catching_up_does_not_hold_up_the_live_ones_of_its_set() {
+    use watch::SetMessage::*;
+    let s = new_store();
+    let history = 5_000;
+    for i in 0..history {
+        put(&s, "old", &format!("{i}"));
+    }
+    let (set, mut rx) = watcher_set(&s);
+    assert!(set.add(1, on("new")).await);
+    assert_eq!(next_of_set(&mut rx).await.1, Created { revision: history });
+    assert!(
+        set.add(
+            2,
+            Ok(WatchSpec {
+                range: KeyRange::single("old"),
+                start_revision: 1,
+                ..Default::default()
+            })
+        )
+        .await
+    );
+    put(&s, "new", "1");
+    let mut old_before_new = 0;
+    loop {
+        match next_of_set(&mut rx).await {
+            (2, Created { .. }) => {}
+            (2, Watch(WatchMessage::Events { .. })) => old_before_new += 1,
+            (1, Watch(WatchMessage::Events { revision, .. })) => {
+                assert_eq!(revision, history + 1);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        old_before_new < history,
+        "the live event waited for the whole catch-up ({old_before_new} old events first)"
+    );
 }
 
 /// A DeleteRange of more keys than `DELETED_VERSIONS_IN_EVENTS` does not read every deleted
