@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Secret;
 use rustls::pki_types::CertificateDer;
 
 use crate::error::ApiError;
@@ -103,12 +104,13 @@ impl crate::handler::Api {
             tracing::debug!(id, "bootstrap token refused: no such token");
             return Err(unauthorized());
         };
-        crate::bootstrap_token::check(&stored.object, id, secret, chrono::Utc::now()).map_err(
-            |why| {
-                tracing::debug!(id, why, "bootstrap token refused");
-                unauthorized()
-            },
-        )
+        let checked = serde_json::from_value::<Secret>(stored.object)
+            .map_err(|_| "the secret does not decode")
+            .and_then(|s| crate::bootstrap_token::check(&s, id, secret, chrono::Utc::now()));
+        checked.map_err(|why| {
+            tracing::debug!(id, why, "bootstrap token refused");
+            unauthorized()
+        })
     }
 
     /// The user a service account token authenticates as: signed by this cluster, for the API

@@ -2,7 +2,7 @@
 //! `rkube_core::bootstrap_token`'s): a valid token authenticates as `system:bootstrap:<id>` in
 //! the group `system:bootstrappers` and the token's `auth-extra-groups`.
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Secret;
 
 use rkube_core::bootstrap_token::{
     constant_time_eq, expired, secret_value, GROUP, SECRET_TYPE, USER_PREFIX,
@@ -12,15 +12,15 @@ use crate::auth::User;
 
 /// Why a stored token does not authenticate, or the user it authenticates as.
 pub fn check(
-    secret: &Value,
+    secret: &Secret,
     id: &str,
     presented: &str,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<User, &'static str> {
-    if secret.get("type").and_then(Value::as_str) != Some(SECRET_TYPE) {
+    if secret.type_.as_deref() != Some(SECRET_TYPE) {
         return Err("the secret is not a bootstrap token");
     }
-    if secret.pointer("/metadata/deletionTimestamp").is_some() {
+    if secret.metadata.deletion_timestamp.is_some() {
         return Err("the token is being deleted");
     }
     if secret_value(secret, "token-id").as_deref() != Some(id) {
@@ -61,13 +61,13 @@ mod tests {
     use super::*;
     use base64::engine::general_purpose::STANDARD;
     use base64::Engine;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn b64(s: &str) -> String {
         STANDARD.encode(s)
     }
 
-    fn secret(extra: &[(&str, &str)]) -> Value {
+    fn secret(extra: &[(&str, &str)]) -> Secret {
         let mut data = serde_json::Map::new();
         for (k, v) in [
             ("token-id", "abcdef"),
@@ -79,7 +79,9 @@ mod tests {
         {
             data.insert(k.to_string(), json!(b64(v)));
         }
-        json!({"type": SECRET_TYPE, "metadata": {"name": "bootstrap-token-abcdef"}, "data": data})
+        let v: Value = json!({"type": SECRET_TYPE, "metadata": {"name": "bootstrap-token-abcdef"},
+                             "data": data});
+        serde_json::from_value(v).expect("a Secret")
     }
 
     #[test]
@@ -125,7 +127,12 @@ mod tests {
         )
         .is_ok());
         let mut s = secret(&[]);
-        s["data"]["usage-bootstrap-authentication"] = json!(b64("false"));
+        if let Some(data) = s.data.as_mut() {
+            data.insert(
+                "usage-bootstrap-authentication".into(),
+                k8s_openapi::ByteString(b"false".to_vec()),
+            );
+        }
         assert!(check(&s, "abcdef", "0123456789abcdef", now).is_err());
     }
 }

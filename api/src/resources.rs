@@ -79,6 +79,14 @@ impl Resource {
         }
     }
 
+    /// The API path of one object (`namespace` is ignored for a cluster-scoped resource).
+    pub fn path(&self, namespace: &str, name: &str) -> String {
+        let ns = if self.namespaced { namespace } else { "" };
+        let collection =
+            rkube_core::path::collection_of(self.group, &self.api_version(), self.plural, ns);
+        format!("{collection}/{name}")
+    }
+
     /// The store prefix of a collection: one namespace's, or all of them.
     pub fn prefix(&self, namespace: Option<&str>) -> String {
         match namespace {
@@ -349,6 +357,12 @@ mod tests {
         assert_eq!(pods.prefix(None), "/registry/pods/");
         let nodes = find("", "v1", "nodes").unwrap();
         assert_eq!(nodes.key(None, "n1"), "/registry/minions/n1");
+        assert_eq!(nodes.path("ignored", "n1"), "/api/v1/nodes/n1");
+        let jobs = find("batch", "v1", "jobs").unwrap();
+        assert_eq!(
+            jobs.path("ns", "pi"),
+            "/apis/batch/v1/namespaces/ns/jobs/pi"
+        );
         let svc = find("", "v1", "services").unwrap();
         assert_eq!(
             svc.key(Some("default"), "web"),

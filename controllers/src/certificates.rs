@@ -11,23 +11,34 @@
 //!   signed (a detached JWS) by every bootstrap token that may sign;
 //! - the token cleaner: expired bootstrap tokens are deleted.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use rkube_api::certificates::request_pem;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::ByteString;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::bootstrap_token;
-use rkube_core::json::str_at as s;
+use rkube_core::meta::{key, name, namespace};
 use rkube_pki::CsrSigner;
 use rkube_pki::{CLIENT_SIGNER, KUBELET_CLIENT_SIGNER};
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::ignore_gone;
-use rkube_runtime::informer::{key_of, Informer};
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::controller::{Action, Controller};
 use rkube_runtime::queue::{Outcome, WorkQueue};
+use rkube_runtime::store::Store;
 
 /// kube-controller-manager's --cluster-signing-duration default: one year.
 pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -57,88 +68,102 @@ impl std::fmt::Debug for Settings {
     }
 }
 
-fn has_condition(csr: &Value, kind: &str) -> bool {
-    csr.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| s(c, "/type") == kind))
+fn has_condition(csr: &CertificateSigningRequest, kind: &str) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind))
 }
 
-fn age_seconds(o: &Value) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(s(o, "/metadata/creationTimestamp"))
-        .map(|t| (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds())
-        .unwrap_or(0)
+fn age_seconds(meta: &ObjectMeta) -> i64 {
+    meta.creation_timestamp
+        .as_ref()
+        .map_or(0, |t| Timestamp::now().as_second() - t.0.as_second())
 }
 
+/// The PEM request a CSR carries (`spec.request`).
+fn request_pem(csr: &CertificateSigningRequest) -> Option<String> {
+    String::from_utf8(csr.spec.request.0.clone()).ok()
+}
+
+/// A condition of a CSR, set now.
+fn condition(type_: &str, reason: &str, message: String) -> CertificateSigningRequestCondition {
+    let now = Time(crate::pods::now());
+    CertificateSigningRequestCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
+}
+
+fn with_condition(
+    csr: &CertificateSigningRequest,
+    c: CertificateSigningRequestCondition,
+) -> CertificateSigningRequest {
+    let mut csr = csr.clone();
+    let status = csr.status.get_or_insert_with(Default::default);
+    status.conditions.get_or_insert_with(Vec::new).push(c);
+    csr
+}
+
+/// What the CSR approver, signer and cleaner work with.
 pub struct CsrController {
-    csrs: Arc<Informer>,
     client: LocalClient,
     settings: Settings,
-    queue: Arc<WorkQueue>,
+}
+
+/// Starts the CSR approver, signer and cleaner until `stop`.
+pub fn start_csr(
+    csrs: Arc<Store<CertificateSigningRequest>>,
+    client: LocalClient,
+    settings: Settings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let ctx = Arc::new(CsrController { client, settings });
+    Controller::new("csr-controller", csrs).run(2, stop, ctx, |csr, ctx| async move {
+        ctx.reconcile(&csr).await
+    });
 }
 
 impl CsrController {
-    pub fn new(csrs: Arc<Informer>, client: LocalClient, settings: Settings) -> Arc<CsrController> {
-        let c = Arc::new(CsrController {
-            csrs: csrs.clone(),
-            client,
-            settings,
-            queue: Arc::new(WorkQueue::new()),
-        });
-        let queue = c.queue.clone();
-        csrs.on_change(Box::new(move |_, new| {
-            if let Some(o) = new {
-                queue.add(&key_of(o));
-            }
-        }));
-        c
+    fn objects(&self) -> Objects<'_, CertificateSigningRequest> {
+        Objects::namespaced(&self.client, "")
     }
 
-    pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        let c = self.clone();
-        rkube_runtime::queue::run_workers(
-            "csr-controller",
-            self.queue.clone(),
-            2,
-            vec![self.csrs.clone()],
-            stop,
-            move |key| {
-                let c = c.clone();
-                async move { c.sync(&key).await }
-            },
-        );
-    }
-
-    async fn sync(&self, key: &str) -> Outcome {
-        let Some(csr) = self.csrs.get(key) else {
-            return Ok(None);
-        };
-        let path = format!("/apis/certificates.k8s.io/v1/certificatesigningrequests/{key}");
-        let issued = !s(&csr, "/status/certificate").is_empty();
-        let approved = has_condition(&csr, "Approved");
-        let finished = issued || has_condition(&csr, "Denied") || has_condition(&csr, "Failed");
+    async fn reconcile(&self, csr: &CertificateSigningRequest) -> Result<Action, ApiError> {
+        let issued = csr
+            .status
+            .as_ref()
+            .and_then(|s| s.certificate.as_ref())
+            .is_some_and(|c| !c.0.is_empty());
+        let approved = has_condition(csr, "Approved");
+        let finished = issued || has_condition(csr, "Denied") || has_condition(csr, "Failed");
         // The cleaner.
         let ttl = if finished { ISSUED_TTL } else { PENDING_TTL };
-        let age = age_seconds(&csr);
+        let age = age_seconds(&csr.metadata);
         if age >= ttl {
-            ignore_gone(self.client.delete(&path, None).await)?;
-            return Ok(None);
+            ignore_gone(self.objects().delete(name(&csr.metadata)).await)?;
+            return Ok(Action::await_change());
         }
         let until_cleaned = Duration::from_secs((ttl - age).max(1) as u64);
-        let again = Some(until_cleaned);
+        let again = Action::requeue(until_cleaned);
         if finished {
             return Ok(again);
         }
-        let signer = s(&csr, "/spec/signerName");
+        let signer = csr.spec.signer_name.as_str();
         if !approved {
-            if signer == KUBELET_CLIENT_SIGNER && self.approve_node_client(&csr, &path).await? {
+            if signer == KUBELET_CLIENT_SIGNER && self.approve_node_client(csr).await? {
                 // Not allowed (yet): the requester's permission may come with a binding made
                 // later (the default policy right after a leader starts, an admin's grant).
-                return Ok(Some(RECHECK.min(until_cleaned)));
+                return Ok(Action::requeue(RECHECK.min(until_cleaned)));
             }
             return Ok(again);
         }
         if signer == KUBELET_CLIENT_SIGNER || signer == CLIENT_SIGNER {
-            self.sign(&csr, &path).await?;
+            self.sign(csr).await?;
         }
         Ok(again)
     }
@@ -146,66 +171,61 @@ impl CsrController {
     /// The approver: a node client certificate is approved when its requester may ask for one
     /// (`nodeclient`), or is the very node renewing its own (`selfnodeclient`). True when it
     /// was not because the requester is not allowed (yet): worth looking at again.
-    async fn approve_node_client(&self, csr: &Value, path: &str) -> Result<bool, ApiError> {
+    async fn approve_node_client(&self, csr: &CertificateSigningRequest) -> Result<bool, ApiError> {
         let Some(pem) = request_pem(csr) else {
             return Ok(false);
         };
         let Ok(subject) = rkube_pki::parse_csr(&pem) else {
             return Ok(false);
         };
-        let username = s(csr, "/spec/username");
-        let groups = csr.pointer("/spec/groups").cloned().unwrap_or(json!([]));
-        let in_nodes = groups
-            .as_array()
-            .is_some_and(|g| g.iter().any(|x| x == "system:nodes"));
+        let csr_name = name(&csr.metadata);
+        let username = csr.spec.username.as_deref().unwrap_or("");
+        let groups = csr.spec.groups.clone().unwrap_or_default();
+        let in_nodes = groups.iter().any(|g| g == "system:nodes");
         let subresource = if username == subject.common_name && in_nodes {
             "selfnodeclient"
         } else {
             "nodeclient"
         };
-        let review = json!({
-            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-            "spec": {"user": username, "groups": groups,
-                     "uid": s(csr, "/spec/uid"),
-                     "extra": csr.pointer("/spec/extra").cloned().unwrap_or(json!({})),
-                     "resourceAttributes": {"group": "certificates.k8s.io",
-                        "resource": "certificatesigningrequests",
-                        "subresource": subresource, "verb": "create"}}});
-        let answer = self
-            .client
-            .create(
-                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-                &review,
-            )
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(username.to_string()),
+                groups: Some(groups),
+                uid: csr.spec.uid.clone(),
+                extra: csr.spec.extra.clone(),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some("certificates.k8s.io".into()),
+                    resource: Some("certificatesigningrequests".into()),
+                    subresource: Some(subresource.into()),
+                    verb: Some("create".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Objects::<SubjectAccessReview>::namespaced(&self.client, "")
+            .create(&review)
             .await?;
-        if answer.pointer("/status/allowed") != Some(&json!(true)) {
-            tracing::debug!(
-                csr = s(csr, "/metadata/name"),
-                username,
-                subresource,
-                "not auto-approved"
-            );
+        if !answer.status.is_some_and(|s| s.allowed) {
+            tracing::debug!(csr = csr_name, username, subresource, "not auto-approved");
             return Ok(true);
         }
-        let now = rkube_api::handler::now();
-        let mut approved = csr.clone();
-        let mut conditions = approved
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        conditions.push(json!({
-            "type": "Approved", "status": "True", "reason": "AutoApproved",
-            "message": "Auto approving kubelet client certificate after SubjectAccessReview.",
-            "lastUpdateTime": now, "lastTransitionTime": now}));
-        rkube_api::value::set(&mut approved, &["status", "conditions"], json!(conditions));
+        let approved = with_condition(
+            csr,
+            condition(
+                "Approved",
+                "AutoApproved",
+                "Auto approving kubelet client certificate after SubjectAccessReview.".into(),
+            ),
+        );
         ignore_gone(
-            self.client
-                .update(&format!("{path}/approval"), &approved)
+            self.objects()
+                .replace_subresource(csr_name, "approval", &approved)
                 .await,
         )?;
         tracing::info!(
-            csr = s(csr, "/metadata/name"),
+            csr = csr_name,
             username,
             "approved a node client certificate"
         );
@@ -214,49 +234,43 @@ impl CsrController {
 
     /// The signer: a certificate from the cluster CA for as long as the request asks, at most
     /// the signing duration.
-    async fn sign(&self, csr: &Value, path: &str) -> Result<(), ApiError> {
+    async fn sign(&self, csr: &CertificateSigningRequest) -> Result<(), ApiError> {
         let Some(pem) = request_pem(csr) else {
             return Ok(());
         };
         let mut valid_for = self.settings.signing_duration;
-        if let Some(secs) = csr
-            .pointer("/spec/expirationSeconds")
-            .and_then(Value::as_u64)
-        {
-            valid_for = valid_for.min(Duration::from_secs(secs));
+        if let Some(secs) = csr.spec.expiration_seconds.filter(|s| *s >= 0) {
+            valid_for = valid_for.min(Duration::from_secs(secs as u64));
         }
-        let mut signed = csr.clone();
-        match self.settings.signer.sign(&pem, valid_for, true, false) {
+        let signed = match self.settings.signer.sign(&pem, valid_for, true, false) {
             Ok(cert) => {
-                rkube_api::value::set(
-                    &mut signed,
-                    &["status", "certificate"],
-                    json!(STANDARD.encode(cert)),
-                );
+                let mut signed = csr.clone();
+                signed
+                    .status
+                    .get_or_insert_with(Default::default)
+                    .certificate = Some(ByteString(cert.into_bytes()));
+                signed
             }
-            Err(e) => {
-                let now = rkube_api::handler::now();
-                let mut conditions = signed
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                conditions.push(json!({"type": "Failed", "status": "True",
-                    "reason": "SignerValidationFailure", "message": e.to_string(),
-                    "lastUpdateTime": now, "lastTransitionTime": now}));
-                rkube_api::value::set(&mut signed, &["status", "conditions"], json!(conditions));
-            }
-        }
-        ignore_gone(self.client.update(&format!("{path}/status"), &signed).await)?;
+            Err(e) => with_condition(
+                csr,
+                condition("Failed", "SignerValidationFailure", e.to_string()),
+            ),
+        };
+        ignore_gone(
+            self.objects()
+                .replace_status(name(&csr.metadata), &signed)
+                .await,
+        )?;
         Ok(())
     }
 }
 
 /// The bootstrap signer and the token cleaner, both driven by the Secrets of kube-system and
-/// the `cluster-info` ConfigMap.
+/// the `cluster-info` ConfigMap. Their keys share one queue: `kube-public/cluster-info` signs
+/// the ConfigMap, a Secret's key cleans that token.
 pub struct BootstrapController {
-    secrets: Arc<Informer>,
-    configmaps: Arc<Informer>,
+    secrets: Arc<Store<Secret>>,
+    configmaps: Arc<Store<ConfigMap>>,
     client: LocalClient,
     settings: Settings,
     queue: Arc<WorkQueue>,
@@ -264,10 +278,14 @@ pub struct BootstrapController {
 
 const SIGNER_KEY: &str = "kube-public/cluster-info";
 
+fn is_token(secret: &Secret) -> bool {
+    secret.type_.as_deref() == Some(bootstrap_token::SECRET_TYPE)
+}
+
 impl BootstrapController {
     pub fn new(
-        secrets: Arc<Informer>,
-        configmaps: Arc<Informer>,
+        secrets: Arc<Store<Secret>>,
+        configmaps: Arc<Store<ConfigMap>>,
         client: LocalClient,
         settings: Settings,
     ) -> Arc<BootstrapController> {
@@ -281,9 +299,9 @@ impl BootstrapController {
         let queue = c.queue.clone();
         secrets.on_change(Box::new(move |old, new| {
             for o in [old, new].into_iter().flatten() {
-                if s(o, "/type") == bootstrap_token::SECRET_TYPE {
+                if is_token(o) {
                     queue.add(SIGNER_KEY);
-                    queue.add(&key_of(o));
+                    queue.add(&key(&o.metadata));
                 }
             }
         }));
@@ -292,7 +310,7 @@ impl BootstrapController {
             if [old, new]
                 .into_iter()
                 .flatten()
-                .any(|o| key_of(o) == SIGNER_KEY)
+                .any(|o| key(&o.metadata) == SIGNER_KEY)
             {
                 queue.add(SIGNER_KEY);
             }
@@ -303,11 +321,11 @@ impl BootstrapController {
 
     pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
         let c = self.clone();
-        rkube_runtime::queue::run_workers(
+        rkube_runtime::queue::run_workers_when_synced(
             "bootstrap-signer",
             self.queue.clone(),
             1,
-            vec![self.secrets.clone(), self.configmaps.clone()],
+            vec![self.secrets.synced(), self.configmaps.synced()],
             stop,
             move |key| {
                 let c = c.clone();
@@ -336,20 +354,19 @@ impl BootstrapController {
     /// Keeps `cluster-info` holding the kubeconfig and one signature per signing token.
     async fn sign_cluster_info(&self) -> Outcome {
         let now = chrono::Utc::now();
-        let kubeconfig = match self.configmaps.get(SIGNER_KEY) {
-            // Kubernetes keeps the kubeconfig an operator put there; rkube writes its own only
-            // when there is none.
-            Some(cm) if !s(&cm, "/data/kubeconfig").is_empty() => {
-                s(&cm, "/data/kubeconfig").to_string()
-            }
-            _ => self.kubeconfig(),
-        };
-        let mut data = serde_json::Map::new();
-        data.insert("kubeconfig".into(), json!(kubeconfig));
-        for secret in self.secrets.list("kube-system/") {
-            if s(&secret, "/type") != bootstrap_token::SECRET_TYPE
+        let current = self.configmaps.get(SIGNER_KEY);
+        let kept = current
+            .as_ref()
+            .and_then(|cm| cm.data.as_ref()?.get("kubeconfig"))
+            .filter(|k| !k.is_empty());
+        // Kubernetes keeps the kubeconfig an operator put there; rkube writes its own only when
+        // there is none.
+        let kubeconfig = kept.cloned().unwrap_or_else(|| self.kubeconfig());
+        let mut data = BTreeMap::from([("kubeconfig".to_string(), kubeconfig.clone())]);
+        for secret in self.secrets.in_namespace("kube-system") {
+            if !is_token(&secret)
                 || bootstrap_token::expired(&secret, now)
-                || secret.pointer("/metadata/deletionTimestamp").is_some()
+                || secret.metadata.deletion_timestamp.is_some()
                 || bootstrap_token::secret_value(&secret, "usage-bootstrap-signing").as_deref()
                     != Some("true")
             {
@@ -361,32 +378,28 @@ impl BootstrapController {
             ) else {
                 continue;
             };
-            data.insert(
-                format!("{JWS_PREFIX}{id}"),
-                json!(bootstrap_token::detached_jws(
-                    &kubeconfig,
-                    &id,
-                    &token_secret
-                )),
-            );
+            let jws = bootstrap_token::detached_jws(&kubeconfig, &id, &token_secret);
+            data.insert(format!("{JWS_PREFIX}{id}"), jws);
         }
-        let path = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
-        match self.configmaps.get(SIGNER_KEY) {
-            Some(cm) if cm.get("data") == Some(&Value::Object(data.clone())) => {}
+        let objects = Objects::<ConfigMap>::namespaced(&self.client, "kube-public");
+        match current {
+            Some(cm) if cm.data.as_ref() == Some(&data) => {}
             Some(cm) => {
                 let mut cm = (*cm).clone();
-                cm["data"] = Value::Object(data);
-                ignore_gone(self.client.update(path, &cm).await)?;
+                cm.data = Some(data);
+                ignore_gone(objects.replace(CLUSTER_INFO, &cm).await)?;
             }
             None => {
-                let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": CLUSTER_INFO, "namespace": "kube-public"},
-                    "data": data});
-                match self
-                    .client
-                    .create("/api/v1/namespaces/kube-public/configmaps", &cm)
-                    .await
-                {
+                let cm = ConfigMap {
+                    metadata: ObjectMeta {
+                        name: Some(CLUSTER_INFO.into()),
+                        namespace: Some("kube-public".into()),
+                        ..Default::default()
+                    },
+                    data: Some(data),
+                    ..Default::default()
+                };
+                match objects.create(&cm).await {
                     Ok(_) => {}
                     Err(e) if e.code == 409 || e.code == 404 => {
                         // Created meanwhile, or kube-public not there yet: look again soon.
@@ -409,13 +422,13 @@ impl BootstrapController {
         };
         let now = chrono::Utc::now();
         if bootstrap_token::expired(&secret, now) {
-            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            let (ns, token) = (namespace(&secret.metadata), name(&secret.metadata));
             ignore_gone(
-                self.client
-                    .delete(&format!("/api/v1/namespaces/{ns}/secrets/{name}"), None)
+                Objects::<Secret>::namespaced(&self.client, ns)
+                    .delete(token)
                     .await,
             )?;
-            tracing::info!(token = name, "deleted an expired bootstrap token");
+            tracing::info!(token, "deleted an expired bootstrap token");
             return Ok(None);
         }
         let left = chrono::DateTime::parse_from_rfc3339(exp.trim())

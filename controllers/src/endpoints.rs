@@ -7,260 +7,287 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod, Service,
+    ServicePort,
+};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint, EndpointConditions, EndpointPort as SlicePort, EndpointSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::json::str_at as s;
-use serde_json::{json, Value};
+use rkube_core::meta::{controller_ref, key, name, namespace};
 
-use crate::ignore_gone;
-use rkube_runtime::informer::{key_of, Informer};
-use rkube_runtime::queue::{Outcome, WorkQueue};
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::controller::{Action, Controller};
+use rkube_runtime::store::Store;
 
 const WORKERS: usize = 2;
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 const SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
+const HEADLESS: &str = "service.kubernetes.io/headless";
 
 /// A Service port resolved for one pod: (name, port number on the pod, protocol).
-type PodPort = (String, i64, String);
+type PodPort = (String, i32, String);
 
 /// The port a Service port reaches on `pod`, or None when a named targetPort has no container
 /// port of that name.
-fn resolve(port: &Value, pod: &Value) -> Option<PodPort> {
-    let name = s(port, "/name").to_string();
-    let protocol = match s(port, "/protocol") {
-        "" => "TCP".to_string(),
-        p => p.to_string(),
+fn resolve(port: &ServicePort, pod: &Pod) -> Option<PodPort> {
+    let name = port.name.clone().unwrap_or_default();
+    let protocol = match port.protocol.as_deref() {
+        None | Some("") => "TCP".to_string(),
+        Some(p) => p.to_string(),
     };
-    let number = match port.get("targetPort") {
-        Some(Value::Number(n)) => n.as_i64()?,
-        Some(Value::String(named)) => pod
-            .pointer("/spec/containers")
-            .and_then(Value::as_array)?
-            .iter()
-            .flat_map(|c| {
-                c.get("ports")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-            })
-            .find(|p| s(p, "/name") == named)
-            .and_then(|p| p.get("containerPort").and_then(Value::as_i64))?,
-        _ => port.get("port").and_then(Value::as_i64)?,
+    let number = match &port.target_port {
+        Some(IntOrString::Int(n)) => *n,
+        Some(IntOrString::String(named)) => {
+            pod.spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.ports.iter().flatten())
+                .find(|p| p.name.as_deref() == Some(named.as_str()))?
+                .container_port
+        }
+        None => port.port,
     };
     Some((name, number, protocol))
 }
 
 /// Whether the pod has condition Ready=True.
-fn is_ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| s(c, "/type") == "Ready" && s(c, "/status") == "True")
-        })
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-pub struct Controller {
-    services: Arc<Informer>,
-    pods: Arc<Informer>,
-    endpoints: Arc<Informer>,
-    slices: Arc<Informer>,
+fn pod_ip(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .unwrap_or("")
+}
+
+/// The selector of a Service that has one (a non-empty label map).
+fn selector(svc: &Service) -> Option<&BTreeMap<String, String>> {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .filter(|s| !s.is_empty())
+}
+
+/// Whether a Service's selector (a plain label map) selects the pod.
+fn selects(svc: &Service, pod: &Pod) -> bool {
+    let Some(sel) = selector(svc) else {
+        return false;
+    };
+    if namespace(&svc.metadata) != namespace(&pod.metadata) {
+        return false;
+    }
+    let labels = pod.metadata.labels.as_ref();
+    sel.iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+}
+
+/// The hostname an endpoint of the pod has: the pod's own, when its subdomain names the
+/// Service (Kubernetes' `ShouldSetHostname`; what gives a StatefulSet's pods their DNS names
+/// through the governing Service).
+fn hostname<'a>(svc: &Service, pod: &'a Pod) -> Option<&'a str> {
+    let spec = pod.spec.as_ref()?;
+    let hostname = spec.hostname.as_deref().unwrap_or("");
+    let named = spec.subdomain.as_deref().unwrap_or("") == name(&svc.metadata)
+        && namespace(&pod.metadata) == namespace(&svc.metadata);
+    (!hostname.is_empty() && named).then_some(hostname)
+}
+
+/// What a reconcile works with.
+pub struct Endpointer {
+    pods: Arc<Store<Pod>>,
+    endpoints: Arc<Store<Endpoints>>,
+    slices: Arc<Store<EndpointSlice>>,
     client: LocalClient,
-    queue: Arc<WorkQueue>,
 }
 
-impl Controller {
-    pub fn new(
-        services: Arc<Informer>,
-        pods: Arc<Informer>,
-        endpoints: Arc<Informer>,
-        slices: Arc<Informer>,
-        client: LocalClient,
-    ) -> Arc<Controller> {
-        let c = Arc::new(Controller {
-            services: services.clone(),
-            pods: pods.clone(),
-            endpoints: endpoints.clone(),
-            slices,
-            client,
-            queue: Arc::new(WorkQueue::new()),
-        });
-        let queue = c.queue.clone();
-        services.on_change(Box::new(move |old, new| {
-            for svc in [old, new].into_iter().flatten() {
-                queue.add(&key_of(svc));
-            }
-        }));
-        let weak = Arc::downgrade(&c);
-        pods.on_change(Box::new(move |old, new| {
-            let Some(c) = weak.upgrade() else { return };
+/// Starts the endpoints controller until `stop`.
+pub fn start(
+    services: Arc<Store<Service>>,
+    pods: Arc<Store<Pod>>,
+    endpoints: Arc<Store<Endpoints>>,
+    slices: Arc<Store<EndpointSlice>>,
+    client: LocalClient,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let selecting = {
+        let services = services.clone();
+        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
+            let mut keys = Vec::new();
             for pod in [old, new].into_iter().flatten() {
-                let ns = s(pod, "/metadata/namespace");
-                for svc in c.services.list(&format!("{ns}/")) {
+                for svc in services.in_namespace(namespace(&pod.metadata)) {
                     if selects(&svc, pod) {
-                        c.queue.add(&key_of(&svc));
+                        keys.push(key(&svc.metadata));
                     }
                 }
             }
-        }));
-        // Someone else changing a managed Endpoints object: put it back.
-        let queue = c.queue.clone();
-        endpoints.on_change(Box::new(move |_, new| {
-            if let Some(e) = new {
-                queue.add(&key_of(e));
-            }
-        }));
-        c
-    }
-
-    pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        let c = self.clone();
-        rkube_runtime::queue::run_workers(
-            "endpoint-controller",
-            self.queue.clone(),
-            WORKERS,
-            vec![
-                self.services.clone(),
-                self.pods.clone(),
-                self.endpoints.clone(),
-                self.slices.clone(),
-            ],
-            stop,
-            move |key| {
-                let c = c.clone();
-                async move { c.sync(&key).await }
-            },
-        );
-    }
-
-    async fn sync(&self, key: &str) -> Outcome {
-        let (ns, name) = key.split_once('/').unwrap_or(("", key));
-        let Some(svc) = self.services.get(key) else {
-            // The Service is gone: so are its Endpoints (its slices go with their owner).
-            if self.endpoints.get(key).is_some() {
-                let path = format!("/api/v1/namespaces/{ns}/endpoints/{name}");
-                ignore_gone(self.client.delete(&path, None).await)?;
-            }
-            return Ok(None);
-        };
-        let has_selector = svc
-            .pointer("/spec/selector")
-            .and_then(Value::as_object)
-            .is_some_and(|m| !m.is_empty());
-        if !has_selector {
-            return Ok(None);
+            keys
         }
-        let ports: Vec<Value> = svc
-            .pointer("/spec/ports")
-            .and_then(Value::as_array)
-            .cloned()
+    };
+    let controller = Controller::new("endpoint-controller", services)
+        .watches(&pods, selecting)
+        // Someone else changing a managed Endpoints object: put it back.
+        .watches(&endpoints, |_, new: Option<&Arc<Endpoints>>| {
+            new.map(|e| key(&e.metadata)).into_iter().collect()
+        })
+        // Read when a Service is reconciled; a change of one alone reconciles nothing.
+        .watches(&slices, |_, _| Vec::new());
+    let ctx = Arc::new(Endpointer {
+        pods,
+        endpoints,
+        slices,
+        client,
+    });
+    controller.run_with_cleanup(
+        WORKERS,
+        stop,
+        ctx,
+        |svc: Arc<Service>, ctx| async move { ctx.reconcile(&svc).await },
+        |key: String, ctx| async move { ctx.service_gone(&key).await },
+    );
+}
+
+impl Endpointer {
+    /// The Service is gone: so are its Endpoints (its slices go with their owner).
+    async fn service_gone(&self, key: &str) -> Result<Action, ApiError> {
+        if let Some(e) = self.endpoints.get(key) {
+            let objects = Objects::<Endpoints>::namespaced(&self.client, namespace(&e.metadata));
+            ignore_gone(objects.delete(name(&e.metadata)).await)?;
+        }
+        Ok(Action::await_change())
+    }
+
+    async fn reconcile(&self, svc: &Service) -> Result<Action, ApiError> {
+        if selector(svc).is_none() {
+            return Ok(Action::await_change());
+        }
+        let ns = namespace(&svc.metadata);
+        let ports: &[ServicePort] = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_deref())
             .unwrap_or_default();
         // Pods grouped by the ports they resolve to (Kubernetes' subsets).
-        let mut groups: BTreeMap<Vec<PodPort>, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
+        type Addresses = (Vec<EndpointAddress>, Vec<EndpointAddress>);
+        let mut groups: BTreeMap<Vec<PodPort>, Addresses> = BTreeMap::new();
         let mut slice_endpoints = Vec::new();
         let mut slice_ports: Option<Vec<PodPort>> = None;
-        let mut pods: Vec<Arc<Value>> = self
+        let mut pods: Vec<Arc<Pod>> = self
             .pods
-            .list(&format!("{ns}/"))
+            .in_namespace(ns)
             .into_iter()
-            .filter(|p| selects(&svc, p))
+            .filter(|p| selects(svc, p))
             .collect();
-        pods.sort_by(|a, b| s(a, "/status/podIP").cmp(s(b, "/status/podIP")));
+        pods.sort_by(|a, b| pod_ip(a).cmp(pod_ip(b)));
         for pod in pods {
-            let ip = s(&pod, "/status/podIP");
-            let terminal = matches!(s(&pod, "/status/phase"), "Succeeded" | "Failed");
+            let ip = pod_ip(&pod);
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            let terminal = matches!(phase, Some("Succeeded" | "Failed"));
             if ip.is_empty() || terminal {
                 continue;
             }
             let resolved: Vec<PodPort> = ports.iter().filter_map(|p| resolve(p, &pod)).collect();
-            let mut address = json!({"ip": ip, "targetRef": {
-                "kind": "Pod", "namespace": ns, "name": s(&pod, "/metadata/name"),
-                "uid": s(&pod, "/metadata/uid")}});
-            let node = s(&pod, "/spec/nodeName");
-            if !node.is_empty() {
-                address["nodeName"] = json!(node);
-            }
-            let hostname = hostname(&svc, &pod);
-            if let Some(h) = hostname {
-                address["hostname"] = json!(h);
-            }
-            let deleting = pod.pointer("/metadata/deletionTimestamp").is_some();
+            let target = ObjectReference {
+                kind: Some("Pod".into()),
+                namespace: Some(ns.to_string()),
+                name: Some(name(&pod.metadata).to_string()),
+                uid: pod.metadata.uid.clone(),
+                ..Default::default()
+            };
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty());
+            let hostname = hostname(svc, &pod).map(str::to_string);
+            let address = EndpointAddress {
+                ip: ip.to_string(),
+                hostname: hostname.clone(),
+                node_name: node.clone(),
+                target_ref: Some(target.clone()),
+            };
+            let deleting = pod.metadata.deletion_timestamp.is_some();
             let ready = is_ready(&pod) && !deleting;
             let entry = groups.entry(resolved.clone()).or_default();
             if ready {
-                entry.0.push(address.clone());
+                entry.0.push(address);
             } else {
-                entry.1.push(address.clone());
+                entry.1.push(address);
             }
-            let mut ep = json!({
-                "addresses": [ip],
-                "conditions": {"ready": ready, "serving": is_ready(&pod), "terminating": deleting},
-                "targetRef": address["targetRef"].clone(),
+            slice_endpoints.push(Endpoint {
+                addresses: vec![ip.to_string()],
+                conditions: Some(EndpointConditions {
+                    ready: Some(ready),
+                    serving: Some(is_ready(&pod)),
+                    terminating: Some(deleting),
+                }),
+                hostname,
+                node_name: node,
+                target_ref: Some(target),
+                ..Default::default()
             });
-            if !node.is_empty() {
-                ep["nodeName"] = json!(node);
-            }
-            if let Some(h) = hostname {
-                ep["hostname"] = json!(h);
-            }
-            slice_endpoints.push(ep);
             slice_ports.get_or_insert(resolved);
         }
-        let subsets: Vec<Value> = groups
+        let subsets: Vec<EndpointSubset> = groups
             .into_iter()
-            .map(|(ports, (ready, not_ready))| {
-                let mut subset = json!({"ports": ports_json(&ports, false)});
-                if !ready.is_empty() {
-                    subset["addresses"] = json!(ready);
-                }
-                if !not_ready.is_empty() {
-                    subset["notReadyAddresses"] = json!(not_ready);
-                }
-                subset
+            .map(|(ports, (ready, not_ready))| EndpointSubset {
+                addresses: (!ready.is_empty()).then_some(ready),
+                not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
+                ports: Some(endpoint_ports(&ports)),
             })
             .collect();
-        self.write_endpoints(&svc, subsets).await?;
-        self.write_slice(&svc, slice_endpoints, slice_ports.unwrap_or_default())
+        self.write_endpoints(svc, subsets).await?;
+        self.write_slice(svc, slice_endpoints, slice_ports.unwrap_or_default())
             .await?;
-        Ok(None)
+        Ok(Action::await_change())
     }
 
-    async fn write_endpoints(&self, svc: &Value, subsets: Vec<Value>) -> Result<(), ApiError> {
-        let ns = s(svc, "/metadata/namespace");
-        let name = s(svc, "/metadata/name");
-        let mut labels = svc
-            .pointer("/metadata/labels")
-            .cloned()
-            .unwrap_or(json!({}));
-        if s(svc, "/spec/clusterIP") == "None" {
-            labels["service.kubernetes.io/headless"] = json!("");
+    async fn write_endpoints(
+        &self,
+        svc: &Service,
+        subsets: Vec<EndpointSubset>,
+    ) -> Result<(), ApiError> {
+        let (ns, svc_name) = (namespace(&svc.metadata), name(&svc.metadata));
+        let mut labels = svc.metadata.labels.clone().unwrap_or_default();
+        if svc.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None") {
+            labels.insert(HEADLESS.to_string(), String::new());
         }
-        let current = self.endpoints.get(&format!("{ns}/{name}"));
+        let current = self.endpoints.get(&key(&svc.metadata));
         let same = current.as_ref().is_some_and(|c| {
-            c.get("subsets").cloned().unwrap_or(json!([])) == json!(subsets)
-                && c.pointer("/metadata/labels").cloned().unwrap_or(json!({})) == labels
+            c.subsets.as_deref().unwrap_or_default() == subsets.as_slice()
+                && c.metadata.labels.clone().unwrap_or_default() == labels
         });
         if same {
             return Ok(());
         }
-        let mut object = json!({
-            "apiVersion": "v1",
-            "kind": "Endpoints",
-            "metadata": {"name": name, "namespace": ns, "labels": labels},
-        });
-        if !subsets.is_empty() {
-            object["subsets"] = json!(subsets);
-        }
+        let mut object = Endpoints {
+            metadata: ObjectMeta {
+                name: Some(svc_name.to_string()),
+                namespace: Some(ns.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            subsets: (!subsets.is_empty()).then_some(subsets),
+        };
+        let objects = Objects::<Endpoints>::namespaced(&self.client, ns);
         match current {
             Some(c) => {
-                object["metadata"]["resourceVersion"] = json!(s(&c, "/metadata/resourceVersion"));
-                let path = format!("/api/v1/namespaces/{ns}/endpoints/{name}");
-                ignore_gone(self.client.update(&path, &object).await)?;
+                object.metadata.resource_version = c.metadata.resource_version.clone();
+                ignore_gone(objects.replace(svc_name, &object).await)?;
             }
             None => {
-                let path = format!("/api/v1/namespaces/{ns}/endpoints");
-                ignore_gone(self.client.create(&path, &object).await)?;
+                ignore_gone(objects.create(&object).await)?;
             }
         }
         Ok(())
@@ -268,117 +295,107 @@ impl Controller {
 
     async fn write_slice(
         &self,
-        svc: &Value,
-        endpoints: Vec<Value>,
+        svc: &Service,
+        endpoints: Vec<Endpoint>,
         ports: Vec<PodPort>,
     ) -> Result<(), ApiError> {
-        let ns = s(svc, "/metadata/namespace");
-        let name = s(svc, "/metadata/name");
-        let uid = s(svc, "/metadata/uid");
-        let mine: Vec<Arc<Value>> = self
-            .slices
-            .list(&format!("{ns}/"))
-            .into_iter()
-            .filter(|sl| {
-                s(
-                    sl,
-                    &format!("/metadata/labels/{}", SERVICE_NAME.replace('/', "~1")),
-                ) == name
-                    && s(
-                        sl,
-                        &format!("/metadata/labels/{}", MANAGED_BY.replace('/', "~1")),
-                    ) == SLICE_MANAGER
-            })
-            .collect();
-        let mut object = json!({
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "namespace": ns,
-                "labels": {SERVICE_NAME: name, MANAGED_BY: SLICE_MANAGER},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name,
-                                     "uid": uid, "controller": true, "blockOwnerDeletion": true}],
-            },
-            "addressType": "IPv4",
-            "endpoints": endpoints,
-            "ports": ports_json(&ports, true),
+        let (ns, svc_name) = (namespace(&svc.metadata), name(&svc.metadata));
+        let label = |s: &EndpointSlice, l: &str| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|ls| ls.get(l))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let current = self.slices.in_namespace(ns).into_iter().find(|sl| {
+            label(sl, SERVICE_NAME) == svc_name && label(sl, MANAGED_BY) == SLICE_MANAGER
         });
-        match mine.first() {
+        let ports = slice_ports(&ports);
+        let mut object = EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some(ns.to_string()),
+                labels: Some(BTreeMap::from([
+                    (SERVICE_NAME.to_string(), svc_name.to_string()),
+                    (MANAGED_BY.to_string(), SLICE_MANAGER.to_string()),
+                ])),
+                owner_references: Some(vec![controller_ref(svc)]),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints,
+            ports: Some(ports),
+        };
+        let objects = Objects::<EndpointSlice>::namespaced(&self.client, ns);
+        match current {
             Some(current) => {
-                if current.get("endpoints").cloned().unwrap_or(json!([])) == object["endpoints"]
-                    && current.get("ports").cloned().unwrap_or(json!([])) == object["ports"]
+                if current.endpoints == object.endpoints
+                    && current.ports.as_deref().unwrap_or_default()
+                        == object.ports.as_deref().unwrap_or_default()
                 {
                     return Ok(());
                 }
-                let sname = s(current, "/metadata/name");
-                object["metadata"]["name"] = json!(sname);
-                object["metadata"]["resourceVersion"] =
-                    json!(s(current, "/metadata/resourceVersion"));
-                let path =
-                    format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/{sname}");
-                ignore_gone(self.client.update(&path, &object).await)?;
+                let slice_name = name(&current.metadata);
+                object.metadata.name = Some(slice_name.to_string());
+                object.metadata.resource_version = current.metadata.resource_version.clone();
+                ignore_gone(objects.replace(slice_name, &object).await)?;
             }
             None => {
-                object["metadata"]["generateName"] = json!(format!("{name}-"));
-                let path = format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices");
-                ignore_gone(self.client.create(&path, &object).await)?;
+                object.metadata.generate_name = Some(format!("{svc_name}-"));
+                ignore_gone(objects.create(&object).await)?;
             }
         }
         Ok(())
     }
 }
 
-/// Ports as Endpoints (`always_named` false: an unnamed port has no name) or EndpointSlices
-/// (true: the name is always there, empty for an unnamed port, as clients dereference it) hold
-/// them.
-fn ports_json(ports: &[PodPort], always_named: bool) -> Value {
-    json!(ports
+/// Ports as Endpoints hold them: an unnamed port has no name.
+fn endpoint_ports(ports: &[PodPort]) -> Vec<EndpointPort> {
+    ports
         .iter()
-        .map(|(name, port, protocol)| {
-            let mut p = json!({"port": port, "protocol": protocol});
-            if always_named || !name.is_empty() {
-                p["name"] = json!(name);
-            }
-            p
+        .map(|(name, port, protocol)| EndpointPort {
+            name: (!name.is_empty()).then(|| name.clone()),
+            port: *port,
+            protocol: Some(protocol.clone()),
+            app_protocol: None,
         })
-        .collect::<Vec<_>>())
+        .collect()
 }
 
-/// Whether a Service's selector (a plain label map) selects the pod.
-/// The hostname an endpoint of the pod has: the pod's own, when its subdomain names the
-/// Service (Kubernetes' `ShouldSetHostname`; what gives a StatefulSet's pods their DNS names
-/// through the governing Service).
-fn hostname<'a>(svc: &Value, pod: &'a Value) -> Option<&'a str> {
-    let hostname = s(pod, "/spec/hostname");
-    let named = s(pod, "/spec/subdomain") == s(svc, "/metadata/name")
-        && s(pod, "/metadata/namespace") == s(svc, "/metadata/namespace");
-    (!hostname.is_empty() && named).then_some(hostname)
-}
-
-fn selects(svc: &Value, pod: &Value) -> bool {
-    let Some(sel) = svc.pointer("/spec/selector").and_then(Value::as_object) else {
-        return false;
-    };
-    if sel.is_empty() || s(svc, "/metadata/namespace") != s(pod, "/metadata/namespace") {
-        return false;
-    }
-    let labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
-    sel.iter()
-        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+/// Ports as EndpointSlices hold them: the name is always there, empty for an unnamed port, as
+/// clients dereference it.
+fn slice_ports(ports: &[PodPort]) -> Vec<SlicePort> {
+    ports
+        .iter()
+        .map(|(name, port, protocol)| SlicePort {
+            name: Some(name.clone()),
+            port: Some(*port),
+            protocol: Some(protocol.clone()),
+            app_protocol: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::de::DeserializeOwned;
+    use serde_json::{json, Value};
+
+    fn typed<T: DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).expect("a valid object")
+    }
 
     #[test]
     fn target_ports_resolve_by_number_and_by_name() {
-        let pod = json!({"spec": {"containers": [{"name": "web", "ports": [
-            {"name": "http", "containerPort": 8080, "protocol": "TCP"}]}]}});
-        let by_number = json!({"name": "a", "port": 80, "targetPort": 9090, "protocol": "TCP"});
-        let by_name = json!({"name": "b", "port": 80, "targetPort": "http"});
-        let unknown = json!({"port": 80, "targetPort": "metrics"});
-        let defaulted = json!({"port": 443});
+        let pod: Pod = typed(json!({"spec": {"containers": [{"name": "web", "ports": [
+            {"name": "http", "containerPort": 8080, "protocol": "TCP"}]}]}}));
+        let port = |v: Value| -> ServicePort { typed(v) };
+        let by_number =
+            port(json!({"name": "a", "port": 80, "targetPort": 9090, "protocol": "TCP"}));
+        let by_name = port(json!({"name": "b", "port": 80, "targetPort": "http"}));
+        let unknown = port(json!({"port": 80, "targetPort": "metrics"}));
+        let defaulted = port(json!({"port": 443}));
         assert_eq!(
             resolve(&by_number, &pod),
             Some(("a".into(), 9090, "TCP".into()))
@@ -396,22 +413,27 @@ mod tests {
 
     #[test]
     fn a_service_selects_pods_of_its_namespace_by_every_label() {
-        let svc = json!({"metadata": {"namespace": "dev"}, "spec": {"selector": {"app": "web"}}});
-        let pod =
-            |ns: &str, app: &str| json!({"metadata": {"namespace": ns, "labels": {"app": app}}});
+        let svc: Service =
+            typed(json!({"metadata": {"namespace": "dev"}, "spec": {"selector": {"app": "web"}}}));
+        let pod = |ns: &str, app: &str| -> Pod {
+            typed(json!({"metadata": {"namespace": ns, "labels": {"app": app}}}))
+        };
         assert!(selects(&svc, &pod("dev", "web")));
         assert!(!selects(&svc, &pod("prod", "web")));
         assert!(!selects(&svc, &pod("dev", "db")));
-        let no_selector = json!({"metadata": {"namespace": "dev"}, "spec": {}});
+        let no_selector: Service = typed(json!({"metadata": {"namespace": "dev"}, "spec": {}}));
         assert!(!selects(&no_selector, &pod("dev", "web")));
+        let empty: Service =
+            typed(json!({"metadata": {"namespace": "dev"}, "spec": {"selector": {}}}));
+        assert!(!selects(&empty, &pod("dev", "web")));
     }
 
     #[test]
     fn a_pod_whose_subdomain_names_the_service_has_a_hostname_there() {
-        let svc = json!({"metadata": {"name": "nginx", "namespace": "dev"}});
-        let pod = |ns: &str, host: &str, sub: &str| {
-            json!({"metadata": {"namespace": ns},
-                   "spec": {"hostname": host, "subdomain": sub}})
+        let svc: Service = typed(json!({"metadata": {"name": "nginx", "namespace": "dev"}}));
+        let pod = |ns: &str, host: &str, sub: &str| -> Pod {
+            typed(json!({"metadata": {"namespace": ns},
+                   "spec": {"containers": [], "hostname": host, "subdomain": sub}}))
         };
         let p = pod("dev", "web-0", "nginx");
         assert_eq!(hostname(&svc, &p), Some("web-0"));
@@ -423,5 +445,23 @@ mod tests {
             let p = pod(ns, host, sub);
             assert_eq!(hostname(&svc, &p), None, "{ns} {host} {sub}");
         }
+    }
+
+    #[test]
+    fn ports_are_named_as_each_kind_holds_them() {
+        let ports = vec![
+            ("http".to_string(), 8080, "TCP".to_string()),
+            (String::new(), 53, "UDP".to_string()),
+        ];
+        assert_eq!(
+            serde_json::to_value(endpoint_ports(&ports)).unwrap(),
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                   {"port": 53, "protocol": "UDP"}])
+        );
+        assert_eq!(
+            serde_json::to_value(slice_ports(&ports)).unwrap(),
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                   {"name": "", "port": 53, "protocol": "UDP"}])
+        );
     }
 }

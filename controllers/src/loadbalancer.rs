@@ -11,13 +11,14 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service};
 use rkube_api::client::LocalClient;
-use rkube_core::json::str_at as s;
-use serde_json::{json, Value};
+use rkube_core::meta::{name, namespace};
+use serde_json::json;
 use tokio::sync::{watch, Notify};
 
-use crate::ignore_gone;
-use rkube_runtime::informer::Informer;
+use rkube_runtime::client::{ignore_gone, Objects};
+use rkube_runtime::store::Store;
 
 /// A range of IPv4 addresses: `A-B` or a CIDR (its usable addresses).
 #[derive(Debug, Clone, PartialEq)]
@@ -68,18 +69,33 @@ impl Pool {
     }
 }
 
-fn ingress_ips(svc: &Value) -> Vec<Ipv4Addr> {
-    svc.pointer("/status/loadBalancer/ingress")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|i| s(i, "/ip").parse().ok()).collect())
+fn ingress_ips(svc: &Service) -> Vec<Ipv4Addr> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| i.ip.as_deref()?.parse().ok())
+                .collect()
+        })
         .unwrap_or_default()
+}
+
+/// The Service's `spec.loadBalancerClass`, "" when it has none.
+fn class(svc: &Service) -> &str {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.load_balancer_class.as_deref())
+        .unwrap_or("")
 }
 
 /// The status each Service should have, for the ones whose status must change: (namespace,
 /// name, new `status.loadBalancer`).
-fn plan(services: &[Arc<Value>], pool: &Pool) -> Vec<(String, String, Value)> {
-    let wants = |svc: &Value| {
-        s(svc, "/spec/type") == "LoadBalancer" && s(svc, "/spec/loadBalancerClass").is_empty()
+fn plan(services: &[Arc<Service>], pool: &Pool) -> Vec<(String, String, LoadBalancerStatus)> {
+    let wants = |svc: &Service| {
+        svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+            && class(svc).is_empty()
     };
     // Addresses kept: those of LoadBalancer Services that hold pool addresses already.
     let mut taken: BTreeSet<Ipv4Addr> = services
@@ -90,21 +106,22 @@ fn plan(services: &[Arc<Value>], pool: &Pool) -> Vec<(String, String, Value)> {
         .collect();
     let mut out = Vec::new();
     for svc in services {
-        let (ns, name) = (s(svc, "/metadata/namespace"), s(svc, "/metadata/name"));
+        let (ns, name) = (namespace(&svc.metadata), name(&svc.metadata));
         let held = ingress_ips(svc);
         if !wants(svc) {
             // No longer a LoadBalancer: its pool address goes back.
-            if s(svc, "/spec/loadBalancerClass").is_empty()
-                && held.iter().any(|ip| pool.contains(*ip))
-            {
-                out.push((ns.into(), name.into(), json!({})));
+            if class(svc).is_empty() && held.iter().any(|ip| pool.contains(*ip)) {
+                out.push((ns.into(), name.into(), LoadBalancerStatus::default()));
             }
             continue;
         }
         if held.iter().any(|ip| pool.contains(*ip)) {
             continue;
         }
-        let asked: Option<Ipv4Addr> = s(svc, "/spec/loadBalancerIP").parse().ok();
+        let asked: Option<Ipv4Addr> = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_ip.as_deref()?.parse().ok());
         let pick = match asked {
             Some(ip) if pool.contains(ip) && !taken.contains(&ip) => Some(ip),
             Some(_) => None,
@@ -112,10 +129,17 @@ fn plan(services: &[Arc<Value>], pool: &Pool) -> Vec<(String, String, Value)> {
         };
         if let Some(ip) = pick {
             taken.insert(ip);
+            let ingress = LoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ip_mode: Some("VIP".into()),
+                ..Default::default()
+            };
             out.push((
                 ns.into(),
                 name.into(),
-                json!({"ingress": [{"ip": ip.to_string(), "ipMode": "VIP"}]}),
+                LoadBalancerStatus {
+                    ingress: Some(vec![ingress]),
+                },
             ));
         }
     }
@@ -123,7 +147,7 @@ fn plan(services: &[Arc<Value>], pool: &Pool) -> Vec<(String, String, Value)> {
 }
 
 pub fn run(
-    services: Arc<Informer>,
+    services: Arc<Store<Service>>,
     client: LocalClient,
     pool: Pool,
     mut stop: watch::Receiver<bool>,
@@ -135,9 +159,11 @@ pub fn run(
         services.wait_synced().await;
         loop {
             for (ns, name, status) in plan(&services.list(""), &pool) {
-                let path = format!("/api/v1/namespaces/{ns}/services/{name}/status");
                 let patch = json!({"status": {"loadBalancer": status}});
-                match ignore_gone(client.merge_patch(&path, &patch).await) {
+                let written = Objects::<Service>::namespaced(&client, &ns)
+                    .merge_patch_status(&name, &patch)
+                    .await;
+                match ignore_gone(written) {
                     Ok(_) => {
                         tracing::info!(service = %format!("{ns}/{name}"), status = %patch["status"]["loadBalancer"], "load-balancer address")
                     }
@@ -158,7 +184,7 @@ pub fn run(
 mod tests {
     use super::*;
 
-    fn svc(name: &str, ty: &str, ip: Option<&str>, asked: Option<&str>) -> Arc<Value> {
+    fn svc(name: &str, ty: &str, ip: Option<&str>, asked: Option<&str>) -> Arc<Service> {
         let mut v = json!({"metadata": {"namespace": "default", "name": name},
                            "spec": {"type": ty}});
         if let Some(ip) = ip {
@@ -167,7 +193,11 @@ mod tests {
         if let Some(a) = asked {
             v["spec"]["loadBalancerIP"] = json!(a);
         }
-        Arc::new(v)
+        Arc::new(serde_json::from_value(v).expect("a Service"))
+    }
+
+    fn given(ip: &str) -> LoadBalancerStatus {
+        serde_json::from_value(json!({"ingress": [{"ip": ip, "ipMode": "VIP"}]})).expect("status")
     }
 
     #[test]
@@ -196,12 +226,8 @@ mod tests {
         assert_eq!(
             p,
             vec![
-                (
-                    "default".into(),
-                    "b".into(),
-                    json!({"ingress": [{"ip": "10.0.0.201", "ipMode": "VIP"}]})
-                ),
-                ("default".into(), "e".into(), json!({})),
+                ("default".into(), "b".into(), given("10.0.0.201")),
+                ("default".into(), "e".into(), LoadBalancerStatus::default()),
             ]
         );
         let services = vec![
@@ -212,11 +238,7 @@ mod tests {
         let p = plan(&services, &pool);
         assert_eq!(
             p,
-            vec![(
-                "default".into(),
-                "b".into(),
-                json!({"ingress": [{"ip": "10.0.0.201", "ipMode": "VIP"}]})
-            )],
+            vec![("default".into(), "b".into(), given("10.0.0.201"))],
             "c asked for a taken address: it stays pending"
         );
     }

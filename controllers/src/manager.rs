@@ -12,7 +12,10 @@ use rkube_store::server::node::Node;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ReplicationController};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Endpoints, Namespace, Pod, ReplicationController, Secret, Service,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::replicaset;
 
@@ -66,8 +69,7 @@ impl Default for Settings {
 fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
     let (client, rx, raft_term) = (term.client, term.stop.clone(), term.raft_term);
     let inf = &mut term.informers;
-    let pods_informer = inf.of("/registry/pods/");
-    let pods = pods_informer.typed::<Pod>();
+    let pods = inf.of("/registry/pods/").typed::<Pod>();
     let replicasets = inf.of("/registry/replicasets/").typed::<ReplicaSet>();
     replicaset::start(
         replicasets.clone(),
@@ -143,12 +145,14 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         client.clone(),
         rx.clone(),
     );
-    let endpoints_controller = crate::endpoints::Controller::new(
-        inf.of("/registry/services/specs/"),
-        pods_informer,
-        inf.of("/registry/services/endpoints/"),
-        inf.of("/registry/endpointslices/"),
+    let services = inf.of("/registry/services/specs/").typed::<Service>();
+    crate::endpoints::start(
+        services.clone(),
+        pods.clone(),
+        inf.of("/registry/services/endpoints/").typed::<Endpoints>(),
+        inf.of("/registry/endpointslices/").typed::<EndpointSlice>(),
         client.clone(),
+        rx.clone(),
     );
     let node_controller = crate::nodelifecycle::Controller::new(
         inf.of("/registry/minions/")
@@ -165,15 +169,16 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         .collect();
     let collector = crate::garbagecollector::Collector::new(followed, client.clone());
     if let Some(certs) = settings.certificates.clone() {
-        crate::certificates::CsrController::new(
-            inf.of("/registry/certificatesigningrequests/"),
+        crate::certificates::start_csr(
+            inf.of("/registry/certificatesigningrequests/")
+                .typed::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>(),
             client.clone(),
             certs.clone(),
-        )
-        .run(rx.clone());
+            rx.clone(),
+        );
         crate::certificates::BootstrapController::new(
-            inf.of("/registry/secrets/"),
-            inf.of("/registry/configmaps/"),
+            inf.of("/registry/secrets/").typed::<Secret>(),
+            inf.of("/registry/configmaps/").typed::<ConfigMap>(),
             client.clone(),
             certs,
         )
@@ -189,12 +194,7 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         );
     }
     if let Some(pool) = settings.load_balancer_pool.clone() {
-        crate::loadbalancer::run(
-            inf.of("/registry/services/specs/"),
-            client.clone(),
-            pool,
-            rx.clone(),
-        );
+        crate::loadbalancer::run(services, client.clone(), pool, rx.clone());
     }
     crate::volume::start(
         inf.of("/registry/persistentvolumeclaims/")
@@ -232,6 +232,5 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         rx.clone(),
     );
     collector.run(rx.clone());
-    endpoints_controller.run(rx.clone());
     node_controller.run(rx);
 }

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
-use rkube_runtime::store::Store;
+use rkube_runtime::store::{Index, Store};
 
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -123,6 +123,8 @@ pub struct Controller {
     nodes: Arc<Store<Node>>,
     leases: Arc<Store<Lease>>,
     pods: Arc<Store<Pod>>,
+    /// The pods bound to each node, so a pass over the nodes reads each pod once.
+    pods_by_node: Arc<Index<Pod>>,
     client: LocalClient,
     settings: Settings,
     /// node -> (last heartbeat seen, when it was seen to change)
@@ -143,6 +145,7 @@ impl Controller {
         Arc::new(Controller {
             nodes,
             leases,
+            pods_by_node: pods.index(|p: &Pod| p.spec.as_ref()?.node_name.clone()),
             pods,
             recorder: Recorder::new(client.clone(), "node-controller"),
             client,
@@ -293,11 +296,7 @@ impl Controller {
     }
 
     fn pods_on(&self, node: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .list("")
-            .into_iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-            .collect()
+        self.pods_by_node.get(node)
     }
 
     async fn reconcile_taints(&self, node: &Node) -> Result<(), ApiError> {

@@ -5,9 +5,9 @@
 //! check that the server it reached knows the token. Authenticating with one is the API's
 //! (`rkube_api::bootstrap_token::check`).
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Secret;
 use sha2::{Digest, Sha256};
 
 pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";
@@ -26,26 +26,17 @@ pub fn parse(token: &str) -> Option<(&str, &str)> {
     (ok(id, 6) && ok(secret, 16)).then_some((id, secret))
 }
 
-/// A Secret's `data` (base64) or `stringData` value for `key`, decoded.
-pub fn secret_value(secret: &Value, key: &str) -> Option<String> {
-    if let Some(v) = secret
-        .pointer(&format!("/data/{key}"))
-        .and_then(Value::as_str)
-    {
-        return STANDARD
-            .decode(v)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok());
+/// A Secret's `data` or `stringData` value for `key`, as text.
+pub fn secret_value(secret: &Secret, key: &str) -> Option<String> {
+    if let Some(v) = secret.data.as_ref().and_then(|d| d.get(key)) {
+        return String::from_utf8(v.0.clone()).ok();
     }
-    secret
-        .pointer(&format!("/stringData/{key}"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    secret.string_data.as_ref()?.get(key).cloned()
 }
 
 /// Whether the token's `expiration` (RFC 3339) has passed. A token without one never expires;
 /// one whose expiration cannot be read counts as expired.
-pub fn expired(secret: &Value, now: chrono::DateTime<chrono::Utc>) -> bool {
+pub fn expired(secret: &Secret, now: chrono::DateTime<chrono::Utc>) -> bool {
     match secret_value(secret, "expiration") {
         None => false,
         Some(s) => match chrono::DateTime::parse_from_rfc3339(s.trim()) {
@@ -145,5 +136,36 @@ mod tests {
             "abcdef",
             "0123456789abcdeg"
         ));
+    }
+
+    #[test]
+    fn values_come_from_data_or_string_data_and_expiry_from_expiration() {
+        use k8s_openapi::ByteString;
+        let now = chrono::Utc::now();
+        let past = (now - chrono::Duration::seconds(1)).to_rfc3339();
+        let secret = |data: &[(&str, &str)], string_data: &[(&str, &str)]| Secret {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            string_data: Some(
+                string_data
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Secret::default()
+        };
+        let s = secret(
+            &[("token-id", "abcdef")],
+            &[("token-id", "other"), ("x", "y")],
+        );
+        assert_eq!(secret_value(&s, "token-id").as_deref(), Some("abcdef"));
+        assert_eq!(secret_value(&s, "x").as_deref(), Some("y"));
+        assert_eq!(secret_value(&s, "missing"), None);
+        assert!(!expired(&s, now), "no expiration: never");
+        assert!(expired(&secret(&[("expiration", &past)], &[]), now));
+        assert!(expired(&secret(&[("expiration", "soon")], &[]), now));
     }
 }

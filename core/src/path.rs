@@ -7,21 +7,23 @@ use k8s_openapi::Resource;
 
 /// The collection of `K` in `namespace` (`""`: cluster-scoped, or every namespace).
 pub fn collection<K: Resource>(namespace: &str) -> String {
-    let base = if K::GROUP.is_empty() { "/api" } else { "/apis" };
-    if namespace.is_empty() {
-        format!("{base}/{}/{}", K::API_VERSION, K::URL_PATH_SEGMENT)
-    } else {
-        format!(
-            "{base}/{}/namespaces/{namespace}/{}",
-            K::API_VERSION,
-            K::URL_PATH_SEGMENT
-        )
-    }
+    collection_of(K::GROUP, K::API_VERSION, K::URL_PATH_SEGMENT, namespace)
 }
 
 /// The object `name` of `K` in `namespace` (`""` when cluster-scoped).
 pub fn object<K: Resource>(namespace: &str, name: &str) -> String {
     format!("{}/{name}", collection::<K>(namespace))
+}
+
+/// The collection `plural` of `api_version` (`v1`, `apps/v1`) in `namespace`, for code that
+/// knows a resource by name rather than by type (the garbage collector, which follows many).
+pub fn collection_of(group: &str, api_version: &str, plural: &str, namespace: &str) -> String {
+    let base = if group.is_empty() { "/api" } else { "/apis" };
+    if namespace.is_empty() {
+        format!("{base}/{api_version}/{plural}")
+    } else {
+        format!("{base}/{api_version}/namespaces/{namespace}/{plural}")
+    }
 }
 
 #[cfg(test)]
@@ -39,5 +41,9 @@ mod tests {
             "/apis/apps/v1/namespaces/ns/replicasets/web"
         );
         assert_eq!(object::<Node>("", "n1"), "/api/v1/nodes/n1");
+        assert_eq!(
+            collection_of("batch", "batch/v1", "jobs", "ns"),
+            "/apis/batch/v1/namespaces/ns/jobs"
+        );
     }
 }

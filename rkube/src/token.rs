@@ -205,8 +205,7 @@ pub async fn run(args: TokenArgs, command: TokenCommand) -> Result<()> {
             );
             let now = chrono::Utc::now();
             for s in list.items {
-                let v = serde_json::to_value(&s)?;
-                let get = |k: &str| bt::secret_value(&v, k).unwrap_or_default();
+                let get = |k: &str| bt::secret_value(&s, k).unwrap_or_default();
                 let token = format!("{}.{}", get("token-id"), get("token-secret"));
                 let (ttl, expires) = match chrono::DateTime::parse_from_rfc3339(&get("expiration"))
                 {

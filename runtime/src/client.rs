@@ -76,12 +76,34 @@ impl<'c, K: Resource + Serialize + DeserializeOwned> Objects<'c, K> {
         decode(self.client.get(&self.path(name)).await?)
     }
 
+    /// Replaces object `name` with `object` (its resourceVersion is the precondition).
+    pub async fn replace(&self, name: &str, object: &K) -> Result<K, ApiError> {
+        let body = encode(object)?;
+        decode(self.client.update(&self.path(name), &body).await?)
+    }
+
     /// Replaces the status of `object` (named by its metadata; its resourceVersion is the
     /// precondition).
     pub async fn replace_status(&self, name: &str, object: &K) -> Result<K, ApiError> {
+        self.replace_subresource(name, "status", object).await
+    }
+
+    /// Replaces `object` through one of its subresources (`status`, a CSR's `approval`).
+    pub async fn replace_subresource(
+        &self,
+        name: &str,
+        subresource: &str,
+        object: &K,
+    ) -> Result<K, ApiError> {
         let body = encode(object)?;
-        let path = format!("{}/status", self.path(name));
+        let path = format!("{}/{subresource}", self.path(name));
         decode(self.client.update(&path, &body).await?)
+    }
+
+    /// A JSON merge patch (RFC 7386) of the status of object `name`.
+    pub async fn merge_patch_status(&self, name: &str, patch: &Value) -> Result<K, ApiError> {
+        let path = format!("{}/status", self.path(name));
+        decode(self.client.merge_patch(&path, patch).await?)
     }
 
     /// A JSON merge patch (RFC 7386) of object `name`.

@@ -149,9 +149,32 @@ impl<K: Object> Controller<K> {
         C: Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<Action, E>> + Send,
-        E: std::fmt::Display,
+        E: std::fmt::Display + Send + 'static,
     {
-        let reconcile = Arc::new(reconcile);
+        self.run_with_cleanup(workers, stop, ctx, reconcile, |_, _| {
+            std::future::ready(Ok(Action::await_change()))
+        });
+    }
+
+    /// [`Controller::run`], and `cleanup(key, ctx)` for a queued key whose object is gone (after
+    /// [`Controller::on_gone`]): what the object's controller removes itself because nothing
+    /// owns it (a Service's Endpoints). A failed cleanup comes back like a failed reconcile.
+    pub fn run_with_cleanup<C, F, Fut, G, GFut, E>(
+        self,
+        workers: usize,
+        stop: watch::Receiver<bool>,
+        ctx: Arc<C>,
+        reconcile: F,
+        cleanup: G,
+    ) where
+        C: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Action, E>> + Send,
+        G: Fn(String, Arc<C>) -> GFut + Send + Sync + 'static,
+        GFut: std::future::Future<Output = Result<Action, E>> + Send,
+        E: std::fmt::Display + Send + 'static,
+    {
+        let (reconcile, cleanup) = (Arc::new(reconcile), Arc::new(cleanup));
         let (primary, gone) = (self.primary, self.gone);
         run_workers_when_synced(
             self.name,
@@ -161,17 +184,23 @@ impl<K: Object> Controller<K> {
             stop,
             move |key: String| {
                 let object = primary.get(&key);
-                let (ctx, reconcile, gone) = (ctx.clone(), reconcile.clone(), gone.clone());
+                let (ctx, reconcile, cleanup, gone) = (
+                    ctx.clone(),
+                    reconcile.clone(),
+                    cleanup.clone(),
+                    gone.clone(),
+                );
                 async move {
-                    match object {
-                        Some(o) => reconcile(o, ctx).await.map(|a| a.requeue_after),
+                    let action = match object {
+                        Some(o) => reconcile(o, ctx).await,
                         None => {
                             if let Some(gone) = gone {
                                 gone(&key);
                             }
-                            Ok(None)
+                            cleanup(key, ctx).await
                         }
-                    }
+                    };
+                    action.map(|a| a.requeue_after)
                 }
             },
         );

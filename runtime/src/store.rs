@@ -8,7 +8,8 @@
 //! (the API validated it, so this is not expected) is logged and left out of the view: to its
 //! readers it is absent.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::{Metadata, Resource};
@@ -95,6 +96,33 @@ impl<K: Object> Store<K> {
         self.list(&format!("{namespace}/"))
     }
 
+    /// A secondary index of this view: its objects grouped by `value_of` (a pod's node), kept
+    /// up to date with the view, so a reader of one group does not walk every object. An
+    /// object for which `value_of` answers None is in no group.
+    pub fn index(
+        &self,
+        value_of: impl Fn(&K) -> Option<String> + Send + Sync + 'static,
+    ) -> Arc<Index<K>> {
+        let index = Arc::new(Index {
+            value_of: Box::new(value_of),
+            groups: RwLock::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&index);
+        self.cache.on_change_seeded(
+            Box::new(move |old, new| {
+                if let Some(index) = weak.upgrade() {
+                    index.change(old, new);
+                }
+            }),
+            |objects| {
+                for object in objects.values() {
+                    index.change(None, Some(object));
+                }
+            },
+        );
+        index
+    }
+
     /// Whether the informer's first list is in, as a receiver to wait on.
     pub fn synced(&self) -> watch::Receiver<bool> {
         self.synced.clone()
@@ -104,6 +132,46 @@ impl<K: Object> Store<K> {
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.clone();
         let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Objects of a [`Store`] grouped by a value computed from each ([`Store::index`]).
+pub struct Index<K> {
+    value_of: Box<dyn Fn(&K) -> Option<String> + Send + Sync>,
+    /// value -> (object key -> object)
+    groups: RwLock<HashMap<String, BTreeMap<String, Arc<K>>>>,
+}
+
+impl<K: Object> Index<K> {
+    /// The objects whose value is `value`, in key order.
+    pub fn get(&self, value: &str) -> Vec<Arc<K>> {
+        self.groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(value)
+            .map(|group| group.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn change(&self, old: Option<&Arc<K>>, new: Option<&Arc<K>>) {
+        let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = old {
+            if let Some(value) = (self.value_of)(old) {
+                let key = rkube_core::meta::key(old.metadata());
+                if let Some(group) = groups.get_mut(&value) {
+                    group.remove(&key);
+                    if group.is_empty() {
+                        groups.remove(&value);
+                    }
+                }
+            }
+        }
+        if let Some(new) = new {
+            if let Some(value) = (self.value_of)(new) {
+                let key = rkube_core::meta::key(new.metadata());
+                groups.entry(value).or_default().insert(key, new.clone());
+            }
+        }
     }
 }
 
@@ -165,5 +233,37 @@ pub(crate) mod tests {
                 (Some("early".into()), None, false),
             ]
         );
+    }
+
+    #[test]
+    fn an_index_groups_the_objects_as_they_change() {
+        let on = |name: &str, node: &str| {
+            let mut p = pod(name, json!({}));
+            p["spec"] = json!({"nodeName": node});
+            p
+        };
+        let informer = Informer::new("/registry/pods/");
+        informer.inject(None, Some(&on("a", "n1")));
+        let pods = informer.typed::<Pod>();
+        let by_node = pods.index(|p: &Pod| p.spec.as_ref()?.node_name.clone());
+        let names = |node: &str| -> Vec<String> {
+            by_node
+                .get(node)
+                .iter()
+                .map(|p| rkube_core::meta::name(&p.metadata).to_string())
+                .collect()
+        };
+        assert_eq!(names("n1"), ["a"], "seeded from the view");
+        informer.inject(None, Some(&on("b", "n1")));
+        informer.inject(None, Some(&pod("pending", json!({}))));
+        assert_eq!(names("n1"), ["a", "b"]);
+        informer.inject(Some(&on("a", "n1")), Some(&on("a", "n2")));
+        assert_eq!(
+            (names("n1"), names("n2")),
+            (vec!["b".into()], vec!["a".into()])
+        );
+        informer.inject(Some(&on("b", "n1")), None);
+        assert!(names("n1").is_empty(), "a delete leaves the group");
+        assert!(names("").is_empty(), "an unbound pod is in no group");
     }
 }
