@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rkube_api::client::LocalClient;
-use rkube_runtime::informer::Informer;
 use rkube_runtime::manager::{Manager, Term, TermHook};
 use rkube_store::server::node::Node;
 
@@ -163,9 +162,9 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         client.clone(),
         settings.node_lifecycle,
     );
-    let followed: Vec<Arc<Informer>> = crate::garbagecollector::FOLLOWED
-        .iter()
-        .map(|(folder, _, _)| inf.of(folder))
+    let followed = crate::garbagecollector::followed()
+        .into_iter()
+        .map(|res| (res, inf.of(&res.prefix(None))))
         .collect();
     let collector = crate::garbagecollector::Collector::new(followed, client.clone());
     if let Some(certs) = settings.certificates.clone() {

@@ -50,6 +50,21 @@ fn decode<K: Resource + DeserializeOwned>(object: Value) -> Result<K, ApiError> 
     })
 }
 
+/// Deletes the object at API path `path` with `options`, for callers that know an object by
+/// its resource rather than by type (the garbage collector).
+pub async fn delete_at(
+    client: &LocalClient,
+    path: &str,
+    options: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let mut body = encode(options)?;
+    if let Some(o) = body.as_object_mut() {
+        o.insert("kind".into(), "DeleteOptions".into());
+        o.insert("apiVersion".into(), "v1".into());
+    }
+    client.delete(path, Some(&body)).await.map(|_| ())
+}
+
 impl<'c, K: Resource + Serialize + DeserializeOwned> Objects<'c, K> {
     pub fn namespaced(client: &'c LocalClient, namespace: &'c str) -> Self {
         Objects {
@@ -118,14 +133,6 @@ impl<'c, K: Resource + Serialize + DeserializeOwned> Objects<'c, K> {
 
     /// Deletes object `name` with `options` (grace period, preconditions, propagation).
     pub async fn delete_with(&self, name: &str, options: &DeleteOptions) -> Result<(), ApiError> {
-        let mut body = encode(options)?;
-        if let Some(o) = body.as_object_mut() {
-            o.insert("kind".into(), "DeleteOptions".into());
-            o.insert("apiVersion".into(), "v1".into());
-        }
-        self.client
-            .delete(&self.path(name), Some(&body))
-            .await
-            .map(|_| ())
+        delete_at(self.client, &self.path(name), options).await
     }
 }
