@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Service};
 use rkube_api::client::LocalClient;
 use rkube_core::meta::{name, namespace};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 
 use rkube_runtime::client::{ignore_gone, Objects};
@@ -146,6 +146,13 @@ fn plan(services: &[Arc<Service>], pool: &Pool) -> Vec<(String, String, LoadBala
     out
 }
 
+/// The merge patch that gives a Service `status` as its `status.loadBalancer`: the ingress
+/// list is named even when there is none (`null` removes it; an empty object would merge into
+/// the old one and keep the address).
+fn status_patch(status: &LoadBalancerStatus) -> Value {
+    json!({"status": {"loadBalancer": {"ingress": status.ingress}}})
+}
+
 pub fn run(
     services: Arc<Store<Service>>,
     client: LocalClient,
@@ -159,7 +166,7 @@ pub fn run(
         services.wait_synced().await;
         loop {
             for (ns, name, status) in plan(&services.list(""), &pool) {
-                let patch = json!({"status": {"loadBalancer": status}});
+                let patch = status_patch(&status);
                 let written = Objects::<Service>::namespaced(&client, &ns)
                     .merge_patch_status(&name, &patch)
                     .await;
@@ -198,6 +205,20 @@ mod tests {
 
     fn given(ip: &str) -> LoadBalancerStatus {
         serde_json::from_value(json!({"ingress": [{"ip": ip, "ipMode": "VIP"}]})).expect("status")
+    }
+
+    #[test]
+    fn a_given_back_address_leaves_the_status() {
+        let mut held =
+            serde_json::to_value(svc("e", "NodePort", Some("10.0.0.201"), None)).unwrap();
+        rkube_api::patch::merge_patch(&mut held, &status_patch(&LoadBalancerStatus::default()));
+        assert_eq!(held["status"], json!({"loadBalancer": {}}));
+        let mut pending = serde_json::to_value(svc("b", "LoadBalancer", None, None)).unwrap();
+        rkube_api::patch::merge_patch(&mut pending, &status_patch(&given("10.0.0.201")));
+        assert_eq!(
+            pending["status"]["loadBalancer"],
+            json!({"ingress": [{"ip": "10.0.0.201", "ipMode": "VIP"}]})
+        );
     }
 
     #[test]
