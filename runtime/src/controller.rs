@@ -328,4 +328,52 @@ mod tests {
         assert_eq!(*calls.lock().unwrap(), 2);
         let _ = tx.send(true);
     }
+
+    #[tokio::test]
+    async fn a_gone_key_is_cleaned_up_and_a_failed_cleanup_comes_back() {
+        let sets = Informer::new("/registry/replicasets/");
+        sets.inject(None, Some(&set("a")));
+        let c = Controller::new("test", sets.typed::<ReplicaSet>());
+        let q = c.queue().clone();
+        let (tx, rx) = watch::channel(false);
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let cleanups = Arc::new(Mutex::new(0u32));
+        c.run_with_cleanup(
+            1,
+            rx,
+            cleanups.clone(),
+            move |rs: Arc<ReplicaSet>, _| {
+                let done = done_tx.clone();
+                async move {
+                    let _ = done.send(format!("reconcile {}", rkube_core::meta::key(&rs.metadata)));
+                    Ok::<_, String>(Action::await_change())
+                }
+            },
+            |key: String, cleanups| async move {
+                let mut n = cleanups.lock().unwrap();
+                *n += 1;
+                // The first cleanup fails: the key comes back after a backoff.
+                if *n == 1 {
+                    Err(format!("cleanup of {key} failed"))
+                } else {
+                    Ok(Action::await_change())
+                }
+            },
+        );
+        sets.mark_synced();
+        q.add("ns/a");
+        let first = tokio::time::timeout(Duration::from_secs(5), done_rx.recv()).await;
+        assert_eq!(first.expect("a reconcile"), Some("reconcile ns/a".into()));
+        q.add("ns/gone");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while *cleanups.lock().unwrap() < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the failed cleanup did not come back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(done_rx.try_recv().is_err(), "a gone key is not reconciled");
+        let _ = tx.send(true);
+    }
 }
