@@ -104,6 +104,93 @@ fn hostname<'a>(svc: &Service, pod: &'a Pod) -> Option<&'a str> {
     (!hostname.is_empty() && named).then_some(hostname)
 }
 
+/// What a Service's Endpoints and EndpointSlice should hold.
+#[derive(Debug, Default)]
+struct Desired {
+    /// Pods grouped by the ports they resolve to (Kubernetes' subsets).
+    subsets: Vec<EndpointSubset>,
+    slice_endpoints: Vec<Endpoint>,
+    /// The ports of the slice: those the first pod resolves.
+    slice_ports: Vec<PodPort>,
+}
+
+/// The endpoints of `svc` for the pods it selects, in the order of their IPs.
+fn desired(svc: &Service, mut pods: Vec<Arc<Pod>>) -> Desired {
+    let ns = namespace(&svc.metadata);
+    let ports: &[ServicePort] = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_deref())
+        .unwrap_or_default();
+    type Addresses = (Vec<EndpointAddress>, Vec<EndpointAddress>);
+    let mut groups: BTreeMap<Vec<PodPort>, Addresses> = BTreeMap::new();
+    let mut slice_endpoints = Vec::new();
+    let mut slice_ports: Option<Vec<PodPort>> = None;
+    pods.sort_by(|a, b| pod_ip(a).cmp(pod_ip(b)));
+    for pod in pods {
+        let ip = pod_ip(&pod);
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let terminal = matches!(phase, Some("Succeeded" | "Failed"));
+        if ip.is_empty() || terminal {
+            continue;
+        }
+        let resolved: Vec<PodPort> = ports.iter().filter_map(|p| resolve(p, &pod)).collect();
+        let target = ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: Some(ns.to_string()),
+            name: Some(name(&pod.metadata).to_string()),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
+        let hostname = hostname(svc, &pod).map(str::to_string);
+        let address = EndpointAddress {
+            ip: ip.to_string(),
+            hostname: hostname.clone(),
+            node_name: node.clone(),
+            target_ref: Some(target.clone()),
+        };
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        let ready = is_ready(&pod) && !deleting;
+        let entry = groups.entry(resolved.clone()).or_default();
+        if ready {
+            entry.0.push(address);
+        } else {
+            entry.1.push(address);
+        }
+        slice_endpoints.push(Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(ready),
+                serving: Some(is_ready(&pod)),
+                terminating: Some(deleting),
+            }),
+            hostname,
+            node_name: node,
+            target_ref: Some(target),
+            ..Default::default()
+        });
+        slice_ports.get_or_insert(resolved);
+    }
+    let subsets = groups
+        .into_iter()
+        .map(|(ports, (ready, not_ready))| EndpointSubset {
+            addresses: (!ready.is_empty()).then_some(ready),
+            not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
+            ports: Some(endpoint_ports(&ports)),
+        })
+        .collect();
+    Desired {
+        subsets,
+        slice_endpoints,
+        slice_ports: slice_ports.unwrap_or_default(),
+    }
+}
+
 /// What a reconcile works with.
 pub struct Endpointer {
     pods: Arc<Store<Pod>>,
@@ -172,83 +259,15 @@ impl Endpointer {
         if selector(svc).is_none() {
             return Ok(Action::await_change());
         }
-        let ns = namespace(&svc.metadata);
-        let ports: &[ServicePort] = svc
-            .spec
-            .as_ref()
-            .and_then(|s| s.ports.as_deref())
-            .unwrap_or_default();
-        // Pods grouped by the ports they resolve to (Kubernetes' subsets).
-        type Addresses = (Vec<EndpointAddress>, Vec<EndpointAddress>);
-        let mut groups: BTreeMap<Vec<PodPort>, Addresses> = BTreeMap::new();
-        let mut slice_endpoints = Vec::new();
-        let mut slice_ports: Option<Vec<PodPort>> = None;
-        let mut pods: Vec<Arc<Pod>> = self
+        let pods: Vec<Arc<Pod>> = self
             .pods
-            .in_namespace(ns)
+            .in_namespace(namespace(&svc.metadata))
             .into_iter()
             .filter(|p| selects(svc, p))
             .collect();
-        pods.sort_by(|a, b| pod_ip(a).cmp(pod_ip(b)));
-        for pod in pods {
-            let ip = pod_ip(&pod);
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let terminal = matches!(phase, Some("Succeeded" | "Failed"));
-            if ip.is_empty() || terminal {
-                continue;
-            }
-            let resolved: Vec<PodPort> = ports.iter().filter_map(|p| resolve(p, &pod)).collect();
-            let target = ObjectReference {
-                kind: Some("Pod".into()),
-                namespace: Some(ns.to_string()),
-                name: Some(name(&pod.metadata).to_string()),
-                uid: pod.metadata.uid.clone(),
-                ..Default::default()
-            };
-            let node = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| !n.is_empty());
-            let hostname = hostname(svc, &pod).map(str::to_string);
-            let address = EndpointAddress {
-                ip: ip.to_string(),
-                hostname: hostname.clone(),
-                node_name: node.clone(),
-                target_ref: Some(target.clone()),
-            };
-            let deleting = pod.metadata.deletion_timestamp.is_some();
-            let ready = is_ready(&pod) && !deleting;
-            let entry = groups.entry(resolved.clone()).or_default();
-            if ready {
-                entry.0.push(address);
-            } else {
-                entry.1.push(address);
-            }
-            slice_endpoints.push(Endpoint {
-                addresses: vec![ip.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(ready),
-                    serving: Some(is_ready(&pod)),
-                    terminating: Some(deleting),
-                }),
-                hostname,
-                node_name: node,
-                target_ref: Some(target),
-                ..Default::default()
-            });
-            slice_ports.get_or_insert(resolved);
-        }
-        let subsets: Vec<EndpointSubset> = groups
-            .into_iter()
-            .map(|(ports, (ready, not_ready))| EndpointSubset {
-                addresses: (!ready.is_empty()).then_some(ready),
-                not_ready_addresses: (!not_ready.is_empty()).then_some(not_ready),
-                ports: Some(endpoint_ports(&ports)),
-            })
-            .collect();
-        self.write_endpoints(svc, subsets).await?;
-        self.write_slice(svc, slice_endpoints, slice_ports.unwrap_or_default())
+        let wanted = desired(svc, pods);
+        self.write_endpoints(svc, wanted.subsets).await?;
+        self.write_slice(svc, wanted.slice_endpoints, wanted.slice_ports)
             .await?;
         Ok(Action::await_change())
     }
@@ -462,6 +481,78 @@ mod tests {
             serde_json::to_value(slice_ports(&ports)).unwrap(),
             json!([{"name": "http", "port": 8080, "protocol": "TCP"},
                    {"name": "", "port": 53, "protocol": "UDP"}])
+        );
+    }
+
+    #[test]
+    fn pods_become_ready_and_not_ready_addresses_grouped_by_their_ports() {
+        let svc: Service = typed(json!({"metadata": {"name": "web", "namespace": "dev"},
+            "spec": {"selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}));
+        let pod = |name: &str, ip: &str, port: i32, ready: &str, phase: &str| -> Arc<Pod> {
+            Arc::new(typed(json!({
+                "metadata": {"name": name, "namespace": "dev", "uid": format!("uid-{name}")},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": [
+                    {"name": "http", "containerPort": port}]}]},
+                "status": {"podIP": ip, "phase": phase,
+                           "conditions": [{"type": "Ready", "status": ready}]}})))
+        };
+        let wanted = desired(
+            &svc,
+            vec![
+                pod("c", "10.0.0.3", 8080, "False", "Running"),
+                pod("b", "10.0.0.2", 9090, "True", "Running"),
+                pod("a", "10.0.0.1", 8080, "True", "Running"),
+                pod("done", "10.0.0.4", 8080, "True", "Succeeded"),
+                pod("pending", "", 8080, "False", "Pending"),
+            ],
+        );
+        let ips = |a: &Option<Vec<EndpointAddress>>| -> Vec<String> {
+            a.iter().flatten().map(|a| a.ip.clone()).collect()
+        };
+        let groups: Vec<(i32, Vec<String>, Vec<String>)> = wanted
+            .subsets
+            .iter()
+            .map(|s| {
+                let port = s.ports.as_ref().map_or(0, |p| p[0].port);
+                (port, ips(&s.addresses), ips(&s.not_ready_addresses))
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            vec![
+                (8080, vec!["10.0.0.1".into()], vec!["10.0.0.3".into()]),
+                (9090, vec!["10.0.0.2".into()], vec![]),
+            ],
+            "a terminal pod and one without an IP are left out"
+        );
+        let slice: Vec<(String, Option<bool>)> = wanted
+            .slice_endpoints
+            .iter()
+            .map(|e| {
+                (
+                    e.addresses[0].clone(),
+                    e.conditions.as_ref().and_then(|c| c.ready),
+                )
+            })
+            .collect();
+        assert_eq!(
+            slice,
+            vec![
+                ("10.0.0.1".into(), Some(true)),
+                ("10.0.0.2".into(), Some(true)),
+                ("10.0.0.3".into(), Some(false)),
+            ]
+        );
+        assert_eq!(
+            wanted.slice_ports,
+            vec![("http".into(), 8080, "TCP".into())]
+        );
+        let first = &wanted.slice_endpoints[0];
+        assert_eq!(first.node_name.as_deref(), Some("n1"));
+        assert_eq!(
+            first.target_ref.as_ref().and_then(|r| r.uid.as_deref()),
+            Some("uid-a")
         );
     }
 }
