@@ -135,9 +135,12 @@ impl<K: Object> Store<K> {
     }
 }
 
+/// What an [`Index`] groups an object by (None: in no group).
+type IndexFn<K> = Box<dyn Fn(&K) -> Option<String> + Send + Sync>;
+
 /// Objects of a [`Store`] grouped by a value computed from each ([`Store::index`]).
 pub struct Index<K> {
-    value_of: Box<dyn Fn(&K) -> Option<String> + Send + Sync>,
+    value_of: IndexFn<K>,
     /// value -> (object key -> object)
     groups: RwLock<HashMap<String, BTreeMap<String, Arc<K>>>>,
 }
