@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
-use rkube_core::json::str_at as s;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use rkube_core::meta;
+
+use crate::podspec::spec_str;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub mod pb {
@@ -102,24 +104,14 @@ impl Cri {
     /// cluster DNS with the search path `<ns>.svc.<domain> svc.<domain> <domain>` and ndots:5;
     /// Default leaves the node's; None uses only the pod's dnsConfig, which otherwise adds to
     /// what the policy gives.
-    pub fn dns_config(&self, pod: &Value) -> Option<pb::DnsConfig> {
-        let strings = |p: &str| -> Vec<String> {
-            pod.pointer(p)
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let policy = match s(pod, "/spec/dnsPolicy") {
+    pub fn dns_config(&self, pod: &Pod) -> Option<pb::DnsConfig> {
+        let policy = match spec_str(pod, |s| s.dns_policy.as_ref()) {
             "" => "ClusterFirst",
             p => p,
         };
         let mut cfg = match policy {
             "ClusterFirst" | "ClusterFirstWithHostNet" if !self.dns.is_empty() => {
-                let ns = s(pod, "/metadata/namespace");
+                let ns = meta::namespace(&pod.metadata);
                 let d = &self.domain;
                 pb::DnsConfig {
                     servers: self.dns.clone(),
@@ -130,21 +122,20 @@ impl Cri {
             "None" => pb::DnsConfig::default(),
             _ => return None,
         };
-        cfg.servers.extend(strings("/spec/dnsConfig/nameservers"));
-        cfg.searches.extend(strings("/spec/dnsConfig/searches"));
-        if let Some(opts) = pod
-            .pointer("/spec/dnsConfig/options")
-            .and_then(Value::as_array)
-        {
-            for o in opts {
-                let name = s(o, "/name");
-                cfg.options.retain(|x| x.split(':').next() != Some(name));
-                cfg.options
-                    .push(match o.get("value").and_then(Value::as_str) {
-                        Some(v) => format!("{name}:{v}"),
-                        None => name.to_string(),
-                    });
-            }
+        let Some(given) = pod.spec.as_ref().and_then(|s| s.dns_config.as_ref()) else {
+            return Some(cfg);
+        };
+        cfg.servers
+            .extend(given.nameservers.iter().flatten().cloned());
+        cfg.searches
+            .extend(given.searches.iter().flatten().cloned());
+        for o in given.options.iter().flatten() {
+            let name = o.name.as_deref().unwrap_or("");
+            cfg.options.retain(|x| x.split(':').next() != Some(name));
+            cfg.options.push(match &o.value {
+                Some(v) => format!("{name}:{v}"),
+                None => name.to_string(),
+            });
         }
         Some(cfg)
     }
@@ -170,11 +161,11 @@ impl Cri {
         Ok(format!("{}://{}", v.runtime_name, v.runtime_version))
     }
 
-    fn sandbox_config(&self, pod: &Value) -> pb::PodSandboxConfig {
+    fn sandbox_config(&self, pod: &Pod) -> pb::PodSandboxConfig {
         let (ns, name, uid) = (
-            s(pod, "/metadata/namespace"),
-            s(pod, "/metadata/name"),
-            s(pod, "/metadata/uid"),
+            meta::namespace(&pod.metadata),
+            meta::name(&pod.metadata),
+            meta::uid(&pod.metadata),
         );
         let labels: HashMap<String, String> =
             [(POD_UID, uid), (POD_NAME, name), (POD_NAMESPACE, ns)]
@@ -212,8 +203,8 @@ impl Cri {
     }
 
     /// The pod's sandbox (made now unless one is ready already): its id and IP.
-    pub async fn sandbox(&self, pod: &Value) -> Result<(String, String)> {
-        let uid = s(pod, "/metadata/uid");
+    pub async fn sandbox(&self, pod: &Pod) -> Result<(String, String)> {
+        let uid = meta::uid(&pod.metadata);
         let mut rt = self.runtime.clone();
         let existing = rt
             .list_pod_sandbox(pb::ListPodSandboxRequest {
@@ -326,61 +317,40 @@ impl Cri {
     /// Creates and starts one container of the pod (attempt `attempt`).
     pub async fn start_container(
         &self,
-        pod: &Value,
+        pod: &Pod,
         sandbox: &str,
-        container: &Value,
+        container: &Container,
         attempt: u32,
         envs: Vec<pb::KeyValue>,
         mounts: Vec<pb::Mount>,
     ) -> Result<String> {
-        let name = s(container, "/name");
-        let strings = |key: &str| -> Vec<String> {
-            container
-                .get(key)
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
+        let name = container.name.as_str();
         let config = pb::ContainerConfig {
             metadata: Some(pb::ContainerMetadata {
                 name: name.to_string(),
                 attempt,
             }),
             image: Some(pb::ImageSpec {
-                image: s(container, "/image").to_string(),
+                image: container.image.clone().unwrap_or_default(),
             }),
-            command: strings("command"),
-            args: strings("args"),
-            working_dir: s(container, "/workingDir").to_string(),
+            command: container.command.clone().unwrap_or_default(),
+            args: container.args.clone().unwrap_or_default(),
+            working_dir: container.working_dir.clone().unwrap_or_default(),
             envs,
             mounts,
             labels: [
-                (POD_UID.to_string(), s(pod, "/metadata/uid").to_string()),
-                (POD_NAME.to_string(), s(pod, "/metadata/name").to_string()),
-                (
-                    POD_NAMESPACE.to_string(),
-                    s(pod, "/metadata/namespace").to_string(),
-                ),
-                (CONTAINER_NAME.to_string(), name.to_string()),
+                (POD_UID, meta::uid(&pod.metadata)),
+                (POD_NAME, meta::name(&pod.metadata)),
+                (POD_NAMESPACE, meta::namespace(&pod.metadata)),
+                (CONTAINER_NAME, name),
             ]
-            .into(),
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
             log_path: format!("{name}/{attempt}.log"),
-            stdin: container
-                .get("stdin")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            stdin_once: container
-                .get("stdinOnce")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            tty: container
-                .get("tty")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            stdin: container.stdin.unwrap_or(false),
+            stdin_once: container.stdin_once.unwrap_or(false),
+            tty: container.tty.unwrap_or(false),
             linux: Some(pb::LinuxContainerConfig {
                 resources: Some(linux_resources(container)),
             }),
@@ -663,28 +633,28 @@ const CPU_PERIOD: i64 = 100_000;
 /// A container's cgroup limits, as the kubelet derives them from its resources: CPU shares from
 /// the CPU request (1024 per CPU, at least 2), a CFS quota from the CPU limit (at least 1 ms per
 /// period), the memory limit in bytes. What is not set stays unlimited.
-pub fn linux_resources(container: &Value) -> pb::LinuxContainerResources {
-    let q = |path: &str| {
-        container.pointer(path).and_then(|v| match v {
-            Value::String(s) => rkube_core::quantity::parse_quantity(s),
-            Value::Number(n) => n.as_f64().map(|f| (f * 1_000_000_000.0) as i128),
-            _ => None,
-        })
+pub fn linux_resources(container: &Container) -> pb::LinuxContainerResources {
+    let resources = container.resources.as_ref();
+    let q = |limits: bool, name: &str| {
+        resources
+            .and_then(|r| (if limits { &r.limits } else { &r.requests }).as_ref())
+            .and_then(|m| m.get(name))
+            .and_then(|q| rkube_core::quantity::parse_quantity(&q.0))
     };
     // Nanos per milli-CPU: 1e6; per byte: 1e9.
     let milli = |n: i128| (n / 1_000_000) as i64;
-    let request = q("/resources/requests/cpu").or(q("/resources/limits/cpu"));
+    let request = q(false, "cpu").or(q(true, "cpu"));
     let mut r = pb::LinuxContainerResources {
         cpu_shares: request
             .map(|n| (milli(n) * 1024 / 1000).max(2))
             .unwrap_or(2),
         ..Default::default()
     };
-    if let Some(limit) = q("/resources/limits/cpu") {
+    if let Some(limit) = q(true, "cpu") {
         r.cpu_period = CPU_PERIOD;
         r.cpu_quota = (milli(limit) * CPU_PERIOD / 1000).max(1000);
     }
-    if let Some(mem) = q("/resources/limits/memory") {
+    if let Some(mem) = q(true, "memory") {
         r.memory_limit_in_bytes = (mem / 1_000_000_000) as i64;
     }
     r
@@ -721,10 +691,10 @@ pub fn backoff(restarts: u32) -> Duration {
 
 /// The pod's hostname as the kubelet picks it: `spec.hostname` when set (an Indexed Job's
 /// `<job>-<index>`), else the pod's name cut to 63 characters without a trailing `-` or `.`.
-fn pod_hostname(pod: &Value) -> String {
-    match s(pod, "/spec/hostname") {
+fn pod_hostname(pod: &Pod) -> String {
+    match spec_str(pod, |s| s.hostname.as_ref()) {
         "" => {
-            let cut: String = s(pod, "/metadata/name").chars().take(63).collect();
+            let cut: String = meta::name(&pod.metadata).chars().take(63).collect();
             cut.trim_end_matches(['-', '.']).to_string()
         }
         h => h.to_string(),
@@ -737,18 +707,27 @@ mod tests {
 
     #[test]
     fn a_pod_s_hostname_is_its_spec_s_or_its_name() {
-        let pod = |name: &str, hostname: &str| serde_json::json!({"metadata": {"name": name}, "spec": {"hostname": hostname}});
+        let pod = |name: &str, hostname: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name},
+                "spec": {"hostname": hostname, "containers": []}}))
+            .unwrap()
+        };
         assert_eq!(pod_hostname(&pod("sum-1-x2b9z", "sum-1")), "sum-1");
         assert_eq!(pod_hostname(&pod("web-7d4", "")), "web-7d4");
         let long = format!("{}-abc", "a".repeat(62));
         assert_eq!(pod_hostname(&pod(&long, "")), "a".repeat(62));
     }
 
+    fn container(mut spec: serde_json::Value) -> Container {
+        spec["name"] = "c".into();
+        serde_json::from_value(spec).unwrap()
+    }
+
     #[test]
     fn resources_become_cgroup_limits_as_the_kubelet_makes_them() {
         let c = serde_json::json!({"resources": {"requests": {"cpu": "250m"},
             "limits": {"cpu": "500m", "memory": "64Mi"}}});
-        let r = linux_resources(&c);
+        let r = linux_resources(&container(c));
         assert_eq!(
             (
                 r.cpu_shares,
@@ -759,9 +738,11 @@ mod tests {
             (256, 100_000, 50_000, 64 << 20)
         );
         // A limit alone is also the request; nothing set: 2 shares, no quota, no limit.
-        let r = linux_resources(&serde_json::json!({"resources": {"limits": {"cpu": "2"}}}));
+        let r = linux_resources(&container(
+            serde_json::json!({"resources": {"limits": {"cpu": "2"}}}),
+        ));
         assert_eq!((r.cpu_shares, r.cpu_quota), (2048, 200_000));
-        let r = linux_resources(&serde_json::json!({}));
+        let r = linux_resources(&container(serde_json::json!({})));
         assert_eq!(
             (r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes),
             (2, 0, 0)

@@ -9,36 +9,41 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use rkube_core::json::str_at as s;
-use serde_json::{json, Value};
+use rkube_core::meta;
 use tokio::sync::mpsc;
 
 use crate::cri::{backoff, ContainerView, Cri};
 use crate::join::Clients;
+use crate::pods::{phase, status_patch};
+use crate::podspec::{pod_containers, spec_str};
 use crate::NodeConfig;
 
 const TICK: Duration = Duration::from_secs(1);
 /// How often a pod's projected tokens are checked for renewal.
 const TOKEN_CHECK: Duration = Duration::from_secs(10);
 
-fn rfc3339(nanos: i64) -> Value {
+/// A time the runtime reports (nanoseconds since the epoch; 0: not yet), to the second.
+fn time(nanos: i64) -> Option<Time> {
     if nanos <= 0 {
-        return Value::Null;
+        return None;
     }
-    chrono::DateTime::from_timestamp(nanos / 1_000_000_000, (nanos % 1_000_000_000) as u32)
-        .map(|t| json!(t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
-        .unwrap_or(Value::Null)
+    Timestamp::from_second(nanos / 1_000_000_000).ok().map(Time)
 }
 
 /// One spec container as this worker runs it.
 struct Slot {
-    spec: Value,
+    spec: Container,
     id: Option<String>,
     restarts: u32,
     /// The last finished run, for lastState.
-    last: Option<Value>,
+    last: Option<ContainerState>,
     /// Why it is not running (ErrImagePull, CrashLoopBackOff...), with the message.
     waiting: Option<(String, String)>,
     /// When a back-off ends.
@@ -54,7 +59,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(spec: &Value) -> Slot {
+    fn new(spec: &Container) -> Slot {
         Slot {
             spec: spec.clone(),
             id: None,
@@ -89,7 +94,7 @@ impl Slot {
     }
 }
 
-fn terminated(v: &ContainerView) -> Value {
+fn terminated(v: &ContainerView) -> ContainerState {
     let reason = if !v.reason.is_empty() && v.reason != "Completed" && v.reason != "Error" {
         v.reason.clone()
     } else if v.exit_code == 0 {
@@ -97,35 +102,39 @@ fn terminated(v: &ContainerView) -> Value {
     } else {
         "Error".into()
     };
-    json!({"terminated": {"exitCode": v.exit_code, "reason": reason,
-        "startedAt": rfc3339(v.started_at), "finishedAt": rfc3339(v.finished_at),
-        "containerID": format!("containerd://{}", v.id)}})
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: v.exit_code,
+            reason: Some(reason),
+            started_at: time(v.started_at),
+            finished_at: time(v.finished_at),
+            container_id: Some(format!("containerd://{}", v.id)),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
 }
 
 pub async fn worker(
     clients: Arc<Clients>,
     cfg: Arc<NodeConfig>,
     cri: Cri,
-    mut rx: mpsc::UnboundedReceiver<Value>,
+    mut rx: mpsc::UnboundedReceiver<Pod>,
 ) {
     let Some(mut pod) = rx.recv().await else {
         return;
     };
-    let uid = s(&pod, "/metadata/uid").to_string();
+    let uid = meta::uid(&pod.metadata).to_string();
     let mut sandbox: Option<(String, String)> = None;
     let mut volumes: Option<std::collections::HashMap<String, std::path::PathBuf>> = None;
-    let slots_of = |key: &str| -> Vec<Slot> {
-        pod.pointer(key)
-            .and_then(Value::as_array)
-            .map(|cs| cs.iter().map(Slot::new).collect())
-            .unwrap_or_default()
-    };
-    let mut inits = slots_of("/spec/initContainers");
-    let mut slots = slots_of("/spec/containers");
+    let slots_of =
+        |init: bool| -> Vec<Slot> { pod_containers(&pod, init).map(Slot::new).collect() };
+    let mut inits = slots_of(true);
+    let mut slots = slots_of(false);
     // Containers left by an earlier run of the agent: adopted, not made twice.
     if let Ok(existing) = cri.containers_of(&uid).await {
         for slot in inits.iter_mut().chain(slots.iter_mut()) {
-            let name = s(&slot.spec, "/name");
+            let name = slot.spec.name.as_str();
             if let Some(c) = existing
                 .iter()
                 .filter(|c| c.metadata.as_ref().is_some_and(|m| m.name == name))
@@ -136,22 +145,19 @@ pub async fn worker(
             }
         }
     }
-    let started = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut last_status = Value::Null;
+    let started = crate::pods::now();
+    let mut last_status: Option<PodStatus> = None;
     let mut stop_grace: Option<i64> = None;
     let mut tick = tokio::time::interval(TICK);
     let mut token_check = Instant::now() + TOKEN_CHECK;
     loop {
-        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        if pod.metadata.deletion_timestamp.is_some() {
             // preStop hooks once, within the grace period; then SIGTERM with what is left of
             // it (at least 2 s, as the kubelet gives), then SIGKILL.
             let grace = match stop_grace {
                 Some(g) => g,
                 None => {
-                    let grace = pod
-                        .pointer("/metadata/deletionGracePeriodSeconds")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(30);
+                    let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30);
                     let ip = sandbox.as_ref().map(|(_, ip)| ip.as_str()).unwrap_or("");
                     let spent =
                         pre_stop(&cri, &clients.get(), &cfg.name, &pod, &slots, ip, grace).await;
@@ -165,7 +171,7 @@ pub async fn worker(
                 }
             };
             if let Err(e) = cri.stop_pod(&uid, grace).await {
-                tracing::warn!(pod = s(&pod, "/metadata/name"), error = %e, "stopping the pod failed; retrying");
+                tracing::warn!(pod = meta::name(&pod.metadata), error = %e, "stopping the pod failed; retrying");
                 tokio::time::sleep(TICK).await;
                 continue;
             }
@@ -173,7 +179,7 @@ pub async fn worker(
             crate::pods::finish_deletion(&clients, &cfg, &pod).await;
             return;
         }
-        let phase = s(&pod, "/status/phase");
+        let phase = phase(&pod);
         if phase != "Succeeded" && phase != "Failed" {
             if Instant::now() >= token_check {
                 token_check = Instant::now() + TOKEN_CHECK;
@@ -195,17 +201,17 @@ pub async fn worker(
             };
             w.step(&mut inits, &mut slots).await;
             let status = pod_status(&cfg, &sandbox, &inits, &slots, &started);
-            if status != last_status {
-                let api: Api<Pod> = Api::namespaced(clients.get(), s(&pod, "/metadata/namespace"));
+            if last_status.as_ref() != Some(&status) {
+                let api: Api<Pod> = Api::namespaced(clients.get(), meta::namespace(&pod.metadata));
                 match api
                     .patch_status(
-                        s(&pod, "/metadata/name"),
+                        meta::name(&pod.metadata),
                         &PatchParams::default(),
-                        &Patch::Merge(&json!({"status": status})),
+                        &Patch::Merge(&status_patch(&status)),
                     )
                     .await
                 {
-                    Ok(_) => last_status = status,
+                    Ok(_) => last_status = Some(status),
                     Err(e) => tracing::debug!(error = %e, "writing the pod status failed"),
                 }
             }
@@ -232,7 +238,7 @@ async fn pre_stop(
     cri: &Cri,
     client: &kube::Client,
     node: &str,
-    pod: &Value,
+    pod: &Pod,
     slots: &[Slot],
     ip: &str,
     grace: i64,
@@ -240,9 +246,9 @@ async fn pre_stop(
     let begun = Instant::now();
     let limit = Duration::from_secs(grace.max(0) as u64);
     let hooks = slots.iter().filter_map(|slot| {
-        let hook = slot.spec.pointer("/lifecycle/preStop")?;
+        let hook = slot.spec.lifecycle.as_ref()?.pre_stop.as_ref()?;
         let id = slot.id.clone().filter(|_| slot.started())?;
-        let name = s(&slot.spec, "/name").to_string();
+        let name = slot.spec.name.clone();
         Some(async move {
             let r = crate::probe::run(hook, &slot.spec, cri, &id, ip, limit).await;
             (name, r)
@@ -288,7 +294,7 @@ struct Work<'a> {
     cri: &'a Cri,
     client: kube::Client,
     node: &'a str,
-    pod: &'a Value,
+    pod: &'a Pod,
     sandbox: &'a mut Option<(String, String)>,
     volumes: &'a mut Option<std::collections::HashMap<String, std::path::PathBuf>>,
 }
@@ -330,7 +336,7 @@ impl Work<'_> {
                 }
             }
         }
-        let policy = match s(self.pod, "/spec/restartPolicy") {
+        let policy = match spec_str(self.pod, |s| s.restart_policy.as_ref()) {
             "" => "Always",
             p => p,
         };
@@ -392,8 +398,8 @@ impl Work<'_> {
                         format!(
                             "back-off {}s restarting failed container={} pod={}",
                             wait.as_secs(),
-                            s(&slot.spec, "/name"),
-                            s(self.pod, "/metadata/name")
+                            slot.spec.name,
+                            meta::name(&self.pod.metadata)
                         ),
                     ));
                 }
@@ -431,8 +437,8 @@ impl Work<'_> {
         let Some((sb, _)) = self.sandbox.clone() else {
             return;
         };
-        let name = s(&slot.spec, "/name").to_string();
-        let image = s(&slot.spec, "/image").to_string();
+        let name = slot.spec.name.clone();
+        let image = slot.spec.image.clone().unwrap_or_default();
         // The kubelet's image events: Pulling/Pulled, or Failed and BackOff.
         let pulled = match self.cri.image_id(&image).await {
             Ok(Some(_)) => {
@@ -536,14 +542,14 @@ impl Work<'_> {
                 slot.waiting = None;
                 slot.retry_at = None;
                 let started = Instant::now();
-                let probe = |key: &str, initially: bool| {
-                    slot.spec
-                        .get(key)
-                        .map(|p| crate::probe::Probe::new(p, &slot.spec, started, initially))
+                let spec = &slot.spec;
+                let probe = |p: &Option<k8s_openapi::api::core::v1::Probe>, initially: bool| {
+                    p.as_ref()
+                        .map(|p| crate::probe::Probe::new(p, spec, started, initially))
                 };
-                slot.startup = probe("startupProbe", false);
-                slot.readiness = probe("readinessProbe", false);
-                slot.liveness = probe("livenessProbe", true);
+                slot.startup = probe(&spec.startup_probe, false);
+                slot.readiness = probe(&spec.readiness_probe, false);
+                slot.liveness = probe(&spec.liveness_probe, true);
                 self.event("Started", &format!("Started container {name}"), "Normal")
                     .await;
             }
@@ -558,7 +564,7 @@ impl Work<'_> {
     /// Runs the container's due probes: until its startup probe passes, only that one (giving
     /// up restarts the container); then liveness (a failure restarts it) and readiness.
     async fn probe(&self, slot: &mut Slot, id: &str) {
-        let name = s(&slot.spec, "/name").to_string();
+        let name = slot.spec.name.clone();
         let ip = self.ip();
         if let Some(p) = slot.startup.as_mut().filter(|p| !p.ok) {
             if let Some(Err(why)) = p.tick(self.cri, id, &ip).await {
@@ -614,39 +620,54 @@ impl Work<'_> {
         self.event("Killing", why, "Normal").await;
         let grace = self
             .pod
-            .pointer("/spec/terminationGracePeriodSeconds")
-            .and_then(Value::as_i64)
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
             .unwrap_or(30);
         if let Err(e) = self.cri.stop_container(id, grace).await {
-            tracing::warn!(container = s(&slot.spec, "/name"), error = %e, "stopping a container that failed a probe failed");
+            tracing::warn!(container = slot.spec.name, error = %e, "stopping a container that failed a probe failed");
         }
     }
 }
 
 /// One container's status as the kubelet writes it (`waiting` overrides what the runtime says:
 /// PodInitializing for containers waiting on init containers).
-fn container_status(slot: &Slot, waiting: Option<&str>) -> Value {
-    let state = match (waiting, &slot.waiting, &slot.view) {
-        (Some(reason), _, _) => json!({"waiting": {"reason": reason}}),
-        (None, Some((reason, message)), _) => {
-            json!({"waiting": {"reason": reason, "message": message}})
-        }
-        (None, None, Some(v)) if v.running() => {
-            json!({"running": {"startedAt": rfc3339(v.started_at)}})
-        }
-        (None, None, Some(v)) if v.exited() => terminated(v),
-        _ => json!({"waiting": {"reason": "ContainerCreating"}}),
+fn container_status(slot: &Slot, waiting: Option<&str>) -> ContainerStatus {
+    let waiting_state = |reason: &str, message: Option<&String>| ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: message.cloned(),
+        }),
+        ..ContainerState::default()
     };
-    let mut st = json!({
-        "name": s(&slot.spec, "/name"), "image": s(&slot.spec, "/image"),
-        "imageID": slot.view.as_ref().map(|v| v.image_ref.clone()).unwrap_or_default(),
-        "ready": slot.ready(), "started": slot.started(), "restartCount": slot.restarts,
-        "state": state, "lastState": slot.last.clone().unwrap_or(json!({})),
-    });
-    if let Some(id) = &slot.id {
-        st["containerID"] = json!(format!("containerd://{id}"));
+    let state = match (waiting, &slot.waiting, &slot.view) {
+        (Some(reason), _, _) => waiting_state(reason, None),
+        (None, Some((reason, message)), _) => waiting_state(reason, Some(message)),
+        (None, None, Some(v)) if v.running() => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: time(v.started_at),
+            }),
+            ..ContainerState::default()
+        },
+        (None, None, Some(v)) if v.exited() => terminated(v),
+        _ => waiting_state("ContainerCreating", None),
+    };
+    ContainerStatus {
+        name: slot.spec.name.clone(),
+        image: slot.spec.image.clone().unwrap_or_default(),
+        image_id: slot
+            .view
+            .as_ref()
+            .map(|v| v.image_ref.clone())
+            .unwrap_or_default(),
+        ready: slot.ready(),
+        started: Some(slot.started()),
+        restart_count: slot.restarts as i32,
+        state: Some(state),
+        last_state: Some(slot.last.clone().unwrap_or_default()),
+        container_id: slot.id.as_ref().map(|id| format!("containerd://{id}")),
+        ..ContainerStatus::default()
     }
-    st
 }
 
 /// The pod's status as the kubelet writes it.
@@ -655,13 +676,14 @@ fn pod_status(
     sandbox: &Option<(String, String)>,
     inits: &[Slot],
     slots: &[Slot],
-    started: &str,
-) -> Value {
+    started: &Time,
+) -> PodStatus {
     let initialized = inits.iter().all(|s| s.exited() == Some(0));
     let init_failed = inits.iter().any(|s| s.exited().is_some_and(|c| c != 0));
     let waiting = (!initialized).then_some("PodInitializing");
-    let statuses: Vec<Value> = slots.iter().map(|s| container_status(s, waiting)).collect();
-    let init_statuses: Vec<Value> = inits.iter().map(|s| container_status(s, None)).collect();
+    let statuses = slots.iter().map(|s| container_status(s, waiting)).collect();
+    let init_statuses: Vec<ContainerStatus> =
+        inits.iter().map(|s| container_status(s, None)).collect();
     let all_ready = initialized && !slots.is_empty() && slots.iter().all(Slot::ready);
     let exits: Vec<Option<i32>> = slots.iter().map(Slot::exited).collect();
     let all_done = !slots.is_empty() && exits.iter().all(Option::is_some);
@@ -680,26 +702,33 @@ fn pod_status(
     } else {
         "Pending"
     };
-    let cond = |t: &str, ok: bool| json!({"type": t, "status": if ok { "True" } else { "False" }, "lastProbeTime": null});
+    let cond = |type_: &str, ok: bool| PodCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        ..PodCondition::default()
+    };
     let ip = sandbox
         .as_ref()
         .map(|(_, ip)| ip.clone())
-        .unwrap_or_default();
-    let mut status = json!({
-        "phase": phase,
-        "conditions": [cond("PodReadyToStartContainers", sandbox.is_some()),
-                       cond("Initialized", initialized), cond("Ready", all_ready),
-                       cond("ContainersReady", all_ready), cond("PodScheduled", true)],
-        "hostIP": cfg.node_ip, "hostIPs": [{"ip": cfg.node_ip}],
-        "startTime": started,
-        "containerStatuses": statuses,
-    });
-    if !inits.is_empty() {
-        status["initContainerStatuses"] = json!(init_statuses);
+        .filter(|ip| !ip.is_empty());
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(vec![
+            cond("PodReadyToStartContainers", sandbox.is_some()),
+            cond("Initialized", initialized),
+            cond("Ready", all_ready),
+            cond("ContainersReady", all_ready),
+            cond("PodScheduled", true),
+        ]),
+        host_ip: Some(cfg.node_ip.clone()),
+        host_ips: Some(vec![HostIP {
+            ip: cfg.node_ip.clone(),
+        }]),
+        start_time: Some(started.clone()),
+        container_statuses: Some(statuses),
+        init_container_statuses: (!inits.is_empty()).then_some(init_statuses),
+        pod_ips: ip.clone().map(|ip| vec![PodIP { ip }]),
+        pod_ip: ip,
+        ..PodStatus::default()
     }
-    if !ip.is_empty() {
-        status["podIP"] = json!(ip);
-        status["podIPs"] = json!([{"ip": ip}]);
-    }
-    status
 }

@@ -9,19 +9,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus,
+    Event, EventSource, HostIP, ObjectReference, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use rkube_core::json::str_at as s;
-use serde_json::{json, Value};
+use rkube_core::meta;
+use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::join::Clients;
+use crate::podspec::{pod_containers, spec_str};
 use crate::NodeConfig;
 
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+/// Now, to the second, as the kubelet's status times are.
+pub(crate) fn now() -> Time {
+    let t = Timestamp::now();
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+/// The pod's phase ("" before one is reported).
+pub(crate) fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+/// A status patch of the pod (`{"status": ...}`).
+pub(crate) fn status_patch(status: &PodStatus) -> serde_json::Value {
+    json!({ "status": status })
 }
 
 /// Pod addresses from the node's pod CIDR (an IPv4 /24 or larger): .1 is the node's bridge,
@@ -130,8 +151,8 @@ pub async fn run(
         String::new()
     };
     // uid -> (the pod's node, its worker)
-    let mut workers: HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)> = HashMap::new();
-    let forget = |workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)>,
+    let mut workers: HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Pod>)> = HashMap::new();
+    let forget = |workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Pod>)>,
                   uid: &str| {
         if let Some((shared, _)) = workers.remove(uid) {
             if let Some(ipam) = &shared.ipam {
@@ -157,9 +178,8 @@ pub async fn run(
         let mut rv = list.metadata.resource_version.unwrap_or_default();
         let mut present = std::collections::HashSet::new();
         for pod in list.items {
-            let v = serde_json::to_value(&pod).unwrap_or_default();
-            present.insert(s(&v, "/metadata/uid").to_string());
-            dispatch(&by_name, &mut workers, v);
+            present.insert(meta::uid(&pod.metadata).to_string());
+            dispatch(&by_name, &mut workers, pod);
         }
         // Pods that went while the watch was down.
         let gone: Vec<String> = workers
@@ -188,11 +208,7 @@ pub async fn run(
                 match ev {
                     Ok(WatchEvent::Added(p)) | Ok(WatchEvent::Modified(p)) => {
                         rv = p.metadata.resource_version.clone().unwrap_or(rv);
-                        dispatch(
-                            &by_name,
-                            &mut workers,
-                            serde_json::to_value(&p).unwrap_or_default(),
-                        );
+                        dispatch(&by_name, &mut workers, p);
                     }
                     Ok(WatchEvent::Deleted(p)) => {
                         rv = p.metadata.resource_version.clone().unwrap_or(rv);
@@ -221,16 +237,16 @@ pub async fn run(
 /// nodes not seen before.
 fn dispatch(
     by_name: &HashMap<String, Arc<Shared>>,
-    workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Value>)>,
-    pod: Value,
+    workers: &mut HashMap<String, (Arc<Shared>, mpsc::UnboundedSender<Pod>)>,
+    pod: Pod,
 ) {
-    let uid = s(&pod, "/metadata/uid").to_string();
+    let uid = meta::uid(&pod.metadata).to_string();
     if let Some((_, tx)) = workers.get(&uid) {
         if tx.send(pod.clone()).is_ok() {
             return;
         }
     }
-    let Some(shared) = by_name.get(s(&pod, "/spec/nodeName")) else {
+    let Some(shared) = by_name.get(spec_str(&pod, |s| s.node_name.as_ref())) else {
         return;
     };
     let (tx, rx) = mpsc::unbounded_channel();
@@ -252,26 +268,31 @@ fn dispatch(
 }
 
 /// One pod's worker: takes the newest state of the pod and acts on it.
-async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
+async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Pod>) {
     let mut started = false;
     while let Some(mut pod) = rx.recv().await {
         // Only the newest state matters.
         while let Ok(newer) = rx.try_recv() {
             pod = newer;
         }
-        let phase = s(&pod, "/status/phase");
-        if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        let phase = phase(&pod);
+        let pod_ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .unwrap_or("");
+        if pod.metadata.deletion_timestamp.is_some() {
             terminate(&shared, &pod).await;
             continue;
         }
         if phase == "Succeeded" || phase == "Failed" {
-            shared.sim.forget(s(&pod, "/metadata/uid"));
+            shared.sim.forget(meta::uid(&pod.metadata));
             continue;
         }
-        if phase == "Running" && !s(&pod, "/status/podIP").is_empty() {
+        if phase == "Running" && !pod_ip.is_empty() {
             // Already running (this agent wrote it, before a restart maybe): adopt it.
             if let Some(ipam) = &shared.ipam {
-                ipam.adopt(s(&pod, "/metadata/uid"), s(&pod, "/status/podIP"));
+                ipam.adopt(meta::uid(&pod.metadata), pod_ip);
             }
             started = true;
             shared.sim.observe(&pod);
@@ -288,7 +309,7 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
                 while let Ok(n) = rx.try_recv() {
                     pod = n;
                 }
-                if pod.pointer("/metadata/deletionTimestamp").is_some() {
+                if pod.metadata.deletion_timestamp.is_some() {
                     terminate(&shared, &pod).await;
                     continue;
                 }
@@ -306,7 +327,7 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(pod = s(&pod, "/metadata/name"), error = %e, "reporting the pod running failed; retrying");
+                    tracing::warn!(pod = meta::name(&pod.metadata), error = %e, "reporting the pod running failed; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     if !rx.is_empty() {
                         break;
@@ -319,23 +340,17 @@ async fn worker(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Value>) {
 
 /// The simulated runtime's start: every container runs at once; the status says so. A pod's
 /// claims are resolved first (each must be bound), though nothing is mounted.
-async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
-    let ns = s(pod, "/metadata/namespace");
-    let name = s(pod, "/metadata/name");
-    let uid = s(pod, "/metadata/uid");
+async fn start(shared: &Shared, pod: &Pod) -> anyhow::Result<()> {
+    let ns = meta::namespace(&pod.metadata);
+    let name = meta::name(&pod.metadata);
+    let uid = meta::uid(&pod.metadata);
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(shared.clients.get(), ns);
-    for v in pod
-        .pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let claim = s(v, "/persistentVolumeClaim/claimName");
+    for claim in rkube_core::volume::pod_claims(pod) {
         if claim.is_empty() {
             continue;
         }
-        let pvc = claims.get(claim).await?;
+        let pvc = claims.get(&claim).await?;
         if pvc
             .spec
             .and_then(|s| s.volume_name)
@@ -353,55 +368,101 @@ async fn start(shared: &Shared, pod: &Value) -> anyhow::Result<()> {
     };
     let t = now();
     let scheduled_at = pod
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .and_then(|cs| cs.iter().find(|c| s(c, "/type") == "PodScheduled"))
-        .map(|c| s(c, "/lastTransitionTime").to_string())
-        .filter(|x| !x.is_empty())
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.type_ == "PodScheduled")
+        .and_then(|c| c.last_transition_time.clone())
         .unwrap_or_else(|| t.clone());
-    let container_status = |c: &Value, init: bool| {
-        let image = s(c, "/image");
-        let state = if init {
-            json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": t,
-                                  "finishedAt": t, "containerID": format!("sim://{uid}/{}", s(c, "/name"))}})
-        } else {
-            json!({"running": {"startedAt": t}})
-        };
-        json!({"name": s(c, "/name"), "image": image,
-               "imageID": format!("sim://{image}"),
-               "containerID": format!("sim://{uid}/{}", s(c, "/name")),
-               "ready": !init, "started": !init, "restartCount": 0,
-               "state": state, "lastState": {}})
+    let statuses = |init: bool| -> Vec<ContainerStatus> {
+        pod_containers(pod, init)
+            .map(|c| {
+                let state = if init {
+                    ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: 0,
+                            reason: Some("Completed".into()),
+                            started_at: Some(t.clone()),
+                            finished_at: Some(t.clone()),
+                            container_id: Some(sim_container_id(uid, c)),
+                            ..ContainerStateTerminated::default()
+                        }),
+                        ..ContainerState::default()
+                    }
+                } else {
+                    ContainerState {
+                        running: Some(ContainerStateRunning {
+                            started_at: Some(t.clone()),
+                        }),
+                        ..ContainerState::default()
+                    }
+                };
+                sim_container_status(uid, c, !init, state)
+            })
+            .collect()
     };
-    let list = |key: &str, init: bool| -> Vec<Value> {
-        pod.pointer(&format!("/spec/{key}"))
-            .and_then(Value::as_array)
-            .map(|cs| cs.iter().map(|c| container_status(c, init)).collect())
-            .unwrap_or_default()
+    let cond = |type_: &str, at: &Time| PodCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        last_transition_time: Some(at.clone()),
+        ..PodCondition::default()
     };
-    let cond = |t_: &str, at: &str| json!({"type": t_, "status": "True", "lastProbeTime": null, "lastTransitionTime": at});
-    let mut status = json!({
-        "phase": "Running",
-        "conditions": [cond("PodReadyToStartContainers", &t), cond("Initialized", &t),
-                       cond("Ready", &t), cond("ContainersReady", &t),
-                       cond("PodScheduled", &scheduled_at)],
-        "hostIP": shared.cfg.node_ip, "hostIPs": [{"ip": shared.cfg.node_ip}],
-        "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-        "startTime": t,
-        "containerStatuses": list("containers", false),
-    });
-    let init = list("initContainers", true);
-    if !init.is_empty() {
-        status["initContainerStatuses"] = json!(init);
-    }
+    let init = statuses(true);
+    let status = PodStatus {
+        phase: Some("Running".into()),
+        conditions: Some(vec![
+            cond("PodReadyToStartContainers", &t),
+            cond("Initialized", &t),
+            cond("Ready", &t),
+            cond("ContainersReady", &t),
+            cond("PodScheduled", &scheduled_at),
+        ]),
+        host_ip: Some(shared.cfg.node_ip.clone()),
+        host_ips: Some(vec![HostIP {
+            ip: shared.cfg.node_ip.clone(),
+        }]),
+        pod_ip: Some(pod_ip.clone()),
+        pod_ips: Some(vec![PodIP { ip: pod_ip }]),
+        start_time: Some(t.clone()),
+        container_statuses: Some(statuses(false)),
+        init_container_statuses: (!init.is_empty()).then_some(init),
+        ..PodStatus::default()
+    };
     let api: Api<Pod> = Api::namespaced(shared.clients.get(), ns);
     api.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(&json!({"status": status})),
+        &Patch::Merge(&status_patch(&status)),
     )
     .await?;
     Ok(())
+}
+
+/// A simulated container's id.
+fn sim_container_id(uid: &str, c: &Container) -> String {
+    format!("sim://{uid}/{}", c.name)
+}
+
+/// A simulated container's status in `state` (`running`: ready and started).
+fn sim_container_status(
+    uid: &str,
+    c: &Container,
+    running: bool,
+    state: ContainerState,
+) -> ContainerStatus {
+    let image = c.image.clone().unwrap_or_default();
+    ContainerStatus {
+        name: c.name.clone(),
+        image_id: format!("sim://{image}"),
+        image,
+        container_id: Some(sim_container_id(uid, c)),
+        ready: running,
+        started: Some(running),
+        restart_count: 0,
+        state: Some(state),
+        last_state: Some(ContainerState::default()),
+        ..ContainerStatus::default()
+    }
 }
 
 /// The annotation that gives a simulated pod's containers their exit code (default 0).
@@ -414,19 +475,16 @@ pub const SIM_RUN_SECONDS: &str = "sim.rkube.io/run-seconds";
 /// (restartPolicy Never or OnFailure) and are a Job's or carry [`SIM_EXIT_CODE`], as kwok's
 /// pod-complete stage finishes them. Other pods run until deleted; so does a pod that
 /// fails under OnFailure (its container would be restarted for ever).
-fn simulated_end(pod: &Value) -> Option<(u64, i32)> {
+fn simulated_end(pod: &Pod) -> Option<(u64, i32)> {
     let annotation = |k: &str| {
-        pod.pointer("/metadata/annotations")
+        pod.metadata
+            .annotations
+            .as_ref()
             .and_then(|a| a.get(k))
-            .and_then(Value::as_str)
+            .map(String::as_str)
     };
-    let policy = s(pod, "/spec/restartPolicy");
-    let of_job = pod
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|r| s(r, "/kind") == "Job" && r.get("controller") == Some(&json!(true)));
+    let policy = spec_str(pod, |s| s.restart_policy.as_ref());
+    let of_job = meta::controller_of(&pod.metadata).is_some_and(|r| r.kind == "Job");
     let code = annotation(SIM_EXIT_CODE);
     if !matches!(policy, "Never" | "OnFailure") || !(of_job || code.is_some()) {
         return None;
@@ -443,43 +501,48 @@ fn simulated_end(pod: &Value) -> Option<(u64, i32)> {
 
 /// After `secs`, the simulated pod's containers exit with `code`: the pod is Succeeded or
 /// Failed, as the kubelet reports it.
-async fn finish(shared: Arc<Shared>, pod: Value, (secs, code): (u64, i32)) {
+async fn finish(shared: Arc<Shared>, pod: Pod, (secs, code): (u64, i32)) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    shared.sim.forget(s(&pod, "/metadata/uid"));
     let (ns, name, uid) = (
-        s(&pod, "/metadata/namespace"),
-        s(&pod, "/metadata/name"),
-        s(&pod, "/metadata/uid"),
+        meta::namespace(&pod.metadata),
+        meta::name(&pod.metadata),
+        meta::uid(&pod.metadata),
     );
+    shared.sim.forget(uid);
     let t = now();
     let reason = if code == 0 { "Completed" } else { "Error" };
-    let statuses: Vec<Value> = pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    let statuses: Vec<ContainerStatus> = pod_containers(&pod, false)
         .map(|c| {
-            let image = s(c, "/image");
-            json!({"name": s(c, "/name"), "image": image, "imageID": format!("sim://{image}"),
-                   "containerID": format!("sim://{uid}/{}", s(c, "/name")),
-                   "ready": false, "started": false, "restartCount": 0, "lastState": {},
-                   "state": {"terminated": {"exitCode": code, "reason": reason,
-                       "startedAt": t, "finishedAt": t,
-                       "containerID": format!("sim://{uid}/{}", s(c, "/name"))}}})
+            let state = ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    reason: Some(reason.into()),
+                    started_at: Some(t.clone()),
+                    finished_at: Some(t.clone()),
+                    container_id: Some(sim_container_id(uid, c)),
+                    ..ContainerStateTerminated::default()
+                }),
+                ..ContainerState::default()
+            };
+            sim_container_status(uid, c, false, state)
         })
         .collect();
-    let not_ready = |ty: &str| {
-        json!({"type": ty, "status": "False", "reason": "PodCompleted",
-        "lastProbeTime": null, "lastTransitionTime": t})
+    let not_ready = |type_: &str| PodCondition {
+        type_: type_.into(),
+        status: "False".into(),
+        reason: Some("PodCompleted".into()),
+        last_transition_time: Some(t.clone()),
+        ..PodCondition::default()
     };
-    let status = json!({
-        "phase": if code == 0 { "Succeeded" } else { "Failed" },
-        "conditions": [not_ready("Ready"), not_ready("ContainersReady")],
-        "containerStatuses": statuses,
-    });
+    let status = PodStatus {
+        phase: Some(if code == 0 { "Succeeded" } else { "Failed" }.into()),
+        conditions: Some(vec![not_ready("Ready"), not_ready("ContainersReady")]),
+        container_statuses: Some(statuses),
+        ..PodStatus::default()
+    };
     let api: Api<Pod> = Api::namespaced(shared.clients.get(), ns);
     // Conditions merge by type (strategic merge), as the kubelet's status patch does.
-    let patch = Patch::Strategic(json!({"status": status}));
+    let patch = Patch::Strategic(status_patch(&status));
     for _ in 0..5 {
         match api
             .patch_status(name, &PatchParams::default(), &patch)
@@ -497,32 +560,27 @@ async fn finish(shared: Arc<Shared>, pod: Value, (secs, code): (u64, i32)) {
 
 /// A pod being deleted: stop its containers (a `Killing` event each), report them
 /// terminated, then delete the pod for good.
-async fn terminate(shared: &Shared, pod: &Value) {
-    shared.sim.forget(s(pod, "/metadata/uid"));
+async fn terminate(shared: &Shared, pod: &Pod) {
+    shared.sim.forget(meta::uid(&pod.metadata));
     finish_deletion(&shared.clients, &shared.cfg, pod).await;
     if let Some(ipam) = &shared.ipam {
-        ipam.release(s(pod, "/metadata/uid"));
+        ipam.release(meta::uid(&pod.metadata));
     }
 }
 
 /// After a pod's containers stopped: a `Killing` event each (recorded as the kubelet does when
 /// it stops them), then the pod deleted for good.
-pub(crate) async fn finish_deletion(clients: &Clients, cfg: &NodeConfig, pod: &Value) {
-    let ns = s(pod, "/metadata/namespace");
-    let name = s(pod, "/metadata/name");
-    let uid = s(pod, "/metadata/uid");
+pub(crate) async fn finish_deletion(clients: &Clients, cfg: &NodeConfig, pod: &Pod) {
+    let ns = meta::namespace(&pod.metadata);
+    let name = meta::name(&pod.metadata);
+    let uid = meta::uid(&pod.metadata);
     let client = clients.get();
-    for c in pod
-        .pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for c in pod_containers(pod, false) {
         record(
             &client,
             pod,
             "Killing",
-            &format!("Stopping container {}", s(c, "/name")),
+            &format!("Stopping container {}", c.name),
             "Normal",
             &cfg.name,
         )
@@ -547,30 +605,48 @@ pub(crate) async fn finish_deletion(clients: &Clients, cfg: &NodeConfig, pod: &V
 /// Records an event about a pod, from this node's kubelet.
 pub async fn record(
     client: &kube::Client,
-    pod: &Value,
+    pod: &Pod,
     reason: &str,
     message: &str,
     kind: &str,
     node: &str,
 ) {
-    let ns = s(pod, "/metadata/namespace");
+    let m = &pod.metadata;
+    let ns = meta::namespace(m);
     let t = now();
-    let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let event: Result<Event, _> = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": format!("{}.", s(pod, "/metadata/name")), "namespace": ns},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": ns,
-                           "name": s(pod, "/metadata/name"), "uid": s(pod, "/metadata/uid"),
-                           "resourceVersion": s(pod, "/metadata/resourceVersion")},
-        "reason": reason, "message": message, "type": kind,
-        "source": {"component": "kubelet", "host": node},
-        "reportingComponent": "kubelet", "reportingInstance": node,
-        "firstTimestamp": t, "lastTimestamp": t, "eventTime": micro, "count": 1}));
-    if let Ok(event) = event {
-        let api: Api<Event> = Api::namespaced(client.clone(), ns);
-        if let Err(e) = api.create(&PostParams::default(), &event).await {
-            tracing::debug!(error = %e, "recording an event failed");
-        }
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", meta::name(m))),
+            namespace: Some(ns.to_string()),
+            ..ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(ns.to_string()),
+            name: Some(meta::name(m).to_string()),
+            uid: Some(meta::uid(m).to_string()),
+            resource_version: Some(m.resource_version.clone().unwrap_or_default()),
+            ..ObjectReference::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        type_: Some(kind.into()),
+        source: Some(EventSource {
+            component: Some("kubelet".into()),
+            host: Some(node.into()),
+        }),
+        reporting_component: Some("kubelet".into()),
+        reporting_instance: Some(node.into()),
+        first_timestamp: Some(t.clone()),
+        last_timestamp: Some(t),
+        event_time: Some(MicroTime(Timestamp::now())),
+        count: Some(1),
+        ..Event::default()
+    };
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    if let Err(e) = api.create(&PostParams::default(), &event).await {
+        tracing::debug!(error = %e, "recording an event failed");
     }
 }
 

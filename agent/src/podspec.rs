@@ -6,22 +6,44 @@
 //! reads only the ConfigMaps and Secrets its own pods use (the Node authorizer allows exactly
 //! those).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Volume,
+};
 use kube::api::Api;
-use rkube_core::json::str_at as s;
-use serde_json::Value;
+use rkube_core::meta;
 
 use crate::cri::pb;
 
-fn arr<'a>(v: &'a Value, p: &str) -> Vec<&'a Value> {
-    v.pointer(p)
-        .and_then(Value::as_array)
-        .map(|a| a.iter().collect())
-        .unwrap_or_default()
+/// The pod's volumes.
+pub(crate) fn pod_volumes(pod: &Pod) -> impl Iterator<Item = &Volume> {
+    pod.spec.iter().flat_map(|s| s.volumes.iter().flatten())
+}
+
+/// The pod's containers (`init`: its init containers), in the spec's order.
+pub(crate) fn pod_containers(pod: &Pod, init: bool) -> impl Iterator<Item = &Container> {
+    pod.spec.iter().flat_map(move |s| {
+        if init {
+            s.init_containers.as_deref().unwrap_or_default().iter()
+        } else {
+            s.containers.iter()
+        }
+    })
+}
+
+/// A string field of the pod's spec ("" when the spec or the field is absent).
+pub(crate) fn spec_str(
+    pod: &Pod,
+    field: impl Fn(&k8s_openapi::api::core::v1::PodSpec) -> Option<&String>,
+) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(field)
+        .map(String::as_str)
+        .unwrap_or("")
 }
 
 /// A ConfigMap's or Secret's keys, decoded.
@@ -78,93 +100,131 @@ pub(crate) async fn object_data(
 /// path.
 pub async fn volumes(
     client: &kube::Client,
-    pod: &Value,
+    pod: &Pod,
     root: &Path,
 ) -> Result<HashMap<String, PathBuf>> {
-    let ns = s(pod, "/metadata/namespace");
-    let base = root.join(s(pod, "/metadata/uid")).join("volumes");
+    let ns = meta::namespace(&pod.metadata);
+    let base = root.join(meta::uid(&pod.metadata)).join("volumes");
     let mut out = HashMap::new();
-    for v in arr(pod, "/spec/volumes") {
-        let name = s(v, "/name").to_string();
+    for v in pod_volumes(pod) {
+        let name = v.name.clone();
         let dir = base.join(&name);
-        let path = if v.get("emptyDir").is_some() {
+        let config_map = v
+            .config_map
+            .as_ref()
+            .map(|c| ("configMap", c.name.as_str(), c.optional, c.items.as_deref()));
+        let secret = v.secret.as_ref().map(|c| {
+            let name = c.secret_name.as_deref().unwrap_or("");
+            ("secret", name, c.optional, c.items.as_deref())
+        });
+        let path = if v.empty_dir.is_some() {
             std::fs::create_dir_all(&dir)?;
             dir
-        } else if let Some(hp) = v.get("hostPath") {
-            let p = PathBuf::from(s(hp, "/path"));
-            match s(hp, "/type") {
+        } else if let Some(hp) = &v.host_path {
+            let p = PathBuf::from(&hp.path);
+            match hp.type_.as_deref().unwrap_or("") {
                 "DirectoryOrCreate" => std::fs::create_dir_all(&p)?,
                 "Directory" if !p.is_dir() => bail!("hostPath {} is not a directory", p.display()),
                 _ => {}
             }
             p
-        } else if let Some((kind, src)) = v
-            .get("configMap")
-            .map(|c| ("configMap", c))
-            .or_else(|| v.get("secret").map(|c| ("secret", c)))
-        {
-            let obj = if kind == "configMap" {
-                s(src, "/name")
-            } else {
-                s(src, "/secretName")
-            };
-            let optional = src
-                .get("optional")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
+        } else if let Some((kind, obj, optional, items)) = config_map.or(secret) {
             let data = match object_data(client, ns, kind, obj).await {
                 Ok(d) => d,
-                Err(_) if optional => HashMap::new(),
+                Err(_) if optional.unwrap_or(false) => HashMap::new(),
                 Err(e) => return Err(e),
             };
-            // Written aside and swapped in whole, as the kubelet's atomic writer does.
-            let tmp = base.join(format!(".{name}.tmp"));
-            let _ = std::fs::remove_dir_all(&tmp);
-            std::fs::create_dir_all(&tmp)?;
-            let items = arr(src, "/items");
-            let files: Vec<(String, String)> = if items.is_empty() {
-                data.keys().map(|k| (k.clone(), k.clone())).collect()
-            } else {
-                items
-                    .iter()
-                    .map(|i| (s(i, "/key").to_string(), s(i, "/path").to_string()))
-                    .collect()
-            };
-            for (key, rel) in files {
-                let Some(bytes) = data.get(&key) else {
-                    bail!("{kind} \"{obj}\" has no key {key:?}");
-                };
-                if rel.contains("..") || rel.starts_with('/') {
-                    bail!("volume {name}: path {rel:?} must be relative and may not contain '..'");
-                }
-                let file = tmp.join(&rel);
-                if let Some(parent) = file.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
-                std::fs::write(&file, bytes)?;
-            }
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::rename(&tmp, &dir)?;
+            write_keys(&base, &name, kind, obj, &data, items.unwrap_or_default())?;
             dir
-        } else if let Some(claim) = v.get("persistentVolumeClaim") {
-            claim_directory(client, ns, s(claim, "/claimName"))
+        } else if let Some(claim) = &v.persistent_volume_claim {
+            claim_directory(client, ns, &claim.claim_name)
                 .await
                 .with_context(|| format!("MountVolume.SetUp failed for volume {name:?}"))?
-        } else if v.get("projected").is_some() {
-            crate::projected::project(client, pod, v, &dir)
+        } else if let Some(projected) = &v.projected {
+            crate::projected::project(client, pod, projected, &dir)
                 .await
                 .with_context(|| format!("MountVolume.SetUp failed for volume {name:?}"))?;
             dir
         } else {
-            let kind = v
-                .as_object()
-                .and_then(|o| o.keys().find(|k| k.as_str() != "name").cloned())
-                .unwrap_or_default();
+            let kind = unsupported_kind(v);
             bail!("volume {name}: {kind} volumes are not supported by this agent yet");
         };
         out.insert(name, path);
     }
     Ok(out)
+}
+
+/// Writes a ConfigMap's or Secret's keys (all, or the `items` named) into the volume `name`
+/// under `base`: written aside and swapped in whole, as the kubelet's atomic writer does.
+fn write_keys(
+    base: &Path,
+    name: &str,
+    kind: &str,
+    obj: &str,
+    data: &HashMap<String, Vec<u8>>,
+    items: &[KeyToPath],
+) -> Result<()> {
+    let tmp = base.join(format!(".{name}.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let files: Vec<(&str, &str)> = if items.is_empty() {
+        data.keys().map(|k| (k.as_str(), k.as_str())).collect()
+    } else {
+        items
+            .iter()
+            .map(|i| (i.key.as_str(), i.path.as_str()))
+            .collect()
+    };
+    for (key, rel) in files {
+        let Some(bytes) = data.get(key) else {
+            bail!("{kind} \"{obj}\" has no key {key:?}");
+        };
+        if rel.contains("..") || rel.starts_with('/') {
+            bail!("volume {name}: path {rel:?} must be relative and may not contain '..'");
+        }
+        let file = tmp.join(rel);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&file, bytes)?;
+    }
+    let dir = base.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::rename(&tmp, &dir)?;
+    Ok(())
+}
+
+/// The API's name of a volume source this agent does not make ("" when it names none).
+fn unsupported_kind(v: &Volume) -> &'static str {
+    [
+        ("awsElasticBlockStore", v.aws_elastic_block_store.is_some()),
+        ("azureDisk", v.azure_disk.is_some()),
+        ("azureFile", v.azure_file.is_some()),
+        ("cephfs", v.cephfs.is_some()),
+        ("cinder", v.cinder.is_some()),
+        ("csi", v.csi.is_some()),
+        ("downwardAPI", v.downward_api.is_some()),
+        ("ephemeral", v.ephemeral.is_some()),
+        ("fc", v.fc.is_some()),
+        ("flexVolume", v.flex_volume.is_some()),
+        ("flocker", v.flocker.is_some()),
+        ("gcePersistentDisk", v.gce_persistent_disk.is_some()),
+        ("gitRepo", v.git_repo.is_some()),
+        ("glusterfs", v.glusterfs.is_some()),
+        ("image", v.image.is_some()),
+        ("iscsi", v.iscsi.is_some()),
+        ("nfs", v.nfs.is_some()),
+        ("photonPersistentDisk", v.photon_persistent_disk.is_some()),
+        ("portworxVolume", v.portworx_volume.is_some()),
+        ("quobyte", v.quobyte.is_some()),
+        ("rbd", v.rbd.is_some()),
+        ("scaleIO", v.scale_io.is_some()),
+        ("storageos", v.storageos.is_some()),
+        ("vsphereVolume", v.vsphere_volume.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(kind, set)| set.then_some(kind))
+    .unwrap_or("")
 }
 
 /// The directory of a PersistentVolumeClaim's volume on this node: the bound volume's
@@ -214,76 +274,68 @@ async fn claim_directory(client: &kube::Client, ns: &str, claim: &str) -> Result
 }
 
 /// The pod's volumes that every container mounts read-only (a claim marked readOnly).
-pub fn read_only_volumes(pod: &Value) -> std::collections::HashSet<String> {
-    arr(pod, "/spec/volumes")
-        .iter()
+pub fn read_only_volumes(pod: &Pod) -> HashSet<String> {
+    pod_volumes(pod)
         .filter(|v| {
-            v.pointer("/persistentVolumeClaim/readOnly")
-                .and_then(Value::as_bool)
+            v.persistent_volume_claim
+                .as_ref()
+                .and_then(|c| c.read_only)
                 .unwrap_or(false)
         })
-        .map(|v| s(v, "/name").to_string())
+        .map(|v| v.name.clone())
         .collect()
 }
 
 /// The container's mounts of the pod's volumes (read-only where the mount or the volume says).
 pub fn mounts(
-    container: &Value,
+    container: &Container,
     volumes: &HashMap<String, PathBuf>,
-    read_only: &std::collections::HashSet<String>,
+    read_only: &HashSet<String>,
 ) -> Result<Vec<pb::Mount>> {
-    arr(container, "/volumeMounts")
-        .into_iter()
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
         .map(|m| {
-            let name = s(m, "/name");
+            let name = m.name.as_str();
             let host = volumes
                 .get(name)
                 .ok_or_else(|| anyhow!("volumeMount {name:?} names no volume of the pod"))?;
-            let sub = s(m, "/subPath");
-            let host = if sub.is_empty() {
-                host.clone()
-            } else {
-                host.join(sub)
+            let host = match m.sub_path.as_deref().unwrap_or("") {
+                "" => host.clone(),
+                sub => host.join(sub),
             };
             Ok(pb::Mount {
-                container_path: s(m, "/mountPath").to_string(),
+                container_path: m.mount_path.clone(),
                 host_path: host.display().to_string(),
-                readonly: m.get("readOnly").and_then(Value::as_bool).unwrap_or(false)
-                    || read_only.contains(name),
+                readonly: m.read_only.unwrap_or(false) || read_only.contains(name),
             })
         })
         .collect()
 }
 
 /// A downward API field of the pod.
-pub(crate) fn field(pod: &Value, path: &str, pod_ip: &str) -> Result<String> {
+pub(crate) fn field(pod: &Pod, path: &str, pod_ip: &str) -> Result<String> {
+    let m = &pod.metadata;
+    let map_key = |map: Option<&std::collections::BTreeMap<String, String>>, prefix: &str| {
+        let key = path.trim_start_matches(prefix).trim_end_matches("']");
+        map.and_then(|l| l.get(key)).cloned().unwrap_or_default()
+    };
     Ok(match path {
-        "metadata.name" => s(pod, "/metadata/name").into(),
-        "metadata.namespace" => s(pod, "/metadata/namespace").into(),
-        "metadata.uid" => s(pod, "/metadata/uid").into(),
-        "spec.nodeName" => s(pod, "/spec/nodeName").into(),
-        "spec.serviceAccountName" => s(pod, "/spec/serviceAccountName").into(),
+        "metadata.name" => meta::name(m).into(),
+        "metadata.namespace" => meta::namespace(m).into(),
+        "metadata.uid" => meta::uid(m).into(),
+        "spec.nodeName" => spec_str(pod, |s| s.node_name.as_ref()).into(),
+        "spec.serviceAccountName" => spec_str(pod, |s| s.service_account_name.as_ref()).into(),
         "status.podIP" => pod_ip.into(),
-        "status.hostIP" => s(pod, "/status/hostIP").into(),
-        p if p.starts_with("metadata.labels['") => {
-            let key = p
-                .trim_start_matches("metadata.labels['")
-                .trim_end_matches("']");
-            pod.pointer("/metadata/labels")
-                .and_then(|l| l.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .into()
-        }
+        "status.hostIP" => pod
+            .status
+            .as_ref()
+            .and_then(|s| s.host_ip.clone())
+            .unwrap_or_default(),
+        p if p.starts_with("metadata.labels['") => map_key(m.labels.as_ref(), "metadata.labels['"),
         p if p.starts_with("metadata.annotations['") => {
-            let key = p
-                .trim_start_matches("metadata.annotations['")
-                .trim_end_matches("']");
-            pod.pointer("/metadata/annotations")
-                .and_then(|a| a.get(key))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .into()
+            map_key(m.annotations.as_ref(), "metadata.annotations['")
         }
         other => bail!("fieldRef {other:?} is not supported"),
     })
@@ -366,30 +418,26 @@ async fn kubernetes_service_env(client: &kube::Client) -> Vec<(String, String)> 
 /// then envFrom, then env (later wins).
 pub async fn env(
     client: &kube::Client,
-    pod: &Value,
-    container: &Value,
+    pod: &Pod,
+    container: &Container,
     pod_ip: &str,
 ) -> Result<Vec<pb::KeyValue>> {
-    let ns = s(pod, "/metadata/namespace");
+    let ns = meta::namespace(&pod.metadata);
     let mut out: Vec<(String, String)> = kubernetes_service_env(client).await;
     let set = |k: String, v: String, out: &mut Vec<(String, String)>| {
         out.retain(|(x, _)| *x != k);
         out.push((k, v));
     };
-    for from in arr(container, "/envFrom") {
-        let prefix = s(from, "/prefix");
-        let (kind, src) = match (from.get("configMapRef"), from.get("secretRef")) {
-            (Some(c), _) => ("configMap", c),
-            (_, Some(c)) => ("secret", c),
+    for from in container.env_from.iter().flatten() {
+        let prefix = from.prefix.as_deref().unwrap_or("");
+        let (kind, name, optional) = match (&from.config_map_ref, &from.secret_ref) {
+            (Some(c), _) => ("configMap", &c.name, c.optional),
+            (_, Some(c)) => ("secret", &c.name, c.optional),
             _ => continue,
         };
-        let optional = src
-            .get("optional")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let data = match object_data(client, ns, kind, s(src, "/name")).await {
+        let data = match object_data(client, ns, kind, name).await {
             Ok(d) => d,
-            Err(_) if optional => continue,
+            Err(_) if optional.unwrap_or(false) => continue,
             Err(e) => return Err(e),
         };
         let mut keys: Vec<_> = data.into_iter().collect();
@@ -402,27 +450,29 @@ pub async fn env(
             );
         }
     }
-    for e in arr(container, "/env") {
-        let name = s(e, "/name").to_string();
-        let value = match e.get("valueFrom") {
-            None => s(e, "/value").to_string(),
+    for e in container.env.iter().flatten() {
+        let name = e.name.clone();
+        let value = match &e.value_from {
+            None => e.value.clone().unwrap_or_default(),
             Some(from) => {
-                if let Some(f) = from.get("fieldRef") {
-                    field(pod, s(f, "/fieldPath"), pod_ip)?
-                } else if let Some((kind, r)) = from
-                    .get("configMapKeyRef")
-                    .map(|r| ("configMap", r))
-                    .or_else(|| from.get("secretKeyRef").map(|r| ("secret", r)))
-                {
-                    let optional = r.get("optional").and_then(Value::as_bool).unwrap_or(false);
-                    let key = s(r, "/key");
-                    match object_data(client, ns, kind, s(r, "/name")).await {
+                let key_ref = from
+                    .config_map_key_ref
+                    .as_ref()
+                    .map(|r| ("configMap", &r.name, &r.key, r.optional))
+                    .or_else(|| {
+                        from.secret_key_ref
+                            .as_ref()
+                            .map(|r| ("secret", &r.name, &r.key, r.optional))
+                    });
+                if let Some(f) = &from.field_ref {
+                    field(pod, &f.field_path, pod_ip)?
+                } else if let Some((kind, obj, key, optional)) = key_ref {
+                    let optional = optional.unwrap_or(false);
+                    match object_data(client, ns, kind, obj).await {
                         Ok(d) => match d.get(key) {
                             Some(v) => String::from_utf8_lossy(v).into(),
                             None if optional => continue,
-                            None => {
-                                bail!("couldn't find key {key} in {kind} {}/{}", ns, s(r, "/name"))
-                            }
+                            None => bail!("couldn't find key {key} in {kind} {ns}/{obj}"),
                         },
                         Err(_) if optional => continue,
                         Err(e) => return Err(e),

@@ -6,22 +6,21 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::cri::Cri;
 
-fn int(v: &Value, key: &str, default: i64) -> i64 {
-    v.get(key).and_then(Value::as_i64).unwrap_or(default)
-}
-
 /// One probe of one container, and what it concluded so far.
 pub struct Probe {
-    spec: Value,
+    spec: k8s_openapi::api::core::v1::Probe,
+    /// The probe's action, in the shape a lifecycle hook has.
+    handler: LifecycleHandler,
     /// The container's spec (its named ports).
-    container: Value,
+    container: Container,
     next: Instant,
-    successes: i64,
-    failures: i64,
+    successes: i32,
+    failures: i32,
     /// The current verdict (readiness starts false, liveness true).
     pub ok: bool,
 }
@@ -30,10 +29,21 @@ pub struct Probe {
 pub type Outcome = Result<(), String>;
 
 impl Probe {
-    pub fn new(spec: &Value, container: &Value, started: Instant, initially: bool) -> Probe {
-        let delay = int(spec, "initialDelaySeconds", 0).max(0) as u64;
+    pub fn new(
+        spec: &k8s_openapi::api::core::v1::Probe,
+        container: &Container,
+        started: Instant,
+        initially: bool,
+    ) -> Probe {
+        let delay = spec.initial_delay_seconds.unwrap_or(0).max(0) as u64;
         Probe {
             spec: spec.clone(),
+            handler: LifecycleHandler {
+                exec: spec.exec.clone(),
+                http_get: spec.http_get.clone(),
+                tcp_socket: spec.tcp_socket.clone(),
+                sleep: None,
+            },
             container: container.clone(),
             next: started + Duration::from_secs(delay),
             successes: 0,
@@ -48,11 +58,11 @@ impl Probe {
         if now < self.next {
             return None;
         }
-        let period = int(&self.spec, "periodSeconds", 10).max(1) as u64;
+        let period = self.spec.period_seconds.unwrap_or(10).max(1) as u64;
         self.next = now + Duration::from_secs(period);
-        let timeout = Duration::from_secs(int(&self.spec, "timeoutSeconds", 1).max(1) as u64);
+        let timeout = Duration::from_secs(self.spec.timeout_seconds.unwrap_or(1).max(1) as u64);
         let outcome = run(
-            &self.spec,
+            &self.handler,
             &self.container,
             cri,
             container_id,
@@ -63,13 +73,13 @@ impl Probe {
         if outcome.is_ok() {
             self.failures = 0;
             self.successes += 1;
-            if self.successes >= int(&self.spec, "successThreshold", 1).max(1) {
+            if self.successes >= self.spec.success_threshold.unwrap_or(1).max(1) {
                 self.ok = true;
             }
         } else {
             self.successes = 0;
             self.failures += 1;
-            if self.failures >= int(&self.spec, "failureThreshold", 3).max(1) {
+            if self.exhausted() {
                 self.ok = false;
             }
         }
@@ -78,52 +88,46 @@ impl Probe {
 
     /// Failed `failureThreshold` times in a row (a startup probe that gives up).
     pub fn exhausted(&self) -> bool {
-        self.failures >= int(&self.spec, "failureThreshold", 3).max(1)
+        self.failures >= self.spec.failure_threshold.unwrap_or(3).max(1)
     }
 }
 
 /// A handler's port: a number, or the name of one of the container's ports.
-fn port_of(handler: &Value, container: &Value) -> Result<u16, String> {
-    match handler.get("port") {
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .filter(|p| (1..=65535).contains(p))
-            .map(|p| p as u16)
+fn port_of(port: &IntOrString, container: &Container) -> Result<u16, String> {
+    match port {
+        IntOrString::Int(n) => u16::try_from(*n)
+            .ok()
+            .filter(|p| *p != 0)
             .ok_or_else(|| format!("invalid port {n}")),
-        Some(Value::String(name)) => container
-            .get("ports")
-            .and_then(Value::as_array)
-            .and_then(|ports| {
-                ports
-                    .iter()
-                    .find(|p| p.get("name").and_then(Value::as_str) == Some(name))
-            })
-            .and_then(|p| p.get("containerPort").and_then(Value::as_u64))
-            .map(|p| p as u16)
+        IntOrString::String(name) => container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_ref() == Some(name))
+            .map(|p| p.container_port as u16)
             .or_else(|| name.parse().ok())
             .ok_or_else(|| format!("couldn't find port {name:?} in the container's ports")),
-        _ => Err("the handler names no port".into()),
     }
 }
 
 /// Runs a probe's or a lifecycle hook's handler once.
 pub async fn run(
-    spec: &Value,
-    container: &Value,
+    handler: &LifecycleHandler,
+    container: &Container,
     cri: &Cri,
     id: &str,
     pod_ip: &str,
     timeout: Duration,
 ) -> Outcome {
-    if let Some(h) = spec.get("sleep") {
-        let secs = int(h, "seconds", 0).max(0) as u64;
+    if let Some(h) = &handler.sleep {
+        let secs = h.seconds.max(0) as u64;
         tokio::time::sleep(Duration::from_secs(secs).min(timeout)).await;
         return Ok(());
     }
-    if let Some(h) = spec.get("httpGet") {
-        let port = port_of(h, container)?;
-        let path = h.get("path").and_then(Value::as_str).unwrap_or("/");
-        let host = match h.get("host").and_then(Value::as_str) {
+    if let Some(h) = &handler.http_get {
+        let port = port_of(&h.port, container)?;
+        let path = h.path.as_deref().unwrap_or("/");
+        let host = match h.host.as_deref() {
             Some(x) if !x.is_empty() => x.to_string(),
             _ => pod_ip.to_string(),
         };
@@ -151,8 +155,8 @@ pub async fn run(
             Err(format!("HTTP probe failed with statuscode: {code}"))
         };
     }
-    if let Some(h) = spec.get("tcpSocket") {
-        let port = port_of(h, container)?;
+    if let Some(h) = &handler.tcp_socket {
+        let port = port_of(&h.port, container)?;
         return match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((pod_ip, port)))
             .await
         {
@@ -161,16 +165,8 @@ pub async fn run(
             Err(_) => Err(format!("dial tcp {pod_ip}:{port}: i/o timeout")),
         };
     }
-    if let Some(h) = spec.get("exec") {
-        let cmd: Vec<String> = h
-            .get("command")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+    if let Some(h) = &handler.exec {
+        let cmd = h.command.clone().unwrap_or_default();
         return match cri.exec_sync(id, cmd, timeout.as_secs() as i64).await {
             Ok(0) => Ok(()),
             Ok(code) => Err(format!("command exited with {code}")),
@@ -186,12 +182,27 @@ mod tests {
 
     #[test]
     fn ports_are_numbers_or_the_container_s_port_names() {
-        let c = serde_json::json!({"ports": [{"name": "http", "containerPort": 8080}]});
-        assert_eq!(port_of(&serde_json::json!({"port": 81}), &c), Ok(81));
-        assert_eq!(port_of(&serde_json::json!({"port": "http"}), &c), Ok(8080));
-        assert!(port_of(&serde_json::json!({"port": "grpc"}), &c)
-            .unwrap_err()
-            .contains("couldn't find port"));
-        assert!(port_of(&serde_json::json!({"port": 0}), &c).is_err());
+        let c: Container = serde_json::from_value(
+            serde_json::json!({"name": "web", "ports": [{"name": "http", "containerPort": 8080}]}),
+        )
+        .unwrap();
+        let cases: [(IntOrString, Result<u16, &str>); 5] = [
+            (IntOrString::Int(81), Ok(81)),
+            (IntOrString::String("http".into()), Ok(8080)),
+            (IntOrString::String("82".into()), Ok(82)),
+            (
+                IntOrString::String("grpc".into()),
+                Err("couldn't find port"),
+            ),
+            (IntOrString::Int(0), Err("invalid port 0")),
+        ];
+        for (port, want) in cases {
+            match (port_of(&port, &c), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{port:?}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{port:?}: {got}"),
+                (got, want) => panic!("{port:?}: {got:?}, want {want:?}"),
+            }
+        }
+        assert!(port_of(&IntOrString::Int(70000), &c).is_err());
     }
 }

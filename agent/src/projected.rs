@@ -20,10 +20,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::Engine;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{
+    KeyToPath, Pod, ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection,
+};
 use kube::api::{Api, PostParams};
-use rkube_core::json::str_at as s;
-use serde_json::Value;
+use rkube_core::meta;
+
+use crate::podspec::{pod_volumes, spec_str};
 
 /// The symlink to the current files.
 const DATA: &str = "..data";
@@ -35,41 +38,26 @@ const MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 /// One file of the volume: its path under the volume, content and mode.
 type Files = BTreeMap<String, (Vec<u8>, u32)>;
 
-fn items(v: &Value, p: &str) -> Vec<Value> {
-    v.pointer(p)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+fn mode(mode: Option<i32>, default: u32) -> u32 {
+    mode.map(|m| m as u32).unwrap_or(default)
 }
 
-fn mode(v: &Value, default: u32) -> u32 {
-    v.get("mode")
-        .and_then(Value::as_u64)
-        .map(|m| m as u32)
-        .unwrap_or(default)
-}
-
-/// Adds a ConfigMap's or Secret's keys (all, or the items named) to `files`.
+/// Adds a ConfigMap's or Secret's keys (all, or the `listed` ones) to `files`.
 async fn object_files(
     client: &kube::Client,
-    pod: &Value,
+    pod: &Pod,
     kind: &str,
-    source: &Value,
+    (name, optional, listed): (&str, Option<bool>, &[KeyToPath]),
     default_mode: u32,
     files: &mut Files,
 ) -> Result<()> {
-    let ns = s(pod, "/metadata/namespace");
-    let name = s(source, "/name");
-    let optional = source
-        .get("optional")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let ns = meta::namespace(&pod.metadata);
+    let optional = optional.unwrap_or(false);
     let data = match crate::podspec::object_data(client, ns, kind, name).await {
         Ok(d) => d,
         Err(_) if optional => return Ok(()),
         Err(e) => return Err(e),
     };
-    let listed = items(source, "/items");
     if listed.is_empty() {
         for (k, v) in data {
             files.insert(k, (v, default_mode));
@@ -77,12 +65,12 @@ async fn object_files(
         return Ok(());
     }
     for item in listed {
-        let key = s(&item, "/key");
+        let key = item.key.as_str();
         match data.get(key) {
             Some(bytes) => {
                 files.insert(
-                    s(&item, "/path").to_string(),
-                    (bytes.clone(), mode(&item, default_mode)),
+                    item.path.clone(),
+                    (bytes.clone(), mode(item.mode, default_mode)),
                 );
             }
             None if optional => {}
@@ -96,28 +84,31 @@ async fn object_files(
     Ok(())
 }
 
-/// A bound token for the pod's ServiceAccount, as the TokenRequest API answers it: the token
-/// and its lifetime in seconds.
-async fn request_token(client: &kube::Client, pod: &Value, source: &Value) -> Result<String> {
-    let ns = s(pod, "/metadata/namespace");
-    let sa = match s(pod, "/spec/serviceAccountName") {
+/// A bound token for the pod's ServiceAccount, as the TokenRequest API answers it.
+async fn request_token(
+    client: &kube::Client,
+    pod: &Pod,
+    source: &ServiceAccountTokenProjection,
+) -> Result<String> {
+    let ns = meta::namespace(&pod.metadata);
+    let sa = match spec_str(pod, |s| s.service_account_name.as_ref()) {
         "" => "default",
         name => name,
     };
-    let audience = s(source, "/audience");
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: if audience.is_empty() {
-                Vec::new()
-            } else {
-                vec![audience.to_string()]
-            },
-            expiration_seconds: source.get("expirationSeconds").and_then(Value::as_i64),
+            audiences: source
+                .audience
+                .iter()
+                .filter(|a| !a.is_empty())
+                .cloned()
+                .collect(),
+            expiration_seconds: source.expiration_seconds,
             bound_object_ref: Some(BoundObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Pod".into()),
-                name: Some(s(pod, "/metadata/name").to_string()),
-                uid: Some(s(pod, "/metadata/uid").to_string()),
+                name: Some(meta::name(&pod.metadata).to_string()),
+                uid: Some(meta::uid(&pod.metadata).to_string()),
             }),
         },
         ..TokenRequest::default()
@@ -134,36 +125,43 @@ async fn request_token(client: &kube::Client, pod: &Value, source: &Value) -> Re
 }
 
 /// Everything the volume holds, read afresh.
-pub async fn files(client: &kube::Client, pod: &Value, projected: &Value) -> Result<Files> {
-    let default_mode = projected
-        .get("defaultMode")
-        .and_then(Value::as_u64)
-        .map(|m| m as u32)
-        .unwrap_or(0o644);
+pub async fn files(
+    client: &kube::Client,
+    pod: &Pod,
+    projected: &ProjectedVolumeSource,
+) -> Result<Files> {
+    let default_mode = mode(projected.default_mode, 0o644);
     let mut files = Files::new();
-    for source in items(projected, "/sources") {
-        if let Some(token) = source.get("serviceAccountToken") {
+    for source in projected.sources.iter().flatten() {
+        if let Some(token) = &source.service_account_token {
             let t = request_token(client, pod, token).await?;
-            files.insert(
-                s(token, "/path").to_string(),
-                (t.into_bytes(), default_mode),
+            files.insert(token.path.clone(), (t.into_bytes(), default_mode));
+        } else if let Some(cm) = &source.config_map {
+            let what = (
+                cm.name.as_str(),
+                cm.optional,
+                cm.items.as_deref().unwrap_or_default(),
             );
-        } else if let Some(cm) = source.get("configMap") {
-            object_files(client, pod, "configMap", cm, default_mode, &mut files).await?;
-        } else if let Some(secret) = source.get("secret") {
-            object_files(client, pod, "secret", secret, default_mode, &mut files).await?;
-        } else if let Some(d) = source.get("downwardAPI") {
-            for item in items(d, "/items") {
-                let value = match item.pointer("/fieldRef/fieldPath").and_then(Value::as_str) {
-                    Some(path) => crate::podspec::field(pod, path, "")?,
+            object_files(client, pod, "configMap", what, default_mode, &mut files).await?;
+        } else if let Some(secret) = &source.secret {
+            let what = (
+                secret.name.as_str(),
+                secret.optional,
+                secret.items.as_deref().unwrap_or_default(),
+            );
+            object_files(client, pod, "secret", what, default_mode, &mut files).await?;
+        } else if let Some(d) = &source.downward_api {
+            for item in d.items.iter().flatten() {
+                let value = match &item.field_ref {
+                    Some(f) => crate::podspec::field(pod, &f.field_path, "")?,
                     None => bail!(
                         "downwardAPI item {:?}: only fieldRef is supported by this agent yet",
-                        s(&item, "/path")
+                        item.path
                     ),
                 };
                 files.insert(
-                    s(&item, "/path").to_string(),
-                    (value.into_bytes(), mode(&item, default_mode)),
+                    item.path.clone(),
+                    (value.into_bytes(), mode(item.mode, default_mode)),
                 );
             }
         } else {
@@ -229,11 +227,13 @@ pub fn write_atomically(dir: &Path, files: &Files) -> Result<()> {
     Ok(())
 }
 
-/// Fills in the projected volume `volume` of `pod` at `dir`.
-pub async fn project(client: &kube::Client, pod: &Value, volume: &Value, dir: &Path) -> Result<()> {
-    let projected = volume
-        .get("projected")
-        .ok_or_else(|| anyhow!("not a projected volume"))?;
+/// Fills in the projected volume `projected` of `pod` at `dir`.
+pub async fn project(
+    client: &kube::Client,
+    pod: &Pod,
+    projected: &ProjectedVolumeSource,
+    dir: &Path,
+) -> Result<()> {
     let files = files(client, pod, projected).await?;
     write_atomically(dir, &files)
 }
@@ -253,29 +253,34 @@ pub fn token_times(token: &str) -> Option<(i64, i64)> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
-    let claims: Value = serde_json::from_slice(&bytes).ok()?;
-    Some((claims.get("iat")?.as_i64()?, claims.get("exp")?.as_i64()?))
+    /// The two claims read; the others are ignored.
+    #[derive(serde::Deserialize)]
+    struct Times {
+        iat: i64,
+        exp: i64,
+    }
+    let claims: Times = serde_json::from_slice(&bytes).ok()?;
+    Some((claims.iat, claims.exp))
 }
 
-/// The projected volumes of `pod` holding a token, with their directories under `root`.
-fn token_volumes<'a>(pod: &'a Value, root: &Path) -> Vec<(&'a Value, PathBuf, Vec<String>)> {
-    let base = root.join(s(pod, "/metadata/uid")).join("volumes");
-    pod.pointer("/spec/volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+/// The projected volumes of `pod` holding a token: the volume's name and source, its
+/// directory under `root` and the tokens' paths in it.
+fn token_volumes<'a>(
+    pod: &'a Pod,
+    root: &Path,
+) -> Vec<(&'a str, &'a ProjectedVolumeSource, PathBuf, Vec<&'a str>)> {
+    let base = root.join(meta::uid(&pod.metadata)).join("volumes");
+    pod_volumes(pod)
         .filter_map(|v| {
-            let paths: Vec<String> = v
-                .pointer("/projected/sources")
-                .and_then(Value::as_array)?
+            let projected = v.projected.as_ref()?;
+            let paths: Vec<&str> = projected
+                .sources
                 .iter()
-                .filter_map(|src| {
-                    src.pointer("/serviceAccountToken/path")
-                        .and_then(Value::as_str)
-                })
-                .map(str::to_string)
+                .flatten()
+                .filter_map(|src| src.service_account_token.as_ref())
+                .map(|t| t.path.as_str())
                 .collect();
-            (!paths.is_empty()).then(|| (v, base.join(s(v, "/name")), paths))
+            (!paths.is_empty()).then(|| (v.name.as_str(), projected, base.join(&v.name), paths))
         })
         .collect()
 }
@@ -283,8 +288,9 @@ fn token_volumes<'a>(pod: &'a Value, root: &Path) -> Vec<(&'a Value, PathBuf, Ve
 /// Renews the tokens of the pod's projected volumes that are due (volumes not made yet are
 /// left to the container's start). A failure keeps the current files and is tried again at
 /// the next call.
-pub async fn renew_due(client: &kube::Client, pod: &Value, root: &Path, now: SystemTime) {
-    for (volume, dir, paths) in token_volumes(pod, root) {
+pub async fn renew_due(client: &kube::Client, pod: &Pod, root: &Path, now: SystemTime) {
+    let pod_name = meta::name(&pod.metadata);
+    for (volume, projected, dir, paths) in token_volumes(pod, root) {
         if std::fs::symlink_metadata(dir.join(DATA)).is_err() {
             continue;
         }
@@ -297,13 +303,9 @@ pub async fn renew_due(client: &kube::Client, pod: &Value, root: &Path, now: Sys
         if !due {
             continue;
         }
-        match project(client, pod, volume, &dir).await {
-            Ok(()) => tracing::info!(
-                pod = s(pod, "/metadata/name"),
-                volume = s(volume, "/name"),
-                "renewed the service account token"
-            ),
-            Err(e) => tracing::warn!(pod = s(pod, "/metadata/name"), volume = s(volume, "/name"),
+        match project(client, pod, projected, &dir).await {
+            Ok(()) => tracing::info!(pod = pod_name, volume, "renewed the service account token"),
+            Err(e) => tracing::warn!(pod = pod_name, volume,
                 error = %format!("{e:#}"), "renewing the service account token failed; keeping the current one"),
         }
     }

@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use chrono::{DateTime, Utc};
-use rkube_core::json::str_at as s;
+use k8s_openapi::api::core::v1::Pod;
+use rkube_core::meta;
 use rkube_core::quantity::{parse_quantity, NANO};
 use serde_json::{json, Value};
 
@@ -60,12 +61,13 @@ pub struct SimUsage {
     pods: Mutex<HashMap<String, SimPod>>,
 }
 
-fn quantity(pod: &Value, annotation: &str, default: &str) -> u64 {
+fn quantity(pod: &Pod, annotation: &str, default: &str) -> u64 {
     let given = pod
-        .pointer("/metadata/annotations")
+        .metadata
+        .annotations
+        .as_ref()
         .and_then(|a| a.get(annotation))
-        .and_then(Value::as_str)
-        .and_then(parse_quantity);
+        .and_then(|q| parse_quantity(q));
     let q = given.or_else(|| parse_quantity(default)).unwrap_or(0);
     u64::try_from(q.max(0)).unwrap_or(u64::MAX)
 }
@@ -73,8 +75,8 @@ fn quantity(pod: &Value, annotation: &str, default: &str) -> u64 {
 impl SimUsage {
     /// A running simulated pod's newest state: its usage from now on is what its annotations
     /// say.
-    pub fn observe(&self, pod: &Value) {
-        let uid = s(pod, "/metadata/uid").to_string();
+    pub fn observe(&self, pod: &Pod) {
+        let uid = meta::uid(&pod.metadata).to_string();
         let nanocores = quantity(pod, SIM_CPU, SIM_DEFAULT_CPU);
         let memory = quantity(pod, SIM_MEMORY, SIM_DEFAULT_MEMORY) / NANO as u64;
         let now = Instant::now();
@@ -86,19 +88,15 @@ impl SimUsage {
             p.memory = memory;
             return;
         }
-        let containers = pod
-            .pointer("/spec/containers")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .map(|c| s(c, "/name").to_string())
+        let containers = crate::podspec::pod_containers(pod, false)
+            .map(|c| c.name.clone())
             .collect();
         pods.insert(
             uid,
             SimPod {
-                node: s(pod, "/spec/nodeName").to_string(),
-                namespace: s(pod, "/metadata/namespace").to_string(),
-                name: s(pod, "/metadata/name").to_string(),
+                node: crate::podspec::spec_str(pod, |s| s.node_name.as_ref()).to_string(),
+                namespace: meta::namespace(&pod.metadata).to_string(),
+                name: meta::name(&pod.metadata).to_string(),
                 containers,
                 started: Utc::now(),
                 nanocores,
@@ -263,13 +261,17 @@ pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
 mod tests {
     use super::*;
 
-    fn pod(uid: &str, cpu: Option<&str>) -> Value {
-        let mut p = json!({
+    fn pod(uid: &str, cpu: Option<&str>) -> Pod {
+        let mut p: Pod = serde_json::from_value(json!({
             "metadata": {"namespace": "default", "name": "web", "uid": uid, "annotations": {}},
             "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}]},
-        });
+        }))
+        .unwrap();
         if let Some(c) = cpu {
-            p["metadata"]["annotations"][SIM_CPU] = json!(c);
+            p.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(SIM_CPU.into(), c.into());
         }
         p
     }
@@ -299,7 +301,7 @@ mod tests {
         let usage = SimUsage::default();
         usage.observe(&pod("u1", Some("200m")));
         let mut other = pod("u2", None);
-        other["spec"]["nodeName"] = json!("n2");
+        other.spec.get_or_insert_default().node_name = Some("n2".into());
         usage.observe(&other);
         let sum = usage.summary("n1");
         assert_eq!(sum["node"]["nodeName"], "n1");

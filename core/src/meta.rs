@@ -14,6 +14,11 @@ pub fn namespace(meta: &ObjectMeta) -> &str {
     meta.namespace.as_deref().unwrap_or("")
 }
 
+/// The object's uid ("" before the API server gave it one).
+pub fn uid(meta: &ObjectMeta) -> &str {
+    meta.uid.as_deref().unwrap_or("")
+}
+
 /// The cache key of an object: `namespace/name`, or `name` when cluster-scoped (the informers'
 /// keys).
 pub fn key(meta: &ObjectMeta) -> String {
