@@ -494,6 +494,70 @@ pub async fn env(
 mod tests {
     use super::*;
 
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u-1",
+                         "labels": {"app": "web"}, "annotations": {"team": "a"}},
+            "spec": {"nodeName": "n1", "serviceAccountName": "builder",
+                "containers": [{"name": "c", "volumeMounts": [
+                    {"name": "data", "mountPath": "/data", "subPath": "x"},
+                    {"name": "conf", "mountPath": "/etc/conf", "readOnly": true}]}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "d", "readOnly": true}},
+                    {"name": "conf", "configMap": {"name": "conf"}},
+                    {"name": "nfs", "nfs": {"server": "s", "path": "/"}}]},
+            "status": {"hostIP": "10.0.0.9"}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn downward_api_fields_come_from_the_pod() {
+        let pod = pod();
+        let cases = [
+            ("metadata.name", "web-1"),
+            ("metadata.namespace", "shop"),
+            ("metadata.uid", "u-1"),
+            ("spec.nodeName", "n1"),
+            ("spec.serviceAccountName", "builder"),
+            ("status.podIP", "10.244.0.5"),
+            ("status.hostIP", "10.0.0.9"),
+            ("metadata.labels['app']", "web"),
+            ("metadata.labels['absent']", ""),
+            ("metadata.annotations['team']", "a"),
+        ];
+        for (path, want) in cases {
+            assert_eq!(field(&pod, path, "10.244.0.5").unwrap(), want, "{path}");
+        }
+        assert!(field(&pod, "spec.schedulerName", "").is_err());
+    }
+
+    #[test]
+    fn mounts_follow_the_volumes_and_their_read_only_flags() {
+        let pod = pod();
+        let read_only = read_only_volumes(&pod);
+        assert_eq!(read_only, HashSet::from(["data".to_string()]));
+        let volumes: HashMap<String, PathBuf> = [("data", "/v/data"), ("conf", "/v/conf")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), PathBuf::from(v)))
+            .collect();
+        let c = pod_containers(&pod, false).next().unwrap();
+        let got: Vec<(String, String, bool)> = mounts(c, &volumes, &read_only)
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.container_path, m.host_path, m.readonly))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/data".into(), "/v/data/x".into(), true),
+                ("/etc/conf".into(), "/v/conf".into(), true),
+            ]
+        );
+        assert!(mounts(c, &HashMap::new(), &read_only).is_err());
+        let kinds: Vec<&str> = pod_volumes(&pod).map(unsupported_kind).collect();
+        assert_eq!(kinds, vec!["", "", "nfs"]);
+    }
+
     #[test]
     fn the_kubernetes_service_variables_are_the_kubelet_s() {
         let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({

@@ -62,8 +62,10 @@ mod tests {
     #[test]
     fn one_node_with_endpoints_answers_for_a_load_balancer_address() {
         let (mut services, slices) = objects();
-        services.get_mut("default/web").unwrap()["status"] =
-            json!({"loadBalancer": {"ingress": [{"ip": "10.200.0.200"}]}});
+        services.get_mut("default/web").unwrap().status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "10.200.0.200"}]}}))
+                .unwrap(),
+        );
         let answering: Vec<&str> = ["a", "b", "c"]
             .into_iter()
             .filter(|n| !announced_here(&service_ports(&services, &slices, n), n).is_empty())

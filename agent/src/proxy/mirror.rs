@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
-use rkube_core::json::str_at as s;
-use serde_json::Value;
+use rkube_core::meta;
 
 use crate::join::Clients;
 
@@ -15,7 +14,7 @@ use crate::join::Clients;
 /// `changed` is notified on every change.
 pub(super) async fn mirror<K>(
     clients: Arc<Clients>,
-    into: Arc<Mutex<HashMap<String, Value>>>,
+    into: Arc<Mutex<HashMap<String, K>>>,
     changed: Arc<tokio::sync::Notify>,
 ) where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
@@ -27,7 +26,10 @@ pub(super) async fn mirror<K>(
         + 'static,
     K::DynamicType: Default,
 {
-    let key = |v: &Value| format!("{}/{}", s(v, "/metadata/namespace"), s(v, "/metadata/name"));
+    let key = |o: &K| {
+        let m = o.meta();
+        format!("{}/{}", meta::namespace(m), meta::name(m))
+    };
     loop {
         let api: Api<K> = Api::all(clients.get());
         let list = match api.list(&ListParams::default()).await {
@@ -43,8 +45,7 @@ pub(super) async fn mirror<K>(
             let mut m = into.lock().unwrap_or_else(|e| e.into_inner());
             m.clear();
             for o in list.items {
-                let v = serde_json::to_value(&o).unwrap_or_default();
-                m.insert(key(&v), v);
+                m.insert(key(&o), o);
             }
         }
         changed.notify_one();
@@ -55,24 +56,21 @@ pub(super) async fn mirror<K>(
             };
             let mut stream = Box::pin(stream);
             while let Some(ev) = stream.next().await {
-                let (v, gone) = match ev {
-                    Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => {
-                        (serde_json::to_value(&o), false)
-                    }
-                    Ok(WatchEvent::Deleted(o)) => (serde_json::to_value(&o), true),
+                let (o, gone) = match ev {
+                    Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => (o, false),
+                    Ok(WatchEvent::Deleted(o)) => (o, true),
                     Ok(WatchEvent::Bookmark(b)) => {
                         rv = b.metadata.resource_version;
                         continue;
                     }
                     Ok(WatchEvent::Error(_)) | Err(_) => break 'watch,
                 };
-                let Ok(v) = v else { continue };
-                rv = s(&v, "/metadata/resourceVersion").to_string();
+                rv = o.meta().resource_version.clone().unwrap_or_default();
                 let mut m = into.lock().unwrap_or_else(|e| e.into_inner());
                 if gone {
-                    m.remove(&key(&v));
+                    m.remove(&key(&o));
                 } else {
-                    m.insert(key(&v), v);
+                    m.insert(key(&o), o);
                 }
                 drop(m);
                 changed.notify_one();

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use serde_json::Value;
 
 use crate::join::Clients;
 use iptables::{existing_rules, run_tool, JUMPS};
@@ -58,8 +57,8 @@ pub async fn run(
     metrics: ProxyMetrics,
 ) {
     metrics.programmed.set(i64::from(program));
-    let services: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
-    let slices: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
+    let services: Arc<Mutex<HashMap<String, Service>>> = Arc::default();
+    let slices: Arc<Mutex<HashMap<String, EndpointSlice>>> = Arc::default();
     let changed = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(mirror::<Service>(
         clients.clone(),

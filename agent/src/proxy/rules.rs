@@ -222,7 +222,6 @@ mod tests {
     use super::*;
     use crate::proxy::service_ports::service_ports;
     use crate::proxy::testing::objects;
-    use serde_json::json;
 
     #[test]
     fn rules_spread_over_endpoints_and_reject_without_any() {
@@ -267,8 +266,7 @@ mod tests {
     fn an_endpoint_change_rewrites_only_its_service_s_chains() {
         let (services, mut slices) = objects();
         let before = render(&service_ports(&services, &slices, "a"));
-        slices.get_mut("default/web-abc").unwrap()["endpoints"][0]["addresses"][0] =
-            json!("10.244.1.6");
+        slices.get_mut("default/web-abc").unwrap().endpoints[0].addresses[0] = "10.244.1.6".into();
         let after = render(&service_ports(&services, &slices, "a"));
         let input = restore_input(&before, &after).unwrap();
         let declared: Vec<&str> = input.lines().filter(|l| l.starts_with(':')).collect();
@@ -285,7 +283,8 @@ mod tests {
     #[test]
     fn local_traffic_policy_keeps_node_ports_to_this_node() {
         let (mut services, slices) = objects();
-        services.get_mut("default/web").unwrap()["spec"]["externalTrafficPolicy"] = json!("Local");
+        let web = services.get_mut("default/web").unwrap();
+        web.spec.as_mut().unwrap().external_traffic_policy = Some("Local".into());
         let full = |node: &str| {
             restore_input(
                 &Rules::default(),

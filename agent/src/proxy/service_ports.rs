@@ -3,23 +3,15 @@
 
 use std::collections::HashMap;
 
-use rkube_core::json::str_at as s;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use rkube_core::meta;
+
+/// The label that names an EndpointSlice's Service.
+const SERVICE_NAME: &str = "kubernetes.io/service-name";
 
 /// How long a client sticks to its endpoint with sessionAffinity ClientIP (Kubernetes' default).
 const DEFAULT_AFFINITY_SECONDS: i64 = 10800;
-
-/// The strings of an array field (absent: none).
-fn strings(v: &Value, p: &str) -> Vec<String> {
-    v.pointer(p)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// One port of one Service, as the proxy programs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,97 +35,94 @@ pub(super) struct ServicePort {
 
 /// The Services' ports with their ready endpoints, from the objects as the API has them.
 pub(super) fn service_ports(
-    services: &HashMap<String, Value>,
-    slices: &HashMap<String, Value>,
+    services: &HashMap<String, Service>,
+    slices: &HashMap<String, EndpointSlice>,
     node: &str,
 ) -> Vec<ServicePort> {
     // EndpointSlices by their Service (namespace/name).
-    let mut by_service: HashMap<String, Vec<&Value>> = HashMap::new();
+    let mut by_service: HashMap<String, Vec<&EndpointSlice>> = HashMap::new();
     for slice in slices.values() {
-        let svc = s(slice, "/metadata/labels/kubernetes.io~1service-name");
+        let svc = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME))
+            .map(String::as_str)
+            .unwrap_or("");
         if !svc.is_empty() {
-            let key = format!("{}/{svc}", s(slice, "/metadata/namespace"));
+            let key = format!("{}/{svc}", meta::namespace(&slice.metadata));
             by_service.entry(key).or_default().push(slice);
         }
     }
     let mut out = Vec::new();
     for svc in services.values() {
-        let ns = s(svc, "/metadata/namespace");
-        let name = s(svc, "/metadata/name");
-        let ty = s(svc, "/spec/type");
-        let cluster_ip = s(svc, "/spec/clusterIP");
+        let ns = meta::namespace(&svc.metadata);
+        let name = meta::name(&svc.metadata);
+        let Some(spec) = &svc.spec else { continue };
+        let ty = spec.type_.as_deref().unwrap_or("");
+        let cluster_ip = spec.cluster_ip.as_deref().unwrap_or("");
         // Headless and ExternalName Services have no virtual address to program.
         if ty == "ExternalName" || cluster_ip.is_empty() || cluster_ip == "None" {
             continue;
         }
-        let mut cluster_ips = strings(svc, "/spec/clusterIPs");
+        let mut cluster_ips = spec.cluster_ips.clone().unwrap_or_default();
         if cluster_ips.is_empty() {
             cluster_ips.push(cluster_ip.to_string());
         }
         cluster_ips.retain(|ip| !ip.contains(':')); // IPv4 rules only
-        let mut external_ips = strings(svc, "/spec/externalIPs");
+        let mut external_ips = spec.external_ips.clone().unwrap_or_default();
         let lb_ips: Vec<String> = svc
-            .pointer("/status/loadBalancer/ingress")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|i| s(i, "/ip").to_string())
-                    .filter(|ip| !ip.is_empty() && !ip.contains(':'))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .status
+            .iter()
+            .filter_map(|st| st.load_balancer.as_ref())
+            .flat_map(|lb| lb.ingress.iter().flatten())
+            .map(|i| i.ip.clone().unwrap_or_default())
+            .filter(|ip| !ip.is_empty() && !ip.contains(':'))
+            .collect();
         external_ips.extend(lb_ips.iter().cloned());
-        let local_only = s(svc, "/spec/externalTrafficPolicy") == "Local";
-        let affinity = (s(svc, "/spec/sessionAffinity") == "ClientIP").then(|| {
-            svc.pointer("/spec/sessionAffinityConfig/clientIP/timeoutSeconds")
-                .and_then(Value::as_i64)
-                .unwrap_or(DEFAULT_AFFINITY_SECONDS)
+        let local_only = spec.external_traffic_policy.as_deref() == Some("Local");
+        let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+            spec.session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .map_or(DEFAULT_AFFINITY_SECONDS, i64::from)
         });
         let slices = by_service.get(&format!("{ns}/{name}"));
-        for p in svc
-            .pointer("/spec/ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let port_name = s(p, "/name");
-            let protocol = match s(p, "/protocol") {
+        for p in spec.ports.iter().flatten() {
+            let port_name = p.name.as_deref().unwrap_or("");
+            let protocol = match p.protocol.as_deref().unwrap_or("") {
                 "" => "TCP",
                 x => x,
             };
             let mut endpoints = Vec::new();
             let mut endpoint_nodes = Vec::new();
             for slice in slices.into_iter().flatten() {
-                if s(slice, "/addressType") != "IPv4" {
+                if slice.address_type != "IPv4" {
                     continue;
                 }
                 let Some(target) = slice
-                    .pointer("/ports")
-                    .and_then(Value::as_array)
-                    .and_then(|ps| {
-                        ps.iter().find(|sp| {
-                            s(sp, "/name") == port_name
-                                && (s(sp, "/protocol") == protocol || s(sp, "/protocol").is_empty())
-                        })
+                    .ports
+                    .iter()
+                    .flatten()
+                    .find(|sp| {
+                        let sp_protocol = sp.protocol.as_deref().unwrap_or("");
+                        sp.name.as_deref().unwrap_or("") == port_name
+                            && (sp_protocol == protocol || sp_protocol.is_empty())
                     })
-                    .and_then(|sp| sp.get("port").and_then(Value::as_i64))
+                    .and_then(|sp| sp.port)
                 else {
                     continue;
                 };
-                for ep in slice
-                    .pointer("/endpoints")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
+                for ep in &slice.endpoints {
                     // Ready is true when unset, as the API defines it.
-                    if ep.pointer("/conditions/ready") == Some(&Value::Bool(false)) {
+                    if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                         continue;
                     }
-                    let local = s(ep, "/nodeName") == node;
-                    if let Some(addr) = ep.pointer("/addresses/0").and_then(Value::as_str) {
-                        endpoints.push((addr.to_string(), target, local));
-                        endpoint_nodes.push(s(ep, "/nodeName").to_string());
+                    let ep_node = ep.node_name.as_deref().unwrap_or("");
+                    if let Some(addr) = ep.addresses.first() {
+                        endpoints.push((addr.clone(), i64::from(target), ep_node == node));
+                        endpoint_nodes.push(ep_node.to_string());
                     }
                 }
             }
@@ -145,8 +134,8 @@ pub(super) fn service_ports(
             out.push(ServicePort {
                 id: format!("{ns}/{name}:{port_name}"),
                 protocol: protocol.to_string(),
-                port: p.get("port").and_then(Value::as_i64).unwrap_or(0),
-                node_port: p.get("nodePort").and_then(Value::as_i64).unwrap_or(0),
+                port: i64::from(p.port),
+                node_port: i64::from(p.node_port.unwrap_or(0)),
                 cluster_ips: cluster_ips.clone(),
                 external_ips: external_ips.clone(),
                 lb_ips: lb_ips.clone(),

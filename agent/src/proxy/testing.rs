@@ -3,9 +3,11 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Value};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde_json::json;
 
-pub(super) fn objects() -> (HashMap<String, Value>, HashMap<String, Value>) {
+pub(super) fn objects() -> (HashMap<String, Service>, HashMap<String, EndpointSlice>) {
     let svc = json!({"metadata": {"namespace": "default", "name": "web"},
         "spec": {"type": "NodePort", "clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20"],
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30008, "protocol": "TCP"}]}});
@@ -28,8 +30,9 @@ pub(super) fn objects() -> (HashMap<String, Value>, HashMap<String, Value>) {
         ("default/db", headless),
     ]
     .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
+    .map(|(k, v)| (k.to_string(), serde_json::from_value(v).expect("a Service")))
     .collect();
+    let slice = serde_json::from_value(slice).expect("an EndpointSlice");
     let slices = [("default/web-abc".to_string(), slice)]
         .into_iter()
         .collect();
