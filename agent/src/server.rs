@@ -185,7 +185,16 @@ async fn summary(
         },
         None => sim.summary(node),
     };
-    let mut r = text(StatusCode::OK, body.to_string());
+    let body = match serde_json::to_string(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the node's stats could not be encoded: {e}"),
+            )
+        }
+    };
+    let mut r = text(StatusCode::OK, body);
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),

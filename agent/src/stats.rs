@@ -19,9 +19,65 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use rkube_core::meta;
 use rkube_core::quantity::{parse_quantity, NANO};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::cri::{pb, Cri};
+
+/// The kubelet's Summary (`stats/v1alpha1`), with the fields this agent reports, in the order
+/// of the kubelet's Go structs. A figure the runtime did not give is `null`, as before.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub node: NodeStats,
+    pub pods: Vec<PodStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStats {
+    pub node_name: String,
+    pub cpu: CpuStats,
+    pub memory: MemoryStats,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStats {
+    pub pod_ref: PodReference,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    pub containers: Vec<ContainerStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodReference {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStats {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    pub cpu: Option<CpuStats>,
+    pub memory: Option<MemoryStats>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuStats {
+    pub time: String,
+    pub usage_core_nano_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemoryStats {
+    pub time: String,
+    pub working_set_bytes: Option<u64>,
+}
 
 /// The annotation that gives each container of a simulated pod its CPU usage (a quantity).
 pub const SIM_CPU: &str = "sim.rkube.io/cpu";
@@ -116,24 +172,38 @@ impl SimUsage {
     }
 
     /// The Summary of `node`'s simulated pods; the node's totals are theirs.
-    pub fn summary(&self, node: &str) -> Value {
+    pub fn summary(&self, node: &str) -> Summary {
         let now = Instant::now();
-        let time = Utc::now();
+        let time = rfc3339(Utc::now());
         let pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
         let (mut node_ns, mut node_mem) = (0u128, 0u64);
         for (uid, p) in pods.iter().filter(|(_, p)| p.node == node) {
             let used = p.used_by(now);
-            let containers: Vec<Value> = p
+            let started = rfc3339(p.started);
+            let containers = p
                 .containers
                 .iter()
-                .map(|c| container(c, p.started, time, used, p.memory))
+                .map(|c| ContainerStats {
+                    name: c.clone(),
+                    start_time: Some(started.clone()),
+                    cpu: Some(cpu(&time, used)),
+                    memory: Some(memory(&time, p.memory)),
+                })
                 .collect();
             node_ns += used * p.containers.len() as u128;
             node_mem += p.memory * p.containers.len() as u64;
-            out.push(pod_stats(&p.namespace, &p.name, uid, p.started, containers));
+            out.push(PodStats {
+                pod_ref: PodReference {
+                    name: p.name.clone(),
+                    namespace: p.namespace.clone(),
+                    uid: uid.clone(),
+                },
+                start_time: Some(started),
+                containers,
+            });
         }
-        summary(node, time, node_ns, node_mem, out)
+        summary(node, &time, node_ns, node_mem, out)
     }
 }
 
@@ -141,44 +211,29 @@ fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
 }
 
-fn container(
-    name: &str,
-    started: DateTime<Utc>,
-    time: DateTime<Utc>,
-    cpu_ns: u128,
-    mem: u64,
-) -> Value {
-    json!({
-        "name": name,
-        "startTime": rfc3339(started),
-        "cpu": {"time": rfc3339(time), "usageCoreNanoSeconds": cpu_ns as u64},
-        "memory": {"time": rfc3339(time), "workingSetBytes": mem},
-    })
+fn cpu(time: &str, ns: u128) -> CpuStats {
+    CpuStats {
+        time: time.to_string(),
+        usage_core_nano_seconds: Some(ns as u64),
+    }
 }
 
-fn pod_stats(
-    ns: &str,
-    name: &str,
-    uid: &str,
-    started: DateTime<Utc>,
-    containers: Vec<Value>,
-) -> Value {
-    json!({
-        "podRef": {"namespace": ns, "name": name, "uid": uid},
-        "startTime": rfc3339(started),
-        "containers": containers,
-    })
+fn memory(time: &str, bytes: u64) -> MemoryStats {
+    MemoryStats {
+        time: time.to_string(),
+        working_set_bytes: Some(bytes),
+    }
 }
 
-fn summary(node: &str, time: DateTime<Utc>, cpu_ns: u128, mem: u64, pods: Vec<Value>) -> Value {
-    json!({
-        "node": {
-            "nodeName": node,
-            "cpu": {"time": rfc3339(time), "usageCoreNanoSeconds": cpu_ns as u64},
-            "memory": {"time": rfc3339(time), "workingSetBytes": mem},
+fn summary(node: &str, time: &str, cpu_ns: u128, mem: u64, pods: Vec<PodStats>) -> Summary {
+    Summary {
+        node: NodeStats {
+            node_name: node.to_string(),
+            cpu: cpu(time, cpu_ns),
+            memory: memory(time, mem),
         },
-        "pods": pods,
-    })
+        pods,
+    }
 }
 
 /// CPU time the host has spent not idle, in nanoseconds (`/proc/stat`'s first line, in
@@ -203,10 +258,10 @@ fn host_cpu_ns() -> Option<u128> {
 
 /// The Summary of a containerd node: its containers' stats from the runtime, its totals from
 /// the host.
-pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
+pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Summary> {
     let stats = cri.container_stats().await?;
-    let time = Utc::now();
-    let mut pods: HashMap<String, (String, String, Vec<Value>)> = HashMap::new();
+    let time = rfc3339(Utc::now());
+    let mut pods: HashMap<String, (String, String, Vec<ContainerStats>)> = HashMap::new();
     for st in stats {
         let Some(attrs) = &st.attributes else {
             continue;
@@ -222,13 +277,13 @@ pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
             .map(|m| m.name.clone())
             .unwrap_or_else(|| label(crate::cri::CONTAINER_NAME));
         let at = |ts: i64| rfc3339(DateTime::from_timestamp_nanos(ts));
-        let cpu = st.cpu.as_ref().map(|c: &pb::CpuUsage| {
-            json!({"time": at(c.timestamp),
-                   "usageCoreNanoSeconds": c.usage_core_nano_seconds.as_ref().map(|v| v.value)})
+        let cpu = st.cpu.as_ref().map(|c: &pb::CpuUsage| CpuStats {
+            time: at(c.timestamp),
+            usage_core_nano_seconds: c.usage_core_nano_seconds.as_ref().map(|v| v.value),
         });
-        let memory = st.memory.as_ref().map(|m: &pb::MemoryUsage| {
-            json!({"time": at(m.timestamp),
-                   "workingSetBytes": m.working_set_bytes.as_ref().map(|v| v.value)})
+        let memory = st.memory.as_ref().map(|m: &pb::MemoryUsage| MemoryStats {
+            time: at(m.timestamp),
+            working_set_bytes: m.working_set_bytes.as_ref().map(|v| v.value),
         });
         let entry = pods.entry(uid).or_insert_with(|| {
             (
@@ -237,14 +292,23 @@ pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
                 Vec::new(),
             )
         });
-        entry
-            .2
-            .push(json!({"name": name, "cpu": cpu, "memory": memory}));
+        entry.2.push(ContainerStats {
+            name,
+            start_time: None,
+            cpu,
+            memory,
+        });
     }
     let pods = pods
         .into_iter()
-        .map(|(uid, (ns, name, containers))| {
-            json!({"podRef": {"namespace": ns, "name": name, "uid": uid}, "containers": containers})
+        .map(|(uid, (namespace, name, containers))| PodStats {
+            pod_ref: PodReference {
+                name,
+                namespace,
+                uid,
+            },
+            start_time: None,
+            containers,
         })
         .collect();
     let mem = match (
@@ -254,12 +318,13 @@ pub async fn cri_summary(cri: &Cri, node: &str) -> Result<Value> {
         (Some(total), Some(avail)) => total.saturating_sub(avail),
         _ => 0,
     };
-    Ok(summary(node, time, host_cpu_ns().unwrap_or(0), mem, pods))
+    Ok(summary(node, &time, host_cpu_ns().unwrap_or(0), mem, pods))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn pod(uid: &str, cpu: Option<&str>) -> Pod {
         let mut p: Pod = serde_json::from_value(json!({
@@ -303,7 +368,7 @@ mod tests {
         let mut other = pod("u2", None);
         other.spec.get_or_insert_default().node_name = Some("n2".into());
         usage.observe(&other);
-        let sum = usage.summary("n1");
+        let sum = serde_json::to_value(usage.summary("n1")).unwrap();
         assert_eq!(sum["node"]["nodeName"], "n1");
         let pods = sum["pods"].as_array().unwrap();
         assert_eq!(pods.len(), 1);
@@ -315,6 +380,6 @@ mod tests {
         );
         assert_eq!(sum["node"]["memory"]["workingSetBytes"], 8 << 20);
         usage.forget("u1");
-        assert!(usage.summary("n1")["pods"].as_array().unwrap().is_empty());
+        assert!(usage.summary("n1").pods.is_empty());
     }
 }
