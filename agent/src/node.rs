@@ -7,20 +7,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo, Taint,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::join::Clients;
+use crate::pods::now;
 use crate::NodeConfig;
 
 /// How long a Lease says it lasts (the kubelet's 40 s).
 const LEASE_DURATION_SECONDS: i32 = 40;
-
-fn now() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
 
 fn arch() -> &'static str {
     match std::env::consts::ARCH {
@@ -31,32 +36,51 @@ fn arch() -> &'static str {
 }
 
 /// The Node object an agent registers.
-pub fn node_object(cfg: &NodeConfig) -> Value {
-    let mut labels = serde_json::Map::new();
-    labels.insert("kubernetes.io/hostname".into(), json!(cfg.name));
-    labels.insert("kubernetes.io/os".into(), json!("linux"));
-    labels.insert("kubernetes.io/arch".into(), json!(arch()));
-    labels.insert("beta.kubernetes.io/os".into(), json!("linux"));
-    labels.insert("beta.kubernetes.io/arch".into(), json!(arch()));
-    let mut spec = json!({});
+pub fn node_object(cfg: &NodeConfig) -> Node {
+    let mut labels: BTreeMap<String, String> = [
+        ("kubernetes.io/hostname", cfg.name.as_str()),
+        ("kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", arch()),
+        ("beta.kubernetes.io/os", "linux"),
+        ("beta.kubernetes.io/arch", arch()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let mut spec = NodeSpec::default();
     if cfg.control_plane {
-        labels.insert("node-role.kubernetes.io/control-plane".into(), json!(""));
-        spec["taints"] = json!([{"key": "node-role.kubernetes.io/control-plane",
-                                  "effect": "NoSchedule"}]);
+        labels.insert(
+            "node-role.kubernetes.io/control-plane".into(),
+            String::new(),
+        );
+        spec.taints = Some(vec![Taint {
+            key: "node-role.kubernetes.io/control-plane".into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        }]);
     }
     if let Some(cidr) = &cfg.pod_cidr {
-        spec["podCIDR"] = json!(cidr);
-        spec["podCIDRs"] = json!([cidr]);
+        spec.pod_cidr = Some(cidr.clone());
+        spec.pod_cidrs = Some(vec![cidr.clone()]);
     }
-    let mut annotations = json!({"node.alpha.kubernetes.io/ttl": "0"});
+    let mut annotations =
+        BTreeMap::from([("node.alpha.kubernetes.io/ttl".to_string(), "0".to_string())]);
     if let Some(dir) = &cfg.volumes_dir {
-        annotations[rkube_core::volume::LOCAL_PATH_DIR] = json!(dir.display().to_string());
+        annotations.insert(
+            rkube_core::volume::LOCAL_PATH_DIR.into(),
+            dir.display().to_string(),
+        );
     }
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": cfg.name, "labels": labels, "annotations": annotations},
-        "spec": spec,
-    })
+    Node {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
 }
 
 /// What the node observed of itself at one heartbeat.
@@ -121,23 +145,33 @@ pub fn filesystem(dir: &std::path::Path) -> Option<(u64, u64)> {
 /// The Node's status: resources, addresses, what runs it, and the observed conditions; a
 /// condition keeps its transition time from `previous` (the Node's current conditions) while
 /// its status stays.
-fn node_status(cfg: &NodeConfig, observed: &Observed, previous: &[NodeCondition]) -> Value {
-    let resources = json!({"cpu": cfg.cpu, "memory": cfg.memory,
-                           "pods": cfg.max_pods.to_string(),
-                           "ephemeral-storage": cfg.ephemeral_storage});
-    let allocatable = json!({"cpu": cfg.cpu, "memory": cfg.allocatable_memory,
-                             "pods": cfg.max_pods.to_string(),
-                             "ephemeral-storage": cfg.allocatable_ephemeral_storage});
+fn node_status(cfg: &NodeConfig, observed: &Observed, previous: &[NodeCondition]) -> NodeStatus {
+    let resources = |memory: &str, storage: &str| -> BTreeMap<String, Quantity> {
+        [
+            ("cpu", cfg.cpu.clone()),
+            ("memory", memory.to_string()),
+            ("pods", cfg.max_pods.to_string()),
+            ("ephemeral-storage", storage.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Quantity(v)))
+        .collect()
+    };
     let heartbeat = now();
     let cond = |t: &str, status: &str, reason: &str, message: &str| {
         let since = previous
             .iter()
             .find(|c| c.type_ == t && c.status == status)
-            .and_then(|c| c.last_transition_time.as_ref())
-            .map(|t| t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+            .and_then(|c| c.last_transition_time.clone())
             .unwrap_or_else(now);
-        json!({"type": t, "status": status, "reason": reason, "message": message,
-               "lastHeartbeatTime": heartbeat, "lastTransitionTime": since})
+        NodeCondition {
+            type_: t.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            last_heartbeat_time: Some(heartbeat.clone()),
+            last_transition_time: Some(since),
+        }
     };
     // (type, observed, reason and message without pressure, with pressure)
     let pressures = [
@@ -177,19 +211,40 @@ fn node_status(cfg: &NodeConfig, observed: &Observed, previous: &[NodeCondition]
         ),
         Err(why) => cond("Ready", "False", "KubeletNotReady", why),
     });
-    json!({
-        "capacity": resources, "allocatable": allocatable,
-        "addresses": [{"type": "InternalIP", "address": cfg.node_ip},
-                      {"type": "Hostname", "address": cfg.name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
-        "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "",
-                     "kernelVersion": kernel_version(), "osImage": "rkube agent",
-                     "containerRuntimeVersion": cfg.runtime_version,
-                     "kubeletVersion": crate::KUBELET_VERSION,
-                     "kubeProxyVersion": crate::KUBELET_VERSION,
-                     "operatingSystem": "linux", "architecture": arch()},
-        "conditions": conditions,
-    })
+    NodeStatus {
+        capacity: Some(resources(&cfg.memory, &cfg.ephemeral_storage)),
+        allocatable: Some(resources(
+            &cfg.allocatable_memory,
+            &cfg.allocatable_ephemeral_storage,
+        )),
+        addresses: Some(vec![
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: cfg.node_ip.clone(),
+            },
+            NodeAddress {
+                type_: "Hostname".into(),
+                address: cfg.name.clone(),
+            },
+        ]),
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(cfg.kubelet_port),
+            }),
+        }),
+        node_info: Some(NodeSystemInfo {
+            kernel_version: kernel_version(),
+            os_image: "rkube agent".into(),
+            container_runtime_version: cfg.runtime_version.clone(),
+            kubelet_version: crate::KUBELET_VERSION.into(),
+            kube_proxy_version: crate::KUBELET_VERSION.into(),
+            operating_system: "linux".into(),
+            architecture: arch().into(),
+            ..NodeSystemInfo::default()
+        }),
+        conditions: Some(conditions),
+        ..NodeStatus::default()
+    }
 }
 
 fn kernel_version() -> String {
@@ -201,7 +256,7 @@ fn kernel_version() -> String {
 /// Creates the Node (or finds it there) and posts its status; returns the Node's uid.
 async fn register(clients: &Clients, cfg: &NodeConfig, observed: &Observed) -> Result<String> {
     let api: Api<Node> = Api::all(clients.get());
-    let node: Node = serde_json::from_value(node_object(cfg))?;
+    let node = node_object(cfg);
     match api.create(&PostParams::default(), &node).await {
         Ok(_) => tracing::info!(node = %cfg.name, "registered the node"),
         Err(kube::Error::Api(e)) if e.code == 409 => {}
@@ -227,18 +282,26 @@ async fn post_status(
         .as_ref()
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
-    let patch = json!({"status": node_status(cfg, observed, &previous)});
+    let patch = json!({ "status": node_status(cfg, observed, &previous) });
     api.patch_status(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(current.metadata.uid)
 }
 
+/// The node's Lease held by it, renewed now.
+fn lease_spec(cfg: &NodeConfig) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(cfg.name.clone()),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
+        ..LeaseSpec::default()
+    }
+}
+
 /// Renews the Lease with one write; Ok(false) when it does not exist.
 async fn renew_lease(clients: &Clients, cfg: &NodeConfig) -> Result<bool> {
     let api: Api<Lease> = Api::namespaced(clients.get(), "kube-node-lease");
-    let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let patch = json!({"spec": {"holderIdentity": cfg.name, "renewTime": micro,
-                                "leaseDurationSeconds": LEASE_DURATION_SECONDS}});
+    let patch = json!({ "spec": lease_spec(cfg) });
     match api
         .patch(&cfg.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -251,14 +314,21 @@ async fn renew_lease(clients: &Clients, cfg: &NodeConfig) -> Result<bool> {
 
 async fn create_lease(clients: &Clients, cfg: &NodeConfig, node_uid: &str) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(clients.get(), "kube-node-lease");
-    let micro = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let lease: Lease = serde_json::from_value(json!({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": cfg.name, "namespace": "kube-node-lease",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
-                                 "name": cfg.name, "uid": node_uid}]},
-        "spec": {"holderIdentity": cfg.name, "renewTime": micro,
-                 "leaseDurationSeconds": LEASE_DURATION_SECONDS}}))?;
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            namespace: Some("kube-node-lease".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: cfg.name.clone(),
+                uid: node_uid.to_string(),
+                ..OwnerReference::default()
+            }]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(lease_spec(cfg)),
+    };
     match api.create(&PostParams::default(), &lease).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -350,5 +420,74 @@ pub async fn run(
             }
         }
         tokio::time::sleep(cfg.lease_interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn config() -> NodeConfig {
+        NodeConfig {
+            name: "n1".into(),
+            node_ip: "10.0.0.5".into(),
+            pod_cidr: Some("10.244.1.0/24".into()),
+            cpu: "4".into(),
+            memory: "8Gi".into(),
+            ephemeral_storage: "100Gi".into(),
+            allocatable_memory: "8092Mi".into(),
+            allocatable_ephemeral_storage: "90Gi".into(),
+            max_pods: 110,
+            control_plane: true,
+            runtime_version: "containerd://2.0".into(),
+            lease_interval: Duration::from_secs(10),
+            status_report_interval: Duration::from_secs(60),
+            sim_start_delay: Duration::ZERO,
+            kubelet_port: 10250,
+            volumes_dir: None,
+        }
+    }
+
+    #[test]
+    fn the_node_registers_with_its_role_cidr_and_resources() {
+        let cfg = config();
+        let node = serde_json::to_value(node_object(&cfg)).unwrap();
+        assert_eq!(node["kind"], "Node");
+        assert_eq!(
+            node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"],
+            ""
+        );
+        assert_eq!(node["spec"]["taints"][0]["effect"], "NoSchedule");
+        assert_eq!(node["spec"]["podCIDRs"][0], "10.244.1.0/24");
+        let observed = Observed {
+            ready: Err("runtime down".into()),
+            memory_pressure: Some(false),
+            disk_pressure: None,
+        };
+        let since = Time(Timestamp::from_second(1_000_000).unwrap());
+        let previous = [NodeCondition {
+            type_: "MemoryPressure".into(),
+            status: "False".into(),
+            last_transition_time: Some(since.clone()),
+            ..NodeCondition::default()
+        }];
+        let status = node_status(&cfg, &observed, &previous);
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+        assert_eq!(json["allocatable"]["memory"], "8092Mi");
+        assert_eq!(json["capacity"]["pods"], "110");
+        let conditions = status.conditions.unwrap();
+        let kinds: Vec<(&str, &str)> = conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(kinds, vec![("MemoryPressure", "False"), ("Ready", "False")]);
+        assert_eq!(
+            conditions[0].last_transition_time,
+            Some(since),
+            "kept while it stays"
+        );
+        assert_eq!(conditions[1].message.as_deref(), Some("runtime down"));
     }
 }
