@@ -16,8 +16,11 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
 
@@ -204,12 +207,19 @@ pub async fn discover_any(
 /// certificate.
 async fn request_certificate(client: kube::Client, node: &str) -> Result<Identity> {
     let (csr_pem, key_pem) = rkube_pki::new_csr(&format!("system:node:{node}"), &["system:nodes"])?;
-    let csr: CertificateSigningRequest = serde_json::from_value(json!({
-        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-        "metadata": {"generateName": "node-csr-"},
-        "spec": {"request": STANDARD.encode(&csr_pem),
-                 "signerName": rkube_pki::KUBELET_CLIENT_SIGNER,
-                 "usages": ["digital signature", "client auth"]}}))?;
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some("node-csr-".into()),
+            ..ObjectMeta::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: k8s_openapi::ByteString(csr_pem.into_bytes()),
+            signer_name: rkube_pki::KUBELET_CLIENT_SIGNER.into(),
+            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            ..CertificateSigningRequestSpec::default()
+        },
+        status: None,
+    };
     let api: Api<CertificateSigningRequest> = Api::all(client);
     let created = api
         .create(&PostParams::default(), &csr)

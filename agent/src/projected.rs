@@ -133,23 +133,25 @@ pub async fn files(
     let default_mode = mode(projected.default_mode, 0o644);
     let mut files = Files::new();
     for source in projected.sources.iter().flatten() {
+        let keys = source
+            .config_map
+            .as_ref()
+            .map(|c| {
+                (
+                    "configMap",
+                    (c.name.as_str(), c.optional, c.items.as_deref()),
+                )
+            })
+            .or_else(|| {
+                let s = source.secret.as_ref()?;
+                Some(("secret", (s.name.as_str(), s.optional, s.items.as_deref())))
+            });
         if let Some(token) = &source.service_account_token {
             let t = request_token(client, pod, token).await?;
             files.insert(token.path.clone(), (t.into_bytes(), default_mode));
-        } else if let Some(cm) = &source.config_map {
-            let what = (
-                cm.name.as_str(),
-                cm.optional,
-                cm.items.as_deref().unwrap_or_default(),
-            );
-            object_files(client, pod, "configMap", what, default_mode, &mut files).await?;
-        } else if let Some(secret) = &source.secret {
-            let what = (
-                secret.name.as_str(),
-                secret.optional,
-                secret.items.as_deref().unwrap_or_default(),
-            );
-            object_files(client, pod, "secret", what, default_mode, &mut files).await?;
+        } else if let Some((kind, (name, optional, items))) = keys {
+            let what = (name, optional, items.unwrap_or_default());
+            object_files(client, pod, kind, what, default_mode, &mut files).await?;
         } else if let Some(d) = &source.downward_api {
             for item in d.items.iter().flatten() {
                 let value = match &item.field_ref {
