@@ -1,7 +1,7 @@
 //! Kubernetes' field errors (`k8s.io/apimachinery/pkg/util/validation/field`) as [`Cause`]s,
 //! worded as kube-apiserver words them, and the checks several kinds' validation shares.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::admission::{check_label, check_subdomain};
 use crate::error::Cause;
@@ -102,6 +102,35 @@ pub(crate) fn dns_subdomain(field: &str, value: &str, causes: &mut Vec<Cause>) {
             field: field.into(),
             message,
         });
+    }
+}
+
+/// IsDomainPrefixedPath: `example.com/ingress-controller`.
+pub(crate) fn domain_prefixed_path(at: &str, value: &str, causes: &mut Vec<Cause>) {
+    match value.split_once('/') {
+        Some((host, path)) if !host.is_empty() && !path.is_empty() => {
+            dns_subdomain(at, host, causes);
+            let ok = path
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/-._~%!$&'()*+,;=:".contains(c));
+            if !ok {
+                causes.push(invalid(at, &json!(path), "Invalid path: must consist of alphanumeric characters, '/', '-', '.', '_', '~', '%', '!', '$', '&', ''', '(', ')', '*', '+', ',', ';', '=', ':'"));
+            }
+        }
+        _ => causes.push(invalid(
+            at,
+            &json!(value),
+            "must be a domain-prefixed path (such as \"acme.io/foo\")",
+        )),
+    }
+}
+
+/// `field: Too long: may not be more than <max> bytes`.
+pub(crate) fn too_long(field: &str, max: usize) -> Cause {
+    Cause {
+        reason: "FieldValueTooLong",
+        field: field.into(),
+        message: format!("Too long: may not be more than {max} bytes"),
     }
 }
 

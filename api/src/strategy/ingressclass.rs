@@ -6,7 +6,9 @@ use serde_json::{json, Value};
 use crate::admission::{check_label, default};
 use crate::error::Cause;
 
-use super::field::{dns_subdomain, forbidden, invalid, not_supported, required, str_of};
+use super::field::{
+    dns_subdomain, domain_prefixed_path, forbidden, not_supported, required, str_of, too_long,
+};
 use super::{immutable, Strategy};
 
 pub struct IngressClass;
@@ -31,11 +33,7 @@ impl Strategy for IngressClass {
             causes.push(required("spec.controller", ""));
         } else {
             if controller.len() > MAX_CONTROLLER {
-                causes.push(Cause {
-                    reason: "FieldValueTooLong",
-                    field: "spec.controller".into(),
-                    message: format!("Too long: may not be more than {MAX_CONTROLLER} bytes"),
-                });
+                causes.push(too_long("spec.controller", MAX_CONTROLLER));
             }
             domain_prefixed_path("spec.controller", controller, causes);
         }
@@ -46,26 +44,6 @@ impl Strategy for IngressClass {
 
     fn validate_update(&self, current: &Value, new: &Value, causes: &mut Vec<Cause>) {
         immutable("/spec/controller", current, new, causes);
-    }
-}
-
-/// IsDomainPrefixedPath: `example.com/ingress-controller`.
-fn domain_prefixed_path(at: &str, value: &str, causes: &mut Vec<Cause>) {
-    match value.split_once('/') {
-        Some((host, path)) if !host.is_empty() && !path.is_empty() => {
-            dns_subdomain(at, host, causes);
-            let ok = path
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "/-._~%!$&'()*+,;=:".contains(c));
-            if !ok {
-                causes.push(invalid(at, &json!(path), "Invalid path: must consist of alphanumeric characters, '/', '-', '.', '_', '~', '%', '!', '$', '&', ''', '(', ')', '*', '+', ',', ';', '=', ':'"));
-            }
-        }
-        _ => causes.push(invalid(
-            at,
-            &json!(value),
-            "must be a domain-prefixed path (such as \"acme.io/foo\")",
-        )),
     }
 }
 

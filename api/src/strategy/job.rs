@@ -9,8 +9,8 @@ use crate::admission::{
 };
 use crate::error::Cause;
 
-use super::field::{invalid, not_supported, required};
-use super::{immutable, Strategy};
+use super::field::{domain_prefixed_path, invalid, not_supported, required, too_long};
+use super::{immutable, immutable_even_unset, Strategy};
 
 pub struct Job;
 
@@ -82,6 +82,8 @@ impl Strategy for Job {
         immutable("/spec/completionMode", current, new, causes);
         immutable("/spec/podFailurePolicy", current, new, causes);
         immutable("/spec/backoffLimitPerIndex", current, new, causes);
+        immutable_even_unset("/spec/managedBy", current, new, causes);
+        immutable_even_unset("/spec/successPolicy", current, new, causes);
         // The template may change only while the job is suspended (and has not started).
         let suspended = current.pointer("/spec/suspend") == Some(&json!(true));
         if !suspended {
@@ -239,6 +241,32 @@ pub(crate) fn validate_job_spec(spec: Option<&Value>, at: &str, causes: &mut Vec
             ));
         }
     }
+    if let Some(v) = spec.and_then(|s| s.get("managedBy")) {
+        validate_managed_by(&format!("{at}.managedBy"), v, causes);
+    }
+    if let Some(v) = spec.and_then(|s| s.get("successPolicy")) {
+        let field = format!("{at}.successPolicy");
+        if indexed {
+            let completions = spec
+                .and_then(|s| s.get("completions"))
+                .and_then(Value::as_i64);
+            validate_success_policy(&field, v, completions, causes);
+        } else {
+            causes.push(invalid(&field, v, "requires indexed completion mode"));
+        }
+    }
+    let has_failure_policy = spec.and_then(|s| s.get("podFailurePolicy")).is_some();
+    if let Some(v) = spec.and_then(|s| s.get("podReplacementPolicy")) {
+        let field = format!("{at}.podReplacementPolicy");
+        let allowed: &[&str] = if has_failure_policy {
+            &["Failed"]
+        } else {
+            &["Failed", "TerminatingOrFailed"]
+        };
+        if !allowed.contains(&v.as_str().unwrap_or("")) {
+            causes.push(not_supported(&field, v, allowed));
+        }
+    }
     let policy = spec
         .and_then(|s| s.pointer("/template/spec/restartPolicy"))
         .cloned()
@@ -287,6 +315,153 @@ pub(crate) fn validate_job_spec(spec: Option<&Value>, at: &str, causes: &mut Vec
             }
         }
     }
+}
+
+/// The controller that reconciles the job instead of Kubernetes' own: a domain-prefixed path
+/// of at most 63 bytes.
+fn validate_managed_by(field: &str, value: &Value, causes: &mut Vec<Cause>) {
+    let s = value.as_str().unwrap_or("");
+    if s.is_empty() {
+        causes.push(required(field, ""));
+        return;
+    }
+    domain_prefixed_path(field, s, causes);
+    if s.len() > MAX_MANAGED_BY {
+        causes.push(too_long(field, MAX_MANAGED_BY));
+    }
+}
+
+const MAX_MANAGED_BY: usize = 63;
+const MAX_SUCCESS_RULES: usize = 20;
+const MAX_SUCCEEDED_INDEXES: usize = 64 * 1024;
+
+/// An Indexed job's successPolicy: 1 to 20 rules, each with succeededIndexes (valid indexes
+/// below completions, in increasing order) or succeededCount (no more than the indexes it
+/// can count) or both.
+fn validate_success_policy(
+    at: &str,
+    policy: &Value,
+    completions: Option<i64>,
+    causes: &mut Vec<Cause>,
+) {
+    let rules_at = format!("{at}.rules");
+    let rules = policy
+        .get("rules")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    if rules.is_empty() {
+        causes.push(required(
+            &rules_at,
+            "at least one rules must be specified when the successPolicy is specified",
+        ));
+    }
+    if rules.len() > MAX_SUCCESS_RULES {
+        causes.push(Cause {
+            reason: "FieldValueTooMany",
+            field: rules_at.clone(),
+            message: format!(
+                "Too many: {}: must have at most {MAX_SUCCESS_RULES} items",
+                rules.len()
+            ),
+        });
+    }
+    let completions = completions.unwrap_or(0);
+    for (i, rule) in rules.iter().enumerate() {
+        let r = format!("{rules_at}[{i}]");
+        let indexes = rule.get("succeededIndexes").filter(|v| !v.is_null());
+        let count = rule.get("succeededCount").filter(|v| !v.is_null());
+        if indexes.is_none() && count.is_none() {
+            causes.push(required(
+                &r,
+                "at least one of succeededCount or succeededIndexes must be specified",
+            ));
+        }
+        let mut total = 0;
+        if let Some(v) = indexes {
+            let field = format!("{r}.succeededIndexes");
+            let s = v.as_str().unwrap_or("");
+            if s.len() > MAX_SUCCEEDED_INDEXES {
+                causes.push(too_long(&field, MAX_SUCCEEDED_INDEXES));
+            }
+            match indexes_total(s, completions) {
+                Ok(n) => total = n,
+                Err(e) => causes.push(invalid(
+                    &field,
+                    v,
+                    &format!("error parsing succeededIndexes: {e}"),
+                )),
+            }
+        }
+        if let Some(v) = count {
+            let field = format!("{r}.succeededCount");
+            let n = v.as_i64().unwrap_or(-1);
+            if n < 0 {
+                causes.push(invalid(&field, v, "must be greater than or equal to 0"));
+            }
+            if n > completions {
+                causes.push(invalid(
+                    &field,
+                    v,
+                    &format!(
+                        "must be less than or equal to {completions} (the number of specified completions)"
+                    ),
+                ));
+            }
+            if indexes.is_some() && n > total {
+                causes.push(invalid(
+                    &field,
+                    v,
+                    &format!(
+                        "must be less than or equal to {total} (the number of indexes in the specified succeededIndexes field)"
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// How many indexes `1,3-5,7` names, if each is below `completions` and they increase.
+fn indexes_total(s: &str, completions: i64) -> Result<i64, String> {
+    if s.is_empty() {
+        return Ok(0);
+    }
+    let mut last: Option<i64> = None;
+    let mut total = 0;
+    for interval in s.split(',') {
+        let limits: Vec<&str> = interval.split('-').collect();
+        if limits.len() > 2 {
+            return Err(format!("the fragment {interval:?} violates the requirement that an index interval can have at most two parts separated by '-'"));
+        }
+        let index = |part: &str| -> Result<i64, String> {
+            let i: i64 = part
+                .parse()
+                .map_err(|_| format!("cannot convert string to integer for index: {part:?}"))?;
+            if i >= completions {
+                return Err(format!("too large index: {part:?}"));
+            }
+            Ok(i)
+        };
+        let x = index(limits[0])?;
+        let y = match limits.get(1) {
+            Some(part) => {
+                let y = index(part)?;
+                if x >= y {
+                    return Err(format!("non-increasing order, previous: {x}, current: {y}"));
+                }
+                y
+            }
+            None => x,
+        };
+        if let Some(prev) = last.filter(|p| *p >= x) {
+            return Err(format!(
+                "non-increasing order, previous: {prev}, current: {x}"
+            ));
+        }
+        total += y - x + 1;
+        last = Some(y);
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
@@ -372,6 +547,115 @@ mod tests {
                 "{field}: {causes:?}"
             );
         }
+    }
+
+    #[test]
+    fn success_policy_managed_by_and_replacement_policy_are_validated() {
+        let indexed = |extra: Value| {
+            let mut spec = json!({"completions": 5, "completionMode": "Indexed",
+                "template": template()});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            spec
+        };
+        for (spec, field, message) in [
+            (
+                json!({"successPolicy": {"rules": [{"succeededCount": 1}]},
+                    "template": template()}),
+                "spec.successPolicy",
+                "Invalid value: {\"rules\":[{\"succeededCount\":1}]}: requires indexed completion mode",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": []}})),
+                "spec.successPolicy.rules",
+                "Required value: at least one rules must be specified when the successPolicy is specified",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": [{}]}})),
+                "spec.successPolicy.rules[0]",
+                "Required value: at least one of succeededCount or succeededIndexes must be specified",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "0-5"}]}})),
+                "spec.successPolicy.rules[0].succeededIndexes",
+                "Invalid value: \"0-5\": error parsing succeededIndexes: too large index: \"5\"",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": [{"succeededIndexes": "3,1"}]}})),
+                "spec.successPolicy.rules[0].succeededIndexes",
+                "Invalid value: \"3,1\": error parsing succeededIndexes: non-increasing order, previous: 3, current: 1",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": [{"succeededCount": 6}]}})),
+                "spec.successPolicy.rules[0].succeededCount",
+                "Invalid value: 6: must be less than or equal to 5 (the number of specified completions)",
+            ),
+            (
+                indexed(json!({"successPolicy": {"rules": [
+                    {"succeededIndexes": "0-1", "succeededCount": 3}]}})),
+                "spec.successPolicy.rules[0].succeededCount",
+                "Invalid value: 3: must be less than or equal to 2 (the number of indexes in the specified succeededIndexes field)",
+            ),
+            (
+                json!({"managedBy": "no-domain", "template": template()}),
+                "spec.managedBy",
+                "Invalid value: \"no-domain\": must be a domain-prefixed path (such as \"acme.io/foo\")",
+            ),
+            (
+                json!({"podReplacementPolicy": "Sometimes", "template": template()}),
+                "spec.podReplacementPolicy",
+                "Unsupported value: \"Sometimes\": supported values: \"Failed\", \"TerminatingOrFailed\"",
+            ),
+            (
+                json!({"podReplacementPolicy": "TerminatingOrFailed", "template": template(),
+                    "podFailurePolicy": {"rules": [{"action": "Ignore",
+                        "onExitCodes": {"operator": "In", "values": [2]}}]}}),
+                "spec.podReplacementPolicy",
+                "Unsupported value: \"TerminatingOrFailed\": supported values: \"Failed\"",
+            ),
+        ] {
+            let mut j = job(spec);
+            Job.defaults(&mut j);
+            let mut causes = Vec::new();
+            Job.validate(&j, &mut causes);
+            assert!(
+                causes
+                    .iter()
+                    .any(|c| c.field == field && c.message == message),
+                "{field}: {causes:?}"
+            );
+        }
+        let mut ok = job(indexed(json!({"managedBy": "example.com/queue",
+            "successPolicy": {"rules": [{"succeededIndexes": "0,2-4", "succeededCount": 2}]}})));
+        Job.defaults(&mut ok);
+        let mut causes = Vec::new();
+        Job.validate(&ok, &mut causes);
+        assert!(causes.is_empty(), "{causes:?}");
+    }
+
+    #[test]
+    fn managed_by_and_success_policy_never_change() {
+        let mut old = job(json!({"template": template()}));
+        Job.defaults(&mut old);
+        let mut new = old.clone();
+        new["spec"]["managedBy"] = json!("example.com/queue");
+        let mut causes = Vec::new();
+        Job.validate_update(&old, &new, &mut causes);
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(causes[0].field, "spec.managedBy");
+        assert_eq!(
+            causes[0].message,
+            "Invalid value: \"example.com/queue\": field is immutable"
+        );
+        let mut causes = Vec::new();
+        Job.validate_update(&new, &old, &mut causes);
+        assert_eq!(causes[0].message, "Invalid value: null: field is immutable");
+        let mut policy = old.clone();
+        policy["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 1}]});
+        let mut causes = Vec::new();
+        Job.validate_update(&old, &policy, &mut causes);
+        assert_eq!(causes[0].field, "spec.successPolicy");
     }
 
     #[test]

@@ -205,17 +205,35 @@ pub struct Generic;
 
 impl Strategy for Generic {}
 
+/// Adds a FieldValueInvalid cause when the field at `ptr` changed, set or cleared
+/// (Kubernetes' ValidateImmutableField, for fields that have no default).
+pub(crate) fn immutable_even_unset(
+    ptr: &str,
+    current: &Value,
+    new: &Value,
+    causes: &mut Vec<Cause>,
+) {
+    let set = |v: &Value| v.pointer(ptr).filter(|v| !v.is_null()).cloned();
+    if set(current) != set(new) {
+        causes.push(immutable_cause(ptr, new));
+    }
+}
+
 /// Adds a FieldValueInvalid cause when the field at `ptr` was set and changed.
 pub(crate) fn immutable(ptr: &str, current: &Value, new: &Value, causes: &mut Vec<Cause>) {
     let old = current.pointer(ptr);
     if old.is_some() && old != new.pointer(ptr) {
-        causes.push(Cause {
-            reason: "FieldValueInvalid",
-            field: ptr.trim_start_matches('/').replace('/', "."),
-            message: format!(
-                "Invalid value: {}: field is immutable",
-                new.pointer(ptr).cloned().unwrap_or(Value::Null)
-            ),
-        });
+        causes.push(immutable_cause(ptr, new));
+    }
+}
+
+fn immutable_cause(ptr: &str, new: &Value) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid",
+        field: ptr.trim_start_matches('/').replace('/', "."),
+        message: format!(
+            "Invalid value: {}: field is immutable",
+            new.pointer(ptr).cloned().unwrap_or(Value::Null)
+        ),
     }
 }
