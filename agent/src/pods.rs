@@ -527,16 +527,9 @@ async fn finish(shared: Arc<Shared>, pod: Pod, (secs, code): (u64, i32)) {
             sim_container_status(uid, c, false, state)
         })
         .collect();
-    let not_ready = |type_: &str| PodCondition {
-        type_: type_.into(),
-        status: "False".into(),
-        reason: Some("PodCompleted".into()),
-        last_transition_time: Some(t.clone()),
-        ..PodCondition::default()
-    };
     let status = PodStatus {
         phase: Some(if code == 0 { "Succeeded" } else { "Failed" }.into()),
-        conditions: Some(vec![not_ready("Ready"), not_ready("ContainersReady")]),
+        conditions: Some(completed_conditions(&t)),
         container_statuses: Some(statuses),
         ..PodStatus::default()
     };
@@ -556,6 +549,18 @@ async fn finish(shared: Arc<Shared>, pod: Pod, (secs, code): (u64, i32)) {
             }
         }
     }
+}
+
+/// The Ready and ContainersReady conditions of a pod whose containers all stopped at `t`.
+fn completed_conditions(t: &Time) -> Vec<PodCondition> {
+    let not_ready = |type_: &str| PodCondition {
+        type_: type_.into(),
+        status: "False".into(),
+        reason: Some("PodCompleted".into()),
+        last_transition_time: Some(t.clone()),
+        ..PodCondition::default()
+    };
+    vec![not_ready("Ready"), not_ready("ContainersReady")]
 }
 
 /// A pod being deleted: stop its containers (a `Killing` event each), report them
@@ -587,6 +592,26 @@ pub(crate) async fn finish_deletion(clients: &Clients, cfg: &NodeConfig, pod: &P
         .await;
     }
     let api: Api<Pod> = Api::namespaced(client, ns);
+    // Its containers stopped, the pod is terminal before it goes, as the kubelet reports it:
+    // a pod held by a finalizer (a Job's tracking) shows that it failed, which is what a
+    // Job with podReplacementPolicy Failed waits for before replacing it.
+    let phase = pod.status.as_ref().and_then(|st| st.phase.as_deref());
+    if !matches!(phase, Some("Succeeded" | "Failed")) {
+        let status = PodStatus {
+            phase: Some("Failed".into()),
+            conditions: Some(completed_conditions(&now())),
+            ..PodStatus::default()
+        };
+        let patch = Patch::Strategic(status_patch(&status));
+        match api
+            .patch_status(name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => tracing::warn!(pod = name, error = %e, "reporting the stopped pod failed"),
+        }
+    }
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(kube::api::Preconditions {

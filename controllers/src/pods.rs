@@ -45,9 +45,31 @@ pub async fn adopt<K: Object>(
     owner: &K,
     pod: &Pod,
 ) -> Result<Option<Pod>, ApiError> {
-    let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
+    adopt_holding(client, owner, pod, None).await
+}
+
+/// Makes `owner` the pod's controller and, with `finalizer`, adds that finalizer in the same
+/// write (the Job controller's tracking finalizer), if the pod has not changed since it was read.
+async fn adopt_holding<K: Object>(
+    client: &LocalClient,
+    owner: &K,
+    pod: &Pod,
+    finalizer: Option<&str>,
+) -> Result<Option<Pod>, ApiError> {
+    let m = &pod.metadata;
+    let mut refs = m.owner_references.clone().unwrap_or_default();
     refs.push(controller_ref(owner));
-    set_owners(client, pod, Some(refs)).await
+    let mut patch = json!({"metadata": {"ownerReferences": refs,
+        "resourceVersion": m.resource_version}});
+    if let Some(f) = finalizer {
+        let mut finalizers = m.finalizers.clone().unwrap_or_default();
+        if !finalizers.iter().any(|x| x == f) {
+            finalizers.push(f.to_string());
+        }
+        patch["metadata"]["finalizers"] = json!(finalizers);
+    }
+    let pods = Objects::<Pod>::namespaced(client, namespace(m));
+    ignore_gone(pods.merge_patch(name(m), &patch).await)
 }
 
 /// Takes the owner of `uid` off the pod.
@@ -82,6 +104,17 @@ pub async fn claim<K: Object>(
     owner: &K,
     matches: impl Fn(&Pod) -> bool,
 ) -> Result<Vec<Arc<Pod>>, ApiError> {
+    claim_holding(client, pods, owner, matches, None).await
+}
+
+/// [`claim`], adding `finalizer` to the pods it adopts.
+pub async fn claim_holding<K: Object>(
+    client: &LocalClient,
+    pods: &Store<Pod>,
+    owner: &K,
+    matches: impl Fn(&Pod) -> bool,
+    finalizer: Option<&str>,
+) -> Result<Vec<Arc<Pod>>, ApiError> {
     let meta = owner.metadata();
     let uid = meta.uid.as_deref().unwrap_or("");
     let mut owned = Vec::new();
@@ -94,7 +127,7 @@ pub async fn claim<K: Object>(
                 && pod.metadata.deletion_timestamp.is_none()
                 && meta.deletion_timestamp.is_none() =>
             {
-                if let Some(adopted) = adopt(client, owner, &pod).await? {
+                if let Some(adopted) = adopt_holding(client, owner, &pod, finalizer).await? {
                     owned.push(Arc::new(adopted));
                 }
             }

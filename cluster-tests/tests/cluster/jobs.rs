@@ -3,7 +3,9 @@
 //! annotation, 0 unless it says otherwise): a Job of three completions two at a time
 //! completes; a failing Job stops at its backoff limit; an Indexed Job runs each index once; a
 //! CronJob starts a Job every minute and keeps only its history limit of them, and
-//! `kubectl create job --from=cronjob/...` starts one by hand.
+//! `kubectl create job --from=cronjob/...` starts one by hand. A successPolicy ends an Indexed
+//! Job early; a Job of another controller (`managedBy`) is left alone; orphans a Job selects
+//! are adopted; podReplacementPolicy Failed waits for a deleted pod to fail.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -622,4 +624,256 @@ async fn jobs_run_real_containers_to_completion() {
             "index 1 of echo-index-1".to_string()
         ])
     );
+}
+
+/// `kubectl get <what> -o jsonpath=<path>` until it prints `want`.
+async fn wait_jsonpath(k: &Kubectl, what: &[&str], path: &str, want: &str) {
+    cluster_tests::wait_for(
+        &format!("{what:?} {path} to be {want:?}"),
+        Duration::from_secs(90),
+        || async { (jsonpath(k, what, path).await == want).then_some(()) },
+    )
+    .await;
+}
+
+/// Writes the pod's phase as its node's agent would.
+async fn set_phase(k: &Kubectl, pod: &str, phase: &str) {
+    let patch = format!(r#"{{"status":{{"phase":"{phase}"}}}}"#);
+    k.run(&[
+        "patch",
+        "pod",
+        pod,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+    .await
+    .ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_policy_ends_an_indexed_job_and_managed_by_leaves_a_job_alone() {
+    let (_c, k) = cluster_with_a_node().await;
+    // Three long-running indexes; the job succeeds once index 1 has (the second rule).
+    let leader = r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"leader"},
+      "spec":{"completions":3,"parallelism":3,"completionMode":"Indexed",
+        "successPolicy":{"rules":[{"succeededCount":3},{"succeededIndexes":"1"}]},
+        "template":{"metadata":{"annotations":{"sim.rkube.io/run-seconds":"600"}},"spec":{
+          "restartPolicy":"Never","terminationGracePeriodSeconds":1,
+          "containers":[{"name":"c","image":"busybox:1.36"}]}}}}"#;
+    // Another controller's job, beside one of this controller's.
+    let others = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"elsewhere"},
+       "spec":{"managedBy":"example.com/multikueue","template":{"spec":{
+         "restartPolicy":"Never","containers":[{"name":"c","image":"busybox:1.36"}]}}}},
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"here"},
+       "spec":{"managedBy":"kubernetes.io/job-controller","template":{"spec":{
+         "restartPolicy":"Never","containers":[{"name":"c","image":"busybox:1.36"}]}}}}]}"#;
+    k.run_with_input(&["apply", "-f", "-"], leader).await.ok();
+    k.run_with_input(&["apply", "-f", "-"], others).await.ok();
+
+    wait_jsonpath(
+        &k,
+        &["pods", "-l", "batch.kubernetes.io/job-name=leader"],
+        "{range .items[*]}{.status.phase} {end}",
+        "Running Running Running ",
+    )
+    .await;
+    let second = jsonpath(
+        &k,
+        &[
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-name=leader,batch.kubernetes.io/job-completion-index=1",
+        ],
+        "{.items[0].metadata.name}",
+    )
+    .await;
+    set_phase(&k, &second, "Succeeded").await;
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/leader",
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    let status = jsonpath(
+        &k,
+        &["job", "leader"],
+        "{.status.succeeded} {.status.failed} {.status.active} {.status.terminating} {.status.completedIndexes}",
+    )
+    .await;
+    assert_eq!(status, "1 0 0 0 1");
+    for ty in ["SuccessCriteriaMet", "Complete"] {
+        let c = jsonpath(
+            &k,
+            &["job", "leader"],
+            &format!("{{.status.conditions[?(@.type==\"{ty}\")].reason}}: {{.status.conditions[?(@.type==\"{ty}\")].message}}"),
+        )
+        .await;
+        assert_eq!(c, "SuccessPolicy: Matched rules at index 1", "{ty}");
+    }
+    // The other indexes' pods were terminated and are gone.
+    let gone = k
+        .run(&[
+            "wait",
+            "--for=delete",
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-name=leader,batch.kubernetes.io/job-completion-index!=1",
+            "--timeout=60s",
+        ])
+        .await;
+    assert!(gone.success, "{}{}", gone.stdout, gone.stderr);
+
+    // By the time this controller's job is done, the other one still has no pods nor status.
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/here",
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    assert_eq!(
+        jsonpath(&k, &["job", "elsewhere"], "{.status}").await,
+        "",
+        "a job of another controller got a status"
+    );
+    assert_eq!(
+        jsonpath(
+            &k,
+            &["pods", "-l", "batch.kubernetes.io/job-name=elsewhere"],
+            "{.items}"
+        )
+        .await,
+        "[]"
+    );
+
+    // managedBy and successPolicy are fixed once the job exists; a successPolicy needs an
+    // Indexed job.
+    let changed = k
+        .run(&[
+            "patch",
+            "job",
+            "elsewhere",
+            "-p",
+            r#"{"spec":{"managedBy":"kubernetes.io/job-controller"}}"#,
+        ])
+        .await;
+    assert!(!changed.success);
+    assert!(
+        changed.stderr.contains(
+            "The Job \"elsewhere\" is invalid: spec.managedBy: Invalid value: \"kubernetes.io/job-controller\": field is immutable"
+        ),
+        "{}",
+        changed.stderr
+    );
+    let bad = r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"bad"},
+      "spec":{"successPolicy":{"rules":[{"succeededCount":1}]},
+        "podReplacementPolicy":"Sometimes","template":{"spec":{
+          "restartPolicy":"Never","containers":[{"name":"c","image":"busybox:1.36"}]}}}}"#;
+    let refused = k.run_with_input(&["create", "-f", "-"], bad).await;
+    assert!(!refused.success);
+    for part in [
+        "The Job \"bad\" is invalid:",
+        "spec.successPolicy: Invalid value:",
+        "requires indexed completion mode",
+        "spec.podReplacementPolicy: Unsupported value: \"Sometimes\": supported values: \"Failed\", \"TerminatingOrFailed\"",
+    ] {
+        assert!(refused.stderr.contains(part), "{part}: {}", refused.stderr);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_adopt_orphans_and_replace_only_failed_pods_when_asked() {
+    let (_c, k) = cluster_with_a_node().await;
+    // A pod that finished before any job selected it.
+    let stray = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"stray",
+        "labels":{"app":"stray"},"annotations":{"sim.rkube.io/exit-code":"0"}},
+        "spec":{"restartPolicy":"Never",
+        "containers":[{"name":"c","image":"busybox:1.36"}]}}"#;
+    k.run_with_input(&["apply", "-f", "-"], stray).await.ok();
+    wait_jsonpath(&k, &["pod", "stray"], "{.status.phase}", "Succeeded").await;
+    let adopting = r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"adopter"},
+      "spec":{"manualSelector":true,"selector":{"matchLabels":{"app":"stray"}},
+        "template":{"metadata":{"labels":{"app":"stray"}},"spec":{
+          "restartPolicy":"Never","containers":[{"name":"c","image":"busybox:1.36"}]}}}}"#;
+    k.run_with_input(&["apply", "-f", "-"], adopting).await.ok();
+    let done = k
+        .run(&[
+            "wait",
+            "--for=condition=complete",
+            "job/adopter",
+            "--timeout=90s",
+        ])
+        .await;
+    assert!(done.success, "{}{}", done.stdout, done.stderr);
+    // The job counted the adopted pod and made none of its own.
+    assert_eq!(
+        jsonpath(&k, &["job", "adopter"], "{.status.succeeded}").await,
+        "1"
+    );
+    let owners = jsonpath(
+        &k,
+        &["pods", "-l", "app=stray"],
+        "{range .items[*]}{.metadata.name} {.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name} {.metadata.ownerReferences[0].controller}{\"\\n\"}{end}",
+    )
+    .await;
+    assert_eq!(owners, "stray Job/adopter true\n");
+
+    // Two jobs whose pods cannot be scheduled, so a deleted pod stays terminating (held by the
+    // tracking finalizer, no node to finish it): the default policy replaces it at once, and
+    // podReplacementPolicy Failed only once it has failed.
+    let jobs = r#"{"apiVersion":"v1","kind":"List","items":[
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"patient"},
+       "spec":{"podReplacementPolicy":"Failed","template":{"spec":{
+         "restartPolicy":"Never","nodeSelector":{"no":"such-node"},
+         "containers":[{"name":"c","image":"busybox:1.36"}]}}}},
+      {"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"eager"},
+       "spec":{"template":{"spec":{
+         "restartPolicy":"Never","nodeSelector":{"no":"such-node"},
+         "containers":[{"name":"c","image":"busybox:1.36"}]}}}}]}"#;
+    k.run_with_input(&["apply", "-f", "-"], jobs).await.ok();
+    assert_eq!(
+        jsonpath(&k, &["job", "eager"], "{.spec.podReplacementPolicy}").await,
+        "TerminatingOrFailed"
+    );
+    let mut first = Vec::new();
+    for job in ["patient", "eager"] {
+        wait_jsonpath(&k, &["job", job], "{.status.active}", "1").await;
+        let selector = format!("batch.kubernetes.io/job-name={job}");
+        let pod = jsonpath(&k, &["pods", "-l", &selector], "{.items[0].metadata.name}").await;
+        k.run(&["delete", "pod", &pod, "--wait=false"]).await.ok();
+        first.push(pod);
+    }
+    // Failed: the deleted pod is terminating, not failed, and not replaced.
+    let patient = "{.status.failed} {.status.active} {.status.terminating}";
+    wait_jsonpath(&k, &["job", "patient"], patient, "0 0 1").await;
+    // The default: the terminating pod counts as failed and has a replacement.
+    wait_jsonpath(
+        &k,
+        &["job", "eager"],
+        "{.status.failed} {.status.active}",
+        "1 1",
+    )
+    .await;
+    // Failed: by then, still waiting for its pod to fail.
+    assert_eq!(jsonpath(&k, &["job", "patient"], patient).await, "0 0 1");
+    assert_eq!(
+        jsonpath(
+            &k,
+            &["pods", "-l", "batch.kubernetes.io/job-name=patient"],
+            "{range .items[*]}{.metadata.name} {end}"
+        )
+        .await,
+        format!("{} ", first[0])
+    );
+    // Once the pod has failed it is counted and replaced.
+    set_phase(&k, &first[0], "Failed").await;
+    wait_jsonpath(&k, &["job", "patient"], patient, "1 1 0").await;
 }

@@ -25,6 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::meta::{controller_of, controller_ref, key, name, namespace};
+use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
 pub use plan::{COMPLETION_INDEX, TRACKING_FINALIZER};
@@ -37,6 +38,8 @@ use rkube_runtime::events::{Recorder, NORMAL, WARNING};
 use rkube_runtime::store::Store;
 
 const COMPONENT: &str = "job-controller";
+/// The `spec.managedBy` of jobs this controller reconciles (also when the field is unset).
+pub const MANAGED_BY: &str = "kubernetes.io/job-controller";
 /// Parallel reconciles.
 const WORKERS: usize = 4;
 /// Most pods one reconcile creates (Kubernetes' burst of pods per sync).
@@ -76,7 +79,25 @@ pub fn start(
             tokio::spawn(async move { free_orphans(&pods, &client, &job_key).await });
         }
     };
-    let controller = Controller::new(COMPONENT, jobs).owns(&pods).on_gone(gone);
+    // A pod without a controller (or relabelled) that a job's selector takes: that job
+    // looks, to adopt it (or let it go).
+    let orphans = {
+        let jobs = jobs.clone();
+        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
+            let Some(pod) = crate::pods::to_claim(old, new) else {
+                return Vec::new();
+            };
+            jobs.in_namespace(namespace(&pod.metadata))
+                .iter()
+                .filter(|j| managed_here(j) && selects(selector_of(j).as_ref(), pod))
+                .map(|j| key(&j.metadata))
+                .collect()
+        }
+    };
+    let controller = Controller::new(COMPONENT, jobs)
+        .owns(&pods)
+        .watches(&pods, orphans)
+        .on_gone(gone);
     let ctx = Arc::new(Jobs {
         pods,
         recorder: Recorder::new(client.clone(), COMPONENT),
@@ -90,6 +111,24 @@ pub fn start(
         ctx,
         |job: Arc<Job>, ctx: Arc<Jobs>| async move { ctx.reconcile(&job).await },
     );
+}
+
+/// Whether this controller reconciles the job: `spec.managedBy` unset or naming it. A job
+/// another controller manages is left to it (only its ttlSecondsAfterFinished is kept).
+fn managed_here(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.managed_by.as_deref())
+        .is_none_or(|m| m == MANAGED_BY)
+}
+
+/// The selector the job claims its pods with (None: an empty one, which takes none).
+fn selector_of(job: &Job) -> Option<LabelSelector> {
+    crate::pods::claiming_selector(job.spec.as_ref()?.selector.as_ref()?)
+}
+
+fn selects(selector: Option<&LabelSelector>, pod: &Pod) -> bool {
+    selector.is_some_and(|s| s.matches_labels(pod.metadata.labels.as_ref()))
 }
 
 fn has_finalizer(pod: &Pod) -> bool {
@@ -179,14 +218,31 @@ fn now() -> Timestamp {
 impl Jobs {
     async fn reconcile(&self, job: &Job) -> Result<Action, ApiError> {
         let meta = &job.metadata;
-        let (job_key, ns) = (key(meta), namespace(meta));
+        let job_key = key(meta);
+        if !managed_here(job) {
+            let ttl = self.expire(job, now()).await?;
+            return Ok(ttl.map_or_else(Action::await_change, Action::requeue));
+        }
         let uid = meta.uid.as_deref().unwrap_or("");
-        let owned: Vec<Arc<Pod>> = self
-            .pods
-            .in_namespace(ns)
-            .into_iter()
-            .filter(|p| controller_of(&p.metadata).is_some_and(|r| r.uid == uid))
-            .collect();
+        let owned: Vec<Arc<Pod>> = if meta.deletion_timestamp.is_some() {
+            self.pods
+                .in_namespace(namespace(meta))
+                .into_iter()
+                .filter(|p| controller_of(&p.metadata).is_some_and(|r| r.uid == uid))
+                .collect()
+        } else {
+            // Orphans the selector takes are adopted, held by the tracking finalizer as the
+            // pods this controller creates are; owned pods it no longer takes are let go.
+            let selector = selector_of(job);
+            crate::pods::claim_holding(
+                &self.client,
+                &self.pods,
+                job,
+                |p| selects(selector.as_ref(), p),
+                Some(TRACKING_FINALIZER),
+            )
+            .await?
+        };
 
         if meta.deletion_timestamp.is_some() {
             // Being deleted (foreground, or held by a finalizer): let its pods go.

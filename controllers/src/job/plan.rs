@@ -161,6 +161,39 @@ fn past_limit_on_failure(spec: &JobSpec, pods: &[Arc<Pod>], limit: i32) -> bool 
     }
 }
 
+/// Failed pods are replaced, and terminating ones only once they have failed: what
+/// podReplacementPolicy Failed asks, and what a pod failure policy implies.
+fn only_replace_failed(spec: &JobSpec) -> bool {
+    spec.pod_replacement_policy.as_deref() == Some("Failed") || spec.pod_failure_policy.is_some()
+}
+
+/// The message of the first successPolicy rule the succeeded indexes meet ("Matched rules at
+/// index 0"): all of its succeededIndexes, or succeededCount of them, or succeededCount
+/// indexes at all.
+fn success_policy_met(spec: &JobSpec, completed: &BTreeSet<i32>) -> Option<String> {
+    let rules = &spec.success_policy.as_ref()?.rules;
+    let completions = spec.completions?;
+    if completed.is_empty() || spec.completion_mode.as_deref() != Some("Indexed") {
+        return None;
+    }
+    rules.iter().enumerate().find_map(|(i, rule)| {
+        let met = match (&rule.succeeded_indexes, rule.succeeded_count) {
+            (Some(indexes), count) => {
+                let required: BTreeSet<i32> = parse_indexes(Some(indexes))
+                    .into_iter()
+                    .filter(|i| *i < completions)
+                    .collect();
+                let done = required.intersection(completed).count();
+                !required.is_empty()
+                    && count.map_or(done == required.len(), |c| done as i64 >= i64::from(c))
+            }
+            (None, Some(c)) => completed.len() as i64 >= i64::from(c),
+            (None, None) => false,
+        };
+        met.then(|| format!("Matched rules at index {i}"))
+    })
+}
+
 pub fn condition_true(status: Option<&JobStatus>, ty: &str) -> bool {
     status
         .and_then(|s| s.conditions.as_ref())
@@ -203,9 +236,13 @@ fn to_count(
     pods: &[Arc<Pod>],
     status: &JobStatus,
     freed: &HashSet<String>,
-    suspended: bool,
     spec: &JobSpec,
 ) -> Counting {
+    let suspended = spec.suspend == Some(true);
+    // Pods deleted because the job succeeded (or was suspended) do not count as failures.
+    let succeeding = condition_true(Some(status), "SuccessCriteriaMet");
+    let ending = succeeding || condition_true(Some(status), "FailureTarget");
+    let only_failed = only_replace_failed(spec);
     let uncounted = status.uncounted_terminated_pods.clone().unwrap_or_default();
     let was = |list: &Option<Vec<String>>, uid: &str| list.iter().flatten().any(|u| u == uid);
     let mut out = Vec::new();
@@ -216,7 +253,10 @@ fn to_count(
         let name = pod.metadata.name.clone().unwrap_or_default();
         let listed_ok = was(&uncounted.succeeded, &uid);
         let listed_failed = was(&uncounted.failed, &uid);
-        let finished = terminal(pod) || pod.metadata.deletion_timestamp.is_some();
+        let deleted = pod.metadata.deletion_timestamp.is_some() && phase(pod) != "Succeeded";
+        // Under podReplacementPolicy Failed a pod being deleted counts once it has failed,
+        // unless the job is ending or suspended anyway.
+        let finished = terminal(pod) || (deleted && (!only_failed || ending || suspended));
         let held = has_finalizer(pod) && !freed.contains(&uid);
         if !(listed_ok || listed_failed || (held && finished)) {
             continue;
@@ -225,6 +265,8 @@ fn to_count(
             Outcome::Succeeded
         } else if listed_failed {
             Outcome::Failed
+        } else if deleted && (suspended || succeeding) {
+            Outcome::Uncounted
         } else if phase(pod) == "Failed" {
             match match_policy(spec, pod) {
                 Some((PolicyAction::FailJob, message)) => {
@@ -244,8 +286,6 @@ fn to_count(
                 }
                 Some((PolicyAction::Count, _)) | None => Outcome::Failed,
             }
-        } else if suspended {
-            Outcome::Uncounted
         } else {
             Outcome::Failed
         };
@@ -281,7 +321,7 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
     let finished = condition_true(Some(&old), "Complete") || condition_true(Some(&old), "Failed");
 
     // Count what finished.
-    let (count, fail_job, policy_failed_indexes) = to_count(pods, &old, freed, suspended, &spec);
+    let (count, fail_job, policy_failed_indexes) = to_count(pods, &old, freed, &spec);
     let mut succeeded = old.succeeded.unwrap_or(0);
     let mut failed = old.failed.unwrap_or(0);
     let mut completed: BTreeSet<i32> = parse_indexes(old.completed_indexes.as_deref());
@@ -365,6 +405,7 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
                     Some("PodFailurePolicy") => "PodFailurePolicy",
                     Some("MaxFailedIndexesExceeded") => "MaxFailedIndexesExceeded",
                     Some("FailedIndexes") => "FailedIndexes",
+                    Some("SuccessPolicy") => "SuccessPolicy",
                     _ => "CompletionsReached",
                 },
                 message: c.message.clone().unwrap_or_default(),
@@ -413,6 +454,12 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
                 failed: true,
                 reason: "FailedIndexes",
                 message: "Job has failed indexes".into(),
+            })
+        } else if let Some(message) = success_policy_met(&spec, &completed) {
+            Some(Finish {
+                failed: false,
+                reason: "SuccessPolicy",
+                message,
             })
         } else {
             let done = match (indexed, completions) {
@@ -489,9 +536,20 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
         .iter()
         .map(|p| p.metadata.name.clone().unwrap_or_default())
         .collect();
-    let replacements_wait =
-        spec.pod_replacement_policy.as_deref() == Some("Failed") && terminating > 0;
-    if keep.len() < want && !replacements_wait {
+    // Under podReplacementPolicy Failed a pod is replaced only once it has failed: the pods
+    // still terminating hold their places (and their indexes).
+    let only_failed = only_replace_failed(&spec);
+    let held = if only_failed {
+        for p in pods.iter().filter(|p| is_terminating(p)) {
+            if let Some(i) = index_of(p) {
+                held_indexes.insert(i);
+            }
+        }
+        keep.len() + terminating as usize
+    } else {
+        keep.len()
+    };
+    if held < want {
         let new_failures = plan
             .count
             .iter()
@@ -516,7 +574,7 @@ pub fn plan(job: &Job, pods: &[Arc<Pod>], freed: &HashSet<String>, now: Timestam
                 plan.requeue = Some(plan.requeue.map_or(wait, |r| r.min(wait)));
             }
             None => {
-                let n = want - keep.len();
+                let n = want - held;
                 if indexed {
                     let failures_of = |i: i32| {
                         pods.iter()
@@ -845,6 +903,83 @@ mod tests {
                 counts: (0, 1),
                 conditions: &[],
             },
+            Case {
+                what: "a success policy rule met: the other indexes go",
+                spec: json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                    "successPolicy": {"rules": [{"succeededCount": 3}, {"succeededIndexes": "1"}]}}),
+                status: started.clone(),
+                pods: vec![
+                    pod("a", "running", Some(0)),
+                    pod("b", "succeeded", Some(1)),
+                    pod("c", "running", Some(2)),
+                ],
+                create: 0,
+                delete: 2,
+                counts: (1, 0),
+                conditions: &["SuccessCriteriaMet=True:SuccessPolicy"],
+            },
+            Case {
+                what: "a success policy not met yet: the job goes on",
+                spec: json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                    "successPolicy": {"rules": [{"succeededIndexes": "0-1", "succeededCount": 2}]}}),
+                status: started.clone(),
+                pods: vec![
+                    pod("a", "running", Some(0)),
+                    pod("b", "succeeded", Some(1)),
+                    pod("c", "running", Some(2)),
+                ],
+                create: 0,
+                delete: 0,
+                counts: (1, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "succeeded by policy: the pods deleted for it are no failures",
+                spec: json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                    "successPolicy": {"rules": [{"succeededIndexes": "1"}]}}),
+                status: json!({"startTime": "2026-01-01T00:00:00Z", "succeeded": 1,
+                    "completedIndexes": "1", "conditions": [{"type": "SuccessCriteriaMet",
+                        "status": "True", "reason": "SuccessPolicy",
+                        "message": "Matched rules at index 0"}]}),
+                pods: vec![pod("a", "deleting", Some(0))],
+                create: 0,
+                delete: 0,
+                counts: (1, 0),
+                conditions: &["SuccessCriteriaMet=True:SuccessPolicy"],
+            },
+            Case {
+                what:
+                    "podReplacementPolicy Failed: a terminating pod is neither failed nor replaced",
+                spec: json!({"completions": 1, "parallelism": 1, "podReplacementPolicy": "Failed"}),
+                status: started.clone(),
+                pods: vec![pod("a", "deleting", None)],
+                create: 0,
+                delete: 0,
+                counts: (0, 0),
+                conditions: &[],
+            },
+            Case {
+                what: "TerminatingOrFailed: a terminating pod is failed and replaced",
+                spec: json!({"completions": 1, "parallelism": 1,
+                    "podReplacementPolicy": "TerminatingOrFailed"}),
+                status: started.clone(),
+                pods: vec![pod("a", "deleting", None)],
+                create: 1,
+                delete: 0,
+                counts: (0, 1),
+                conditions: &[],
+            },
+            Case {
+                what: "podReplacementPolicy Failed, indexed: a terminating pod keeps its index",
+                spec: json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                    "podReplacementPolicy": "Failed"}),
+                status: started.clone(),
+                pods: vec![pod("a", "deleting", Some(0)), pod("b", "running", Some(1))],
+                create: 1,
+                delete: 0,
+                counts: (0, 0),
+                conditions: &[],
+            },
         ];
         for c in cases {
             let j = job(c.spec, c.status);
@@ -876,6 +1011,17 @@ mod tests {
         assert_eq!(p.status.failed_indexes.as_deref(), Some("0"));
         assert_eq!(p.status.completed_indexes.as_deref(), Some("2"));
         assert_eq!(p.create, [(Some(1), 0)]);
+
+        // podReplacementPolicy Failed: the index of a terminating pod is not started again.
+        let j = job(
+            json!({"completions": 3, "parallelism": 3, "completionMode": "Indexed",
+                "podReplacementPolicy": "Failed"}),
+            json!({"startTime": "2026-01-01T00:00:00Z"}),
+        );
+        let pods = vec![pod("a", "deleting", Some(0)), pod("b", "running", Some(1))];
+        let p = plan(&j, &pods, &HashSet::new(), now());
+        assert_eq!(p.create, [(Some(2), 0)]);
+        assert_eq!(p.status.terminating, Some(1));
 
         // The backoff doubles: the third failure waits 40 s from the last one.
         let j = job(
