@@ -472,14 +472,31 @@ mod tests {
         json!({"metadata": {"name": "pi", "uid": "u-1"}, "spec": spec})
     }
 
+    fn defaulted(spec: Value) -> Value {
+        let mut j = job(spec);
+        Job.defaults(&mut j);
+        j
+    }
+
+    fn validated(j: &Value) -> Vec<Cause> {
+        let mut causes = Vec::new();
+        Job.validate(j, &mut causes);
+        causes
+    }
+
+    fn updated(old: &Value, new: &Value) -> Vec<Cause> {
+        let mut causes = Vec::new();
+        Job.validate_update(old, new, &mut causes);
+        causes
+    }
+
     fn template() -> Value {
         json!({"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}})
     }
 
     #[test]
     fn defaults_generate_the_selector_and_labels() {
-        let mut j = job(json!({"template": template()}));
-        Job.defaults(&mut j);
+        let j = defaulted(json!({"template": template()}));
         let spec = &j["spec"];
         assert_eq!(spec["completions"], 1);
         assert_eq!(spec["parallelism"], 1);
@@ -496,19 +513,16 @@ mod tests {
         assert_eq!(labels[JOB_NAME], "pi");
         assert_eq!(labels["controller-uid"], "u-1");
         assert_eq!(j["metadata"]["labels"], *labels);
-        let mut causes = Vec::new();
-        Job.validate(&j, &mut causes);
+        let causes = validated(&j);
         assert!(causes.is_empty(), "{causes:?}");
     }
 
     #[test]
     fn parallelism_alone_leaves_completions_unset_and_per_index_limits_lift_the_backoff() {
-        let mut j = job(json!({"parallelism": 3, "template": template()}));
-        Job.defaults(&mut j);
+        let j = defaulted(json!({"parallelism": 3, "template": template()}));
         assert!(j["spec"].get("completions").is_none());
-        let mut j = job(json!({"completions": 3, "completionMode": "Indexed",
+        let j = defaulted(json!({"completions": 3, "completionMode": "Indexed",
             "backoffLimitPerIndex": 1, "template": template()}));
-        Job.defaults(&mut j);
         assert_eq!(j["spec"]["backoffLimit"], i32::MAX);
     }
 
@@ -532,14 +546,12 @@ mod tests {
                 "Invalid value: -1: must be greater than or equal to 0",
             ),
         ] {
-            let mut j = job(spec);
-            Job.defaults(&mut j);
+            let mut j = defaulted(spec);
             if field == "spec.template.spec.restartPolicy" {
                 // The pod defaults would say Always.
                 j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always");
             }
-            let mut causes = Vec::new();
-            Job.validate(&j, &mut causes);
+            let causes = validated(&j);
             assert!(
                 causes
                     .iter()
@@ -615,10 +627,8 @@ mod tests {
                 "Unsupported value: \"TerminatingOrFailed\": supported values: \"Failed\"",
             ),
         ] {
-            let mut j = job(spec);
-            Job.defaults(&mut j);
-            let mut causes = Vec::new();
-            Job.validate(&j, &mut causes);
+            let j = defaulted(spec);
+            let causes = validated(&j);
             assert!(
                 causes
                     .iter()
@@ -626,35 +636,29 @@ mod tests {
                 "{field}: {causes:?}"
             );
         }
-        let mut ok = job(indexed(json!({"managedBy": "example.com/queue",
+        let ok = defaulted(indexed(json!({"managedBy": "example.com/queue",
             "successPolicy": {"rules": [{"succeededIndexes": "0,2-4", "succeededCount": 2}]}})));
-        Job.defaults(&mut ok);
-        let mut causes = Vec::new();
-        Job.validate(&ok, &mut causes);
+        let causes = validated(&ok);
         assert!(causes.is_empty(), "{causes:?}");
     }
 
     #[test]
     fn managed_by_and_success_policy_never_change() {
-        let mut old = job(json!({"template": template()}));
-        Job.defaults(&mut old);
+        let old = defaulted(json!({"template": template()}));
         let mut new = old.clone();
         new["spec"]["managedBy"] = json!("example.com/queue");
-        let mut causes = Vec::new();
-        Job.validate_update(&old, &new, &mut causes);
+        let causes = updated(&old, &new);
         assert_eq!(causes.len(), 1, "{causes:?}");
         assert_eq!(causes[0].field, "spec.managedBy");
         assert_eq!(
             causes[0].message,
             "Invalid value: \"example.com/queue\": field is immutable"
         );
-        let mut causes = Vec::new();
-        Job.validate_update(&new, &old, &mut causes);
+        let causes = updated(&new, &old);
         assert_eq!(causes[0].message, "Invalid value: null: field is immutable");
         let mut policy = old.clone();
         policy["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 1}]});
-        let mut causes = Vec::new();
-        Job.validate_update(&old, &policy, &mut causes);
+        let causes = updated(&old, &policy);
         assert_eq!(causes[0].field, "spec.successPolicy");
     }
 
@@ -663,30 +667,24 @@ mod tests {
         let sel = json!({"matchLabels": {"app": "x"}});
         let mut t = template();
         t["metadata"] = json!({"labels": {"app": "x"}});
-        let mut j = job(json!({"selector": sel, "template": t}));
-        Job.defaults(&mut j);
-        let mut causes = Vec::new();
-        Job.validate(&j, &mut causes);
+        let mut j = defaulted(json!({"selector": sel, "template": t}));
+        let causes = validated(&j);
         assert_eq!(causes.len(), 1, "{causes:?}");
         assert!(causes[0].message.ends_with("`selector` not auto-generated"));
         j["spec"]["manualSelector"] = json!(true);
-        let mut causes = Vec::new();
-        Job.validate(&j, &mut causes);
+        let causes = validated(&j);
         assert!(causes.is_empty(), "{causes:?}");
     }
 
     #[test]
     fn the_template_changes_only_while_suspended() {
-        let mut old = job(json!({"template": template()}));
-        Job.defaults(&mut old);
+        let mut old = defaulted(json!({"template": template()}));
         let mut new = old.clone();
         new["spec"]["template"]["spec"]["containers"][0]["image"] = json!("other");
-        let mut causes = Vec::new();
-        Job.validate_update(&old, &new, &mut causes);
+        let causes = updated(&old, &new);
         assert_eq!(causes[0].field, "spec.template");
         old["spec"]["suspend"] = json!(true);
-        let mut causes = Vec::new();
-        Job.validate_update(&old, &new, &mut causes);
+        let causes = updated(&old, &new);
         assert!(causes.is_empty(), "{causes:?}");
     }
 }
