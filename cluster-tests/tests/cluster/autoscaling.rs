@@ -5,8 +5,10 @@
 //! makes an autoscaling/v2 HorizontalPodAutoscaler whose TARGETS show `cpu: 20%/50%`; when the
 //! pods' usage rises it scales the Deployment up to its maximum (SuccessfulRescale events in
 //! Kubernetes' words, ScalingLimited TooManyReplicas), and when it falls back down after its
-//! short stabilization window. Then, with real containers (`rkube up --runtime cri`), a
-//! busy-looping container's CPU shows in `kubectl top pods` and an autoscaler scales up on it.
+//! short stabilization window. An autoscaler made by `kubectl autoscale statefulset` scales a
+//! StatefulSet through its autoscaling/v1 Scale. Then, with real containers (`rkube up
+//! --runtime cri`), a busy-looping container's CPU shows in `kubectl top pods` and an
+//! autoscaler scales up on it.
 
 use std::time::Duration;
 
@@ -410,6 +412,95 @@ spec:
           limits:
             cpu: 100m
 "#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autoscaler_scales_a_statefulset_through_its_scale_subresource() {
+    let (_c, k) = cluster(1, &[]).await;
+    // One pod using 150m of the 100m it requests: 150% of a 50% target.
+    let db = r#"{"apiVersion":"apps/v1","kind":"StatefulSet","metadata":{"name":"db"},
+      "spec":{"replicas":1,"serviceName":"db","selector":{"matchLabels":{"app":"db"}},
+        "template":{"metadata":{"labels":{"app":"db"},
+            "annotations":{"sim.rkube.io/cpu":"150m","sim.rkube.io/memory":"32Mi"}},
+          "spec":{"containers":[{"name":"db","image":"nginx:1.27",
+            "resources":{"requests":{"cpu":"100m"}}}]}}}}"#;
+    k.run_with_input(&["apply", "-f", "-"], db).await.ok();
+    // The scale subresource an autoscaler reads.
+    let scale: serde_json::Value = serde_json::from_str(
+        &k.run(&[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/statefulsets/db/scale",
+        ])
+        .await
+        .ok(),
+    )
+    .expect("a Scale");
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["spec"]["replicas"], 1);
+    assert_eq!(scale["status"]["selector"], "app=db");
+
+    let made = k
+        .run(&[
+            "autoscale",
+            "statefulset",
+            "db",
+            "--cpu-percent=50",
+            "--min=1",
+            "--max=3",
+        ])
+        .await
+        .ok();
+    assert!(
+        made.contains("horizontalpodautoscaler.autoscaling/db autoscaled"),
+        "{made}"
+    );
+    let reference = jsonpath(
+        &k,
+        &["hpa", "db"],
+        "{.spec.scaleTargetRef.apiVersion} {.spec.scaleTargetRef.kind} {.spec.scaleTargetRef.name}",
+    )
+    .await;
+    assert_eq!(reference, "apps/v1 StatefulSet db");
+    // Scaled up to its maximum; the StatefulSet runs the three ordinals.
+    wait_for(
+        "statefulset db at 3 ready replicas",
+        Duration::from_secs(120),
+        || async {
+            let got = jsonpath(
+                &k,
+                &["statefulset", "db"],
+                "{.spec.replicas} {.status.readyReplicas}",
+            )
+            .await;
+            (got == "3 3").then_some(())
+        },
+    )
+    .await;
+    let pods = jsonpath(
+        &k,
+        &["pods", "-l", "app=db"],
+        "{range .items[*]}{.metadata.name} {end}",
+    )
+    .await;
+    assert_eq!(pods, "db-0 db-1 db-2 ");
+    let rescaled = event_messages(&k, "db", "SuccessfulRescale").await;
+    assert!(
+        rescaled.iter().any(|m| m.starts_with("New size: ")
+            && m.ends_with(
+                "reason: cpu resource utilization (percentage of request) above target"
+            )),
+        "{rescaled:?}"
+    );
+    wait_for(
+        "db's autoscaler limited",
+        Duration::from_secs(60),
+        || async {
+            (condition(&k, "db", "ScalingLimited").await == "True TooManyReplicas").then_some(())
+        },
+    )
+    .await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_container_shows_in_top_and_is_scaled_on() {
