@@ -696,7 +696,7 @@ async fn a_success_policy_ends_an_indexed_job_and_managed_by_leaves_a_job_alone(
             "wait",
             "--for=condition=complete",
             "job/leader",
-            "--timeout=90s",
+            "--timeout=55s",
         ])
         .await;
     assert!(done.success, "{}{}", done.stdout, done.stderr);
@@ -735,7 +735,7 @@ async fn a_success_policy_ends_an_indexed_job_and_managed_by_leaves_a_job_alone(
             "wait",
             "--for=condition=complete",
             "job/here",
-            "--timeout=90s",
+            "--timeout=55s",
         ])
         .await;
     assert!(done.success, "{}{}", done.stdout, done.stderr);
@@ -809,7 +809,7 @@ async fn jobs_adopt_orphans_and_replace_only_failed_pods_when_asked() {
             "wait",
             "--for=condition=complete",
             "job/adopter",
-            "--timeout=90s",
+            "--timeout=55s",
         ])
         .await;
     assert!(done.success, "{}{}", done.stdout, done.stderr);
