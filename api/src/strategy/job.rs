@@ -484,6 +484,17 @@ mod tests {
         causes
     }
 
+    /// Validation refuses `j` with `message` at `field` (among other causes maybe).
+    fn assert_refused(j: &Value, field: &str, message: &str) {
+        let causes = validated(j);
+        assert!(
+            causes
+                .iter()
+                .any(|c| c.field == field && c.message == message),
+            "{field}: {causes:?}"
+        );
+    }
+
     fn updated(old: &Value, new: &Value) -> Vec<Cause> {
         let mut causes = Vec::new();
         Job.validate_update(old, new, &mut causes);
@@ -551,13 +562,7 @@ mod tests {
                 // The pod defaults would say Always.
                 j["spec"]["template"]["spec"]["restartPolicy"] = json!("Always");
             }
-            let causes = validated(&j);
-            assert!(
-                causes
-                    .iter()
-                    .any(|c| c.field == field && c.message == message),
-                "{field}: {causes:?}"
-            );
+            assert_refused(&j, field, message);
         }
     }
 
@@ -627,14 +632,7 @@ mod tests {
                 "Unsupported value: \"TerminatingOrFailed\": supported values: \"Failed\"",
             ),
         ] {
-            let j = defaulted(spec);
-            let causes = validated(&j);
-            assert!(
-                causes
-                    .iter()
-                    .any(|c| c.field == field && c.message == message),
-                "{field}: {causes:?}"
-            );
+            assert_refused(&defaulted(spec), field, message);
         }
         let ok = defaulted(indexed(json!({"managedBy": "example.com/queue",
             "successPolicy": {"rules": [{"succeededIndexes": "0,2-4", "succeededCount": 2}]}})));
