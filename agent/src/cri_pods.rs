@@ -200,7 +200,11 @@ pub async fn worker(
                 volumes: &mut volumes,
             };
             w.step(&mut inits, &mut slots).await;
-            let status = pod_status(&cfg, &sandbox, &inits, &slots, &started);
+            let mut status = pod_status(&cfg, &sandbox, &inits, &slots, &started);
+            // Before this worker wrote a status, the pod's own (the scheduler's PodScheduled,
+            // or what an earlier run of the agent wrote) holds the times to keep.
+            let before = last_status.as_ref().or(pod.status.as_ref());
+            stamp_transitions(&mut status, before, &crate::pods::now());
             if last_status.as_ref() != Some(&status) {
                 let api: Api<Pod> = Api::namespaced(clients.get(), meta::namespace(&pod.metadata));
                 match api
@@ -670,7 +674,25 @@ fn container_status(slot: &Slot, waiting: Option<&str>) -> ContainerStatus {
     }
 }
 
-/// The pod's status as the kubelet writes it.
+/// Gives each condition of `status` its lastTransitionTime, as the kubelet's status manager
+/// does: the time `before` has for a condition of the same type and status, else `now` (the
+/// condition changed, or is new). Ready's time is when the pod became ready, which
+/// minReadySeconds counts from.
+fn stamp_transitions(status: &mut PodStatus, before: Option<&PodStatus>, now: &Time) {
+    let earlier = before
+        .and_then(|b| b.conditions.as_deref())
+        .unwrap_or(&[]);
+    for c in status.conditions.iter_mut().flatten() {
+        let kept = earlier
+            .iter()
+            .find(|e| e.type_ == c.type_ && e.status == c.status)
+            .and_then(|e| e.last_transition_time.clone());
+        c.last_transition_time = Some(kept.unwrap_or_else(|| now.clone()));
+    }
+}
+
+/// The pod's status as the kubelet writes it (its conditions' times are stamped by
+/// [`stamp_transitions`]).
 fn pod_status(
     cfg: &NodeConfig,
     sandbox: &Option<(String, String)>,
@@ -731,4 +753,48 @@ fn pod_status(
         pod_ip: ip,
         ..PodStatus::default()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let at = |secs: i64| Time(Timestamp::from_second(secs).unwrap());
+        let condition = |type_: &str, status: &str, time: Option<Time>| PodCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: time,
+            ..PodCondition::default()
+        };
+        let conditions = |ready: &str, scheduled_at: Option<Time>| PodStatus {
+            conditions: Some(vec![
+                condition("Ready", ready, None),
+                condition("PodScheduled", "True", scheduled_at),
+            ]),
+            ..PodStatus::default()
+        };
+        let times = |status: &PodStatus| -> Vec<Option<Time>> {
+            status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| c.last_transition_time.clone())
+                .collect()
+        };
+        // The first status: the scheduler's time is kept, the others are now.
+        let mut first = conditions("False", None);
+        stamp_transitions(&mut first, Some(&conditions("", Some(at(0)))), &at(1));
+        assert_eq!(times(&first), [Some(at(1)), Some(at(0))]);
+        // Nothing changed: every time stays.
+        let mut same = conditions("False", None);
+        stamp_transitions(&mut same, Some(&first), &at(2));
+        assert_eq!(times(&same), [Some(at(1)), Some(at(0))]);
+        // Ready turned True: only its time moves.
+        let mut ready = conditions("True", None);
+        stamp_transitions(&mut ready, Some(&same), &at(3));
+        assert_eq!(times(&ready), [Some(at(3)), Some(at(0))]);
+    }
+
 }

@@ -705,3 +705,184 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     })
     .await;
 }
+
+/// A set whose pods keep what they write: each writes its hostname into `name` on its claim
+/// the first time it starts (never again), counts its starts in `starts`, and serves the
+/// claim's files over HTTP, Ready once `name` is served.
+const KEEPER: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: keeper
+spec:
+  clusterIP: None
+  selector:
+    app: keeper
+  ports:
+  - name: http
+    port: 80
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: web
+spec:
+  serviceName: keeper
+  replicas: 3
+  selector:
+    matchLabels:
+      app: keeper
+  template:
+    metadata:
+      labels:
+        app: keeper
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: web
+        image: rkube.local/busybox:1
+        command: ["sh", "-c", "test -s /data/name || hostname > /data/name; hostname >> /data/starts; exec httpd -f -p 80 -h /data"]
+        readinessProbe:
+          httpGet:
+            path: /name
+            port: 80
+          periodSeconds: 1
+        volumeMounts:
+        - name: data
+          mountPath: /data
+  volumeClaimTemplates:
+  - metadata:
+      name: data
+    spec:
+      accessModes: ["ReadWriteOnce"]
+      resources:
+        requests:
+          storage: 100Mi
+"#;
+
+/// `kubectl exec <pod> -- <command>`'s output, once it succeeds.
+async fn exec_ok(k: &Kubectl, pod: &str, command: &[&str]) -> String {
+    wait_for(&format!("{command:?} in {pod}"), BOUND, || async {
+        let mut args = vec!["exec", pod, "--"];
+        args.extend_from_slice(command);
+        let out = k.run(&args).await;
+        out.success.then_some(out.stdout)
+    })
+    .await
+}
+
+/// The story of issue 19 on real containers (`rkube up --runtime cri`, two nodes): a
+/// three-replica set writes to volumes of the default local-path class, its pods Ready one
+/// after the other; web-0 is reached by its stable DNS name from web-2; web-1 deleted comes
+/// back with its name, its claim, its volume and what it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_keeps_its_data_across_a_pod_deletion_on_real_containers() {
+    let (_c, k) = super::common::cri_cluster(2).await;
+    k.run_with_input(&["apply", "-f", "-"], KEEPER).await.ok();
+    let done = rollout_status(&k, "web").await;
+    assert!(
+        done.contains("partitioned roll out complete: 3 new pods have been updated"),
+        "{done}"
+    );
+
+    // Made in order: each pod only once the one before it was Ready.
+    let all = pods(&k, "keeper").await;
+    let ready_at = |p: &Value| -> String {
+        p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|c| c["lastTransitionTime"].as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let created = |p: &Value| {
+        p["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    for (next, ready) in [("web-1", "web-0"), ("web-2", "web-1")] {
+        let at = ready_at(&all[ready]);
+        assert!(
+            !at.is_empty(),
+            "{ready}'s Ready condition has its transition time"
+        );
+        assert!(
+            created(&all[next]) >= at,
+            "{next} made before {ready} was Ready"
+        );
+    }
+
+    // Each pod has its own claim, bound to a volume of the default class on its node.
+    let mut volumes = BTreeSet::new();
+    for ordinal in 0..3 {
+        let pod = format!("web-{ordinal}");
+        let claim = live_claim(&k, &format!("data-{pod}"))
+            .await
+            .expect("the claim");
+        assert_eq!(claim["status"]["phase"], "Bound", "{claim}");
+        assert_eq!(claim["spec"]["storageClassName"], "local-path", "{claim}");
+        volumes.insert(claim["spec"]["volumeName"].as_str().unwrap().to_string());
+        let name = exec_ok(&k, &pod, &["cat", "/data/name"]).await;
+        assert_eq!(name, format!("{pod}\n"));
+    }
+    assert_eq!(volumes.len(), 3, "{volumes:?}");
+
+    // web-0 by its stable name in the cluster DNS, from inside web-2.
+    let page = wait_for("web-0.keeper from web-2", BOUND, || async {
+        let out = k
+            .run(&[
+                "exec",
+                "web-2",
+                "--",
+                "timeout",
+                "10",
+                "wget",
+                "-qO-",
+                "http://web-0.keeper/name",
+            ])
+            .await;
+        out.success.then_some(out.stdout)
+    })
+    .await;
+    assert_eq!(page, "web-0\n");
+
+    // web-1 deleted: the set makes it again, with the same name, claim and volume; what the
+    // first web-1 wrote is still there, and the second one started on top of it.
+    let before = all["web-1"].clone();
+    let claim_before = live_claim(&k, "data-web-1").await.expect("data-web-1");
+    k.run(&["delete", "pod", "web-1"]).await.ok();
+    let again = wait_for("web-1 made again and Ready", BOUND, || async {
+        let pod = pods(&k, "keeper").await.remove("web-1")?;
+        let renewed = pod["metadata"]["uid"] != before["metadata"]["uid"];
+        (renewed && !ready_at(&pod).is_empty() && is_ready(&pod)).then_some(pod)
+    })
+    .await;
+    assert_eq!(
+        again["spec"]["nodeName"], before["spec"]["nodeName"],
+        "a local volume keeps its pod on its node"
+    );
+    let claim = live_claim(&k, "data-web-1").await.expect("data-web-1");
+    assert_eq!(claim["metadata"]["uid"], claim_before["metadata"]["uid"]);
+    assert_eq!(
+        claim["spec"]["volumeName"],
+        claim_before["spec"]["volumeName"]
+    );
+    assert_eq!(
+        exec_ok(&k, "web-1", &["cat", "/data/name"]).await,
+        "web-1\n"
+    );
+    assert_eq!(
+        exec_ok(&k, "web-1", &["cat", "/data/starts"]).await,
+        "web-1\nweb-1\n"
+    );
+    rollout_status(&k, "web").await;
+    assert_eq!(sts_field(&k, "web", ".status.readyReplicas").await, "3");
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
