@@ -1,8 +1,10 @@
 //! Endpoints and EndpointSlices for Services with a selector: the addresses of the matching
-//! pods that have an IP, ready ones under `addresses` and the others under
+//! pods that have an IP and have not ended, ready ones under `addresses` and the others under
 //! `notReadyAddresses` (in a slice: `conditions.ready`), with each Service port's targetPort
-//! resolved against the pod (a named port by the container port of that name). Services without
-//! a selector keep whatever Endpoints their users write.
+//! resolved against the pod (a named port by the container port of that name). A terminating
+//! pod is left out of Endpoints and kept in its slice as not ready, serving while it is
+//! ready. `spec.publishNotReadyAddresses` makes every such address ready, terminating ones
+//! included. Services without a selector keep whatever Endpoints their users write.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -65,6 +67,14 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Where a pod's address goes: in Endpoints (None: left out; Some(ready): under `addresses`
+/// or `notReadyAddresses`), and its slice endpoint's `ready` condition. Endpoints leave a
+/// terminating pod out unless not-ready addresses are published; a slice keeps it, not ready.
+fn readiness(publish_not_ready: bool, serving: bool, deleting: bool) -> (Option<bool>, bool) {
+    let in_endpoints = (!deleting || publish_not_ready).then_some(publish_not_ready || serving);
+    (in_endpoints, publish_not_ready || (serving && !deleting))
+}
+
 fn pod_ip(pod: &Pod) -> &str {
     pod.status
         .as_ref()
@@ -122,6 +132,13 @@ fn desired(svc: &Service, mut pods: Vec<Arc<Pod>>) -> Desired {
         .as_ref()
         .and_then(|s| s.ports.as_deref())
         .unwrap_or_default();
+    // Clients that must find pods before they are ready (a StatefulSet's peers by their DNS
+    // names) ask for every address to be published as ready.
+    let publish_not_ready = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.publish_not_ready_addresses)
+        .unwrap_or(false);
     type Addresses = (Vec<EndpointAddress>, Vec<EndpointAddress>);
     let mut groups: BTreeMap<Vec<PodPort>, Addresses> = BTreeMap::new();
     let mut slice_endpoints = Vec::new();
@@ -155,18 +172,21 @@ fn desired(svc: &Service, mut pods: Vec<Arc<Pod>>) -> Desired {
             target_ref: Some(target.clone()),
         };
         let deleting = pod.metadata.deletion_timestamp.is_some();
-        let ready = is_ready(&pod) && !deleting;
-        let entry = groups.entry(resolved.clone()).or_default();
-        if ready {
-            entry.0.push(address);
-        } else {
-            entry.1.push(address);
+        let serving = is_ready(&pod);
+        let (in_endpoints, ready) = readiness(publish_not_ready, serving, deleting);
+        if let Some(listed_ready) = in_endpoints {
+            let entry = groups.entry(resolved.clone()).or_default();
+            if listed_ready {
+                entry.0.push(address);
+            } else {
+                entry.1.push(address);
+            }
         }
         slice_endpoints.push(Endpoint {
             addresses: vec![ip.to_string()],
             conditions: Some(EndpointConditions {
                 ready: Some(ready),
-                serving: Some(is_ready(&pod)),
+                serving: Some(serving),
                 terminating: Some(deleting),
             }),
             hostname,
@@ -482,6 +502,28 @@ mod tests {
             json!([{"name": "http", "port": 8080, "protocol": "TCP"},
                    {"name": "", "port": 53, "protocol": "UDP"}])
         );
+    }
+
+    #[test]
+    fn published_not_ready_addresses_are_ready_terminating_or_not() {
+        // (publishNotReadyAddresses, pod ready, pod terminating) -> (in Endpoints, slice ready)
+        let cases = [
+            ((false, true, false), (Some(true), true)),
+            ((false, false, false), (Some(false), false)),
+            ((false, true, true), (None, false)),
+            ((false, false, true), (None, false)),
+            ((true, true, false), (Some(true), true)),
+            ((true, false, false), (Some(true), true)),
+            ((true, true, true), (Some(true), true)),
+            ((true, false, true), (Some(true), true)),
+        ];
+        for ((publish, serving, deleting), want) in cases {
+            assert_eq!(
+                readiness(publish, serving, deleting),
+                want,
+                "publish {publish}, ready {serving}, terminating {deleting}"
+            );
+        }
     }
 
     #[test]

@@ -143,6 +143,7 @@ impl Api {
         }
         self.prepare_create(t, &mut object)?;
         admission::defaults(t.res, &mut object);
+        t.res.strategy.drop_disabled_fields(None, &mut object);
         self.check_namespace(t).await?;
         let strategy = t.res.strategy;
         strategy.admit_create(self, t, &mut object).await?;

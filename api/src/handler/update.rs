@@ -248,6 +248,7 @@ impl Api {
         }
         res.strategy.prepare_for_update(current, &mut new);
         admission::defaults(res, &mut new);
+        res.strategy.drop_disabled_fields(Some(current), &mut new);
         Ok(bump_generation(res, current, new))
     }
 

@@ -70,6 +70,12 @@ pub trait Strategy: Sync {
     /// Fills in the kind's defaults (Kubernetes' SetDefaults_<Kind>) on a new or updated object.
     fn defaults(&self, _object: &mut Value) {}
 
+    /// Clears the fields of features that are off by default in Kubernetes 1.32 (alpha
+    /// gates), as kube-apiserver's dropDisabledFields does on create and update: the field is
+    /// dropped without an error unless `old` (the stored object, on update) already uses it.
+    /// After the defaults, before validation.
+    fn drop_disabled_fields(&self, _old: Option<&Value>, _new: &mut Value) {}
+
     /// Adds the kind's validation failures (its spec's rules) to `causes`.
     fn validate(&self, _object: &Value, _causes: &mut Vec<Cause>) {}
 

@@ -3,6 +3,7 @@
 //! scale-down, a pod template's defaults) and checks (a selector that matches the template,
 //! pods that restart Always, known policies, and a spec of which only replicas, ordinals,
 //! template, updateStrategy, persistentVolumeClaimRetentionPolicy and minReadySeconds change).
+//! `rollingUpdate.maxUnavailable` is dropped, as 1.32 drops it with its alpha gate off.
 
 use serde_json::{json, Value};
 
@@ -54,6 +55,22 @@ impl Strategy for StatefulSet {
             for claim in claims.iter_mut() {
                 super::persistentvolumeclaim::PersistentVolumeClaim.defaults(claim);
             }
+        }
+    }
+
+    /// `updateStrategy.rollingUpdate.maxUnavailable` is behind MaxUnavailableStatefulSet,
+    /// alpha and off in 1.32: a new set loses it, as does an update of a set that did not
+    /// have it already.
+    fn drop_disabled_fields(&self, old: Option<&Value>, new: &mut Value) {
+        const MAX_UNAVAILABLE: &str = "/spec/updateStrategy/rollingUpdate/maxUnavailable";
+        if old.is_some_and(|o| o.pointer(MAX_UNAVAILABLE).is_some()) {
+            return;
+        }
+        if let Some(rolling) = new
+            .pointer_mut("/spec/updateStrategy/rollingUpdate")
+            .and_then(Value::as_object_mut)
+        {
+            rolling.remove("maxUnavailable");
         }
     }
 
@@ -276,6 +293,38 @@ mod tests {
             let got = causes(&sts(extra.clone()));
             assert_eq!(got, [want], "{extra}");
         }
+    }
+
+    #[test]
+    fn max_unavailable_is_dropped_unless_the_stored_set_has_it() {
+        let rolling = |extra: Value| {
+            let mut s = sts(json!({"updateStrategy": {"type": "RollingUpdate",
+                "rollingUpdate": extra}}));
+            StatefulSet.drop_disabled_fields(None, &mut s);
+            s
+        };
+        let created = rolling(json!({"partition": 1, "maxUnavailable": 2}));
+        assert_eq!(
+            created["spec"]["updateStrategy"]["rollingUpdate"],
+            json!({"partition": 1})
+        );
+        // Dropped before validation: even a value the validation refuses is no error.
+        assert!(causes(&rolling(json!({"maxUnavailable": 0}))).is_empty());
+        // A set stored with it (by a server that had the gate on) keeps it on update.
+        let mut stored = sts(json!({"updateStrategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"partition": 0, "maxUnavailable": 2}}}));
+        let mut updated = stored.clone();
+        updated["spec"]["replicas"] = json!(5);
+        StatefulSet.drop_disabled_fields(Some(&stored), &mut updated);
+        assert_eq!(
+            updated["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+            2
+        );
+        stored["spec"]["updateStrategy"]["rollingUpdate"] = json!({"partition": 0});
+        StatefulSet.drop_disabled_fields(Some(&stored), &mut updated);
+        assert!(updated
+            .pointer("/spec/updateStrategy/rollingUpdate/maxUnavailable")
+            .is_none());
     }
 
     #[test]

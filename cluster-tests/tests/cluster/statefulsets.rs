@@ -886,3 +886,156 @@ fn is_ready(pod: &Value) -> bool {
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
     })
 }
+
+const PEERS: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: peer
+spec:
+  clusterIP: None
+  selector:
+    app: peer
+  ports:
+  - name: gossip
+    port: 7000
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: peer
+spec:
+  serviceName: peer
+  podManagementPolicy: Parallel
+  replicas: 2
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      partition: 0
+      maxUnavailable: 2
+  selector:
+    matchLabels:
+      app: peer
+  template:
+    metadata:
+      labels:
+        app: peer
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers:
+      - name: c
+        image: rkube.local/busybox:1
+"#;
+
+/// The addresses of the Service's Endpoints: (ready, not ready) pod names.
+async fn endpoint_pods(k: &Kubectl, svc: &str) -> (String, String) {
+    let at = |which: &str| format!("{{range .subsets[*].{which}[*]}}{{.targetRef.name}} {{end}}");
+    (
+        super::common::jsonpath(k, &["endpoints", svc], &at("addresses")).await,
+        super::common::jsonpath(k, &["endpoints", svc], &at("notReadyAddresses")).await,
+    )
+}
+
+/// The DNS server of the cluster's first member (the API port's next one).
+fn cluster_dns(c: &Cluster) -> SocketAddr {
+    let layout: Value =
+        serde_json::from_slice(&std::fs::read(c.path().join("cluster.json")).unwrap()).unwrap();
+    let api: SocketAddr = layout["members"][0]["api"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    SocketAddr::new(api.ip(), api.port() + 1)
+}
+
+/// `maxUnavailable` is dropped as Kubernetes 1.32 drops it (MaxUnavailableStatefulSet is an
+/// alpha gate, off); a pod that is not Ready leaves its Service's ready addresses and its DNS
+/// name, until the Service publishes not-ready addresses.
+#[tokio::test]
+async fn not_ready_peers_are_found_once_their_service_publishes_them() {
+    let (c, k) = super::common::sim_cluster(1).await;
+    let applied = k.run_with_input(&["apply", "-f", "-"], PEERS).await.ok();
+    assert!(
+        applied.contains("statefulset.apps/peer created"),
+        "{applied}"
+    );
+    assert_eq!(
+        sts_field(&k, "peer", ".spec.updateStrategy").await,
+        r#"{"rollingUpdate":{"partition":0},"type":"RollingUpdate"}"#
+    );
+    // Dropped before validation: a value 1.32 would refuse with the gate on is no error.
+    let zero = PEERS.replace("maxUnavailable: 2", "maxUnavailable: 0");
+    let applied = k.run_with_input(&["apply", "-f", "-"], &zero).await.ok();
+    // kubectl sends the changed field (its last-applied annotation changes with it).
+    assert!(
+        applied.contains("statefulset.apps/peer configured"),
+        "{applied}"
+    );
+    assert_eq!(
+        sts_field(&k, "peer", ".spec.updateStrategy").await,
+        r#"{"rollingUpdate":{"partition":0},"type":"RollingUpdate"}"#
+    );
+    rollout_status(&k, "peer").await;
+    wait_for("both peers ready addresses", BOUND, || async {
+        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1 ".into(), String::new())).then_some(())
+    })
+    .await;
+
+    // peer-1 stops being Ready (as its kubelet would report a failing readiness probe).
+    let not_ready = r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#;
+    k.run(&[
+        "patch",
+        "pod",
+        "peer-1",
+        "--subresource=status",
+        "-p",
+        not_ready,
+    ])
+    .await
+    .ok();
+    wait_for("peer-1 among the not-ready addresses", BOUND, || async {
+        (endpoint_pods(&k, "peer").await == ("peer-0 ".into(), "peer-1 ".into())).then_some(())
+    })
+    .await;
+    let dns = cluster_dns(&c);
+    let name = "peer-1.peer.default.svc.cluster.local.";
+    let (code, _) = resolve(dns, name).await;
+    assert_eq!(code, ResponseCode::NXDomain);
+    let slice_ready = |pod: &'static str| {
+        let k = &k;
+        async move {
+            let path =
+                format!("{{.items[0].endpoints[?(@.targetRef.name==\"{pod}\")].conditions.ready}}");
+            super::common::jsonpath(
+                k,
+                &["endpointslices", "-l", "kubernetes.io/service-name=peer"],
+                &path,
+            )
+            .await
+        }
+    };
+    assert_eq!(slice_ready("peer-1").await, "false");
+
+    // Published: both addresses are ready, in Endpoints, in the slice and in the DNS.
+    k.run(&[
+        "patch",
+        "service",
+        "peer",
+        "-p",
+        r#"{"spec":{"publishNotReadyAddresses":true}}"#,
+    ])
+    .await
+    .ok();
+    wait_for("peer-1 published as ready", BOUND, || async {
+        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1 ".into(), String::new())).then_some(())
+    })
+    .await;
+    assert_eq!(slice_ready("peer-1").await, "true");
+    let ip = super::common::jsonpath(&k, &["pod", "peer-1"], "{.status.podIP}").await;
+    let answer = wait_for("peer-1.peer to resolve", BOUND, || async {
+        let (code, ips) = resolve(dns, name).await;
+        (code == ResponseCode::NoError && !ips.is_empty()).then_some(ips)
+    })
+    .await;
+    assert_eq!(answer, [ip]);
+}
