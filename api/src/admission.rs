@@ -107,7 +107,19 @@ pub(crate) fn default_template(spec: &mut Map<String, Value>) {
 
 /// Applies the kind's defaults to a new or updated object.
 pub fn defaults(res: &Resource, object: &mut Value) {
+    let raw: Vec<(&str, Value)> = match object.as_object_mut() {
+        Some(o) => res
+            .strategy
+            .raw_fields()
+            .iter()
+            .filter_map(|f| o.remove(*f).map(|v| (*f, v)))
+            .collect(),
+        None => Vec::new(),
+    };
     strip_nulls(object);
+    if let Some(o) = object.as_object_mut() {
+        o.extend(raw.into_iter().map(|(f, v)| (f.to_string(), v)));
+    }
     res.strategy.defaults(object);
 }
 
@@ -375,6 +387,23 @@ pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
 mod tests {
     use super::*;
     use crate::resources::find;
+
+    #[test]
+    fn nulls_are_dropped_except_in_raw_fields() {
+        let template = json!({"$patch": "replace", "metadata": {"creationTimestamp": null}});
+        let mut revision = json!({"metadata": {"name": "r", "labels": null},
+            "data": {"spec": {"template": template.clone()}}, "revision": 1});
+        defaults(
+            find("apps", "v1", "controllerrevisions").unwrap(),
+            &mut revision,
+        );
+        assert_eq!(revision["data"]["spec"]["template"], template);
+        assert!(revision["metadata"].get("labels").is_none());
+        let mut pod = json!({"metadata": {"name": "p", "creationTimestamp": null},
+            "spec": {"containers": [{"name": "a", "image": "nginx"}]}});
+        defaults(find("", "v1", "pods").unwrap(), &mut pod);
+        assert!(pod["metadata"].get("creationTimestamp").is_none());
+    }
 
     #[test]
     fn pod_defaults() {

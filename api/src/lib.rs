@@ -21,6 +21,7 @@ pub mod certificates;
 pub mod client;
 pub mod discovery;
 pub mod dns;
+pub mod encoding;
 pub mod error;
 pub mod events;
 pub mod fieldvalidation;

@@ -193,7 +193,7 @@ pub static RESOURCES: &[Resource] = &[
          spec: true, strategy: &strategy::statefulset::StatefulSet),
     res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true,
          short: [], cat: [], sub: [], storage: "controllerrevisions", verbs: ALL_VERBS,
-         spec: false),
+         spec: false, strategy: &strategy::controllerrevision::ControllerRevision),
     // batch/v1
     res!("batch", "v1", "Job", "jobs", "job", true, short: [], cat: ["all"], sub: ["status"],
          storage: "jobs", verbs: ALL_VERBS, spec: true, strategy: &strategy::job::Job),

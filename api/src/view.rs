@@ -141,7 +141,7 @@ impl View {
         if !self.answer_from_stored(&mut v) {
             return Bytes::copy_from_slice(b);
         }
-        let mut out = serde_json::to_vec(&v).unwrap_or_else(|_| trimmed.to_vec());
+        let mut out = crate::encoding::to_vec(&v).unwrap_or_else(|_| trimmed.to_vec());
         if trimmed.len() != b.len() {
             out.push(b'\n');
         }

@@ -2,7 +2,8 @@
 //! template it has had, named `<owner>-<hash>`, labelled with the template's labels and
 //! `controller-revision-hash`, and holding as its data the strategic merge patch that puts that
 //! template back (`{"spec":{"template":{..., "$patch":"replace"}}}`): what `kubectl rollout undo`
-//! sends as it is. The current template's revision has the highest number; a template that
+//! sends as it is, and compares byte for byte with the patch it makes from the workload's
+//! template (the template is in Go's shape for that, [`go_shape`]). The current template's revision has the highest number; a template that
 //! comes back (an undo) takes the next number again. Old revisions beyond revisionHistoryLimit
 //! that no live pod runs are deleted, oldest first.
 
@@ -73,13 +74,86 @@ macro_rules! versioned {
 
 versioned!(DaemonSet, StatefulSet);
 
-/// The revision data of the owner's current template.
+/// The revision data of the owner's current template, its template written as Kubernetes'
+/// Go types write it ([`go_shape`]).
 pub fn patch<K: Versioned>(owner: &K) -> Value {
     let mut t = serde_json::to_value(owner.template()).unwrap_or(json!({}));
+    go_shape(&mut t);
     if let Some(o) = t.as_object_mut() {
         o.insert("$patch".into(), json!("replace"));
     }
     json!({"spec": {"template": t}})
+}
+
+/// Map-valued fields of a pod template (Go maps, left out when empty).
+const MAP_FIELDS: &[&str] = &[
+    "labels",
+    "annotations",
+    "nodeSelector",
+    "matchLabels",
+    "limits",
+    "requests",
+    "overhead",
+    "volumeAttributes",
+];
+
+/// A pod template as Go's `encoding/json` writes Kubernetes' PodTemplateSpec: the metadata's
+/// creationTimestamp is always there (null), so is each container's resources (`{}`), and
+/// empty lists and maps are left out (omitempty). kubectl makes the patch it compares a
+/// revision's data with (byte for byte, `rollout undo`) from the workload's template that
+/// way, as Kubernetes' DaemonSet and StatefulSet controllers make revisions.
+fn go_shape(template: &mut Value) {
+    drop_empty(template);
+    let Some(t) = template.as_object_mut() else {
+        return;
+    };
+    let meta = t.entry("metadata").or_insert_with(|| json!({}));
+    if let Some(m) = meta.as_object_mut() {
+        m.entry("creationTimestamp").or_insert(Value::Null);
+    }
+    let spec = t.entry("spec").or_insert_with(|| json!({}));
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        let containers = spec.get_mut(list).and_then(Value::as_array_mut);
+        for c in containers.into_iter().flatten() {
+            if let Some(c) = c.as_object_mut() {
+                c.entry("resources").or_insert_with(|| json!({}));
+            }
+        }
+    }
+}
+
+/// Removes empty lists (but `containers`, which Go writes even empty) and empty maps of
+/// [`MAP_FIELDS`], at any depth.
+fn drop_empty(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.retain(|k, child| match child {
+                Value::Array(a) => !a.is_empty() || k == "containers",
+                Value::Object(m) => !m.is_empty() || !MAP_FIELDS.contains(&k.as_str()),
+                _ => true,
+            });
+            o.values_mut().for_each(drop_empty);
+        }
+        Value::Array(a) => a.iter_mut().for_each(drop_empty),
+        _ => {}
+    }
+}
+
+/// Whether a revision holds the template of `current` (a [`patch`]); revisions written before
+/// their templates took Go's shape hold it too.
+fn holds(r: &ControllerRevision, current: &Value) -> bool {
+    let Some(data) = data(r) else {
+        return false;
+    };
+    if data == current {
+        return true;
+    }
+    let mut data = data.clone();
+    match data.pointer_mut("/spec/template") {
+        Some(t) => go_shape(t),
+        None => return false,
+    }
+    &data == current
 }
 
 /// The hash of the current template (and the collision count, so that a collision of names
@@ -132,7 +206,7 @@ pub fn split<'a, K: Versioned>(
     owned: &'a [ControllerRevision],
 ) -> (Vec<&'a ControllerRevision>, Vec<&'a ControllerRevision>) {
     let current = patch(owner);
-    let (mut cur, old): (Vec<_>, Vec<_>) = owned.iter().partition(|r| data(r) == Some(&current));
+    let (mut cur, old): (Vec<_>, Vec<_>) = owned.iter().partition(|r| holds(r, &current));
     cur.sort_by_key(|r| std::cmp::Reverse(r.revision));
     (cur, old)
 }
@@ -222,7 +296,7 @@ pub async fn record<K: Versioned>(
         Err(e) if e.code == 409 => {
             let existing = objects.get(name(&revision.metadata)).await?;
             let controller = controller_of(&existing.metadata).map(|c| c.uid.clone());
-            if data(&existing) == data(&revision) {
+            if data(&revision).is_some_and(|d| holds(&existing, d)) {
                 match controller {
                     // Created by an earlier reconcile; the cache has not shown it yet.
                     Some(c) if c == uid => return Ok(Some((existing, old))),
@@ -305,14 +379,29 @@ mod tests {
         assert_eq!(
             data(&r).unwrap(),
             &json!({"spec": {"template": {"$patch": "replace",
-                "metadata": {"labels": {"app": "agent"}},
-                "spec": {"containers": [{"name": "c", "image": "busybox:1"}]}}}})
+                "metadata": {"creationTimestamp": null, "labels": {"app": "agent"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox:1",
+                                         "resources": {}}]}}}})
+        );
+        // Written as Go writes it: keys sorted, creationTimestamp and resources always there.
+        assert_eq!(
+            serde_json::to_string(data(&r).unwrap()).unwrap(),
+            r#"{"spec":{"template":{"$patch":"replace","metadata":{"creationTimestamp":null,"labels":{"app":"agent"}},"spec":{"containers":[{"image":"busybox:1","name":"c","resources":{}}]}}}}"#
         );
         assert_ne!(hash(&ds("busybox:2")), h, "another template, another hash");
         let (cur, old) = split(&ds("busybox:2"), std::slice::from_ref(&r));
         assert!(cur.is_empty() && old.len() == 1);
         let (cur, old) = split(&d, std::slice::from_ref(&r));
         assert!(cur.len() == 1 && old.is_empty());
+        // A revision written before templates took Go's shape still holds its template.
+        let mut earlier = r.clone();
+        earlier.data = Some(RawExtension(
+            json!({"spec": {"template": {"$patch": "replace",
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "c", "image": "busybox:1", "args": []}]}}}}),
+        ));
+        let (cur, _) = split(&d, std::slice::from_ref(&earlier));
+        assert_eq!(cur.len(), 1);
         assert_eq!(next_revision(&[&revision(2, "a"), &revision(5, "b")]), 6);
         assert_eq!(next_revision(&[]), 1);
     }

@@ -70,7 +70,7 @@ pub const MAX_READS_INFLIGHT: usize = 400;
 pub const MAX_WRITES_INFLIGHT: usize = 200;
 
 fn json_response(code: u16, body: &impl serde::Serialize) -> Resp {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let bytes = crate::encoding::to_vec(body).unwrap_or_default();
     Response::builder()
         .status(code)
         .header("content-type", "application/json")

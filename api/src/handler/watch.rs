@@ -44,7 +44,7 @@ impl Api {
                 (Form::Object, _) => object,
             };
             let mut line =
-                serde_json::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
+                crate::encoding::to_vec(&json!({"type": ty, "object": object})).unwrap_or_default();
             line.push(b'\n');
             Bytes::from(line)
         };

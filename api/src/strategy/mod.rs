@@ -9,6 +9,7 @@
 
 pub mod certificatesigningrequest;
 pub mod configmap;
+pub mod controllerrevision;
 pub mod cronjob;
 pub mod csidriver;
 pub mod csinode;
@@ -65,6 +66,12 @@ pub trait Strategy: Sync {
     /// take DNS subdomains.
     fn check_name(&self, name: &str) -> Option<String> {
         crate::admission::check_subdomain(name)
+    }
+
+    /// Top-level fields that hold raw JSON (runtime.RawExtension), stored as sent: the nulls
+    /// that are dropped everywhere else (a null is an absent field of a typed object) stay.
+    fn raw_fields(&self) -> &'static [&'static str] {
+        &[]
     }
 
     /// Fills in the kind's defaults (Kubernetes' SetDefaults_<Kind>) on a new or updated object.

@@ -607,3 +607,68 @@ async fn a_daemonset_runs_real_containers_on_every_node_and_rolls_its_image() {
         ["1", "2"]
     );
 }
+
+/// `kubectl rollout undo --to-revision=N` compares revision N's data with the DaemonSet it
+/// reads, byte for byte, before it patches anything: the revisions hold the template as
+/// Kubernetes' Go types write it, so asking for the current one is skipped as
+/// kube-apiserver's revisions are, even with characters that JSON writers escape differently.
+#[tokio::test]
+async fn undo_to_the_current_revision_is_skipped() {
+    let (_c, k) = super::common::sim_cluster(1).await;
+    let keeper = NODE_AGENT.replace(
+        "        image: rkube.local/busybox:1\n",
+        "        image: rkube.local/busybox:1\n        \
+         command: [\"sh\", \"-c\", \"sleep 3600 & wait; test 1 -lt 2 && echo '<done>'\"]\n        \
+         env:\n        - name: MODE\n          value: a&b\n",
+    );
+    k.run_with_input(&["apply", "-f", "-"], &keeper).await.ok();
+    rollout_status(&k, "node-agent").await;
+    let skipped = k
+        .run(&["rollout", "undo", "daemonset/node-agent", "--to-revision=1"])
+        .await
+        .ok();
+    assert_eq!(
+        skipped.trim(),
+        "daemonset.apps/node-agent skipped rollback (current template already matches revision 1)"
+    );
+    k.run(&[
+        "set",
+        "image",
+        "daemonset/node-agent",
+        "agent=rkube.local/busybox:2",
+    ])
+    .await
+    .ok();
+    rollout_status(&k, "node-agent").await;
+    assert_eq!(
+        rollout_history(&k, "daemonset/node-agent").await,
+        ["1", "2"]
+    );
+    let skipped = k
+        .run(&["rollout", "undo", "daemonset/node-agent", "--to-revision=2"])
+        .await
+        .ok();
+    assert_eq!(
+        skipped.trim(),
+        "daemonset.apps/node-agent skipped rollback (current template already matches revision 2)"
+    );
+    // Another revision is put back, and becomes the newest.
+    let undone = k
+        .run(&["rollout", "undo", "daemonset/node-agent", "--to-revision=1"])
+        .await
+        .ok();
+    assert_eq!(undone.trim(), "daemonset.apps/node-agent rolled back");
+    rollout_status(&k, "node-agent").await;
+    wait_for("revision 1 renumbered 3", BOUND, || async {
+        (rollout_history(&k, "daemonset/node-agent").await == ["2", "3"]).then_some(())
+    })
+    .await;
+    let skipped = k
+        .run(&["rollout", "undo", "daemonset/node-agent", "--to-revision=3"])
+        .await
+        .ok();
+    assert_eq!(
+        skipped.trim(),
+        "daemonset.apps/node-agent skipped rollback (current template already matches revision 3)"
+    );
+}
