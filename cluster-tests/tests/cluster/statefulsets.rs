@@ -929,11 +929,15 @@ spec:
 
 /// The addresses of the Service's Endpoints: (ready, not ready) pod names.
 async fn endpoint_pods(k: &Kubectl, svc: &str) -> (String, String) {
-    let at = |which: &str| format!("{{range .subsets[*].{which}[*]}}{{.targetRef.name}} {{end}}");
-    (
-        super::common::jsonpath(k, &["endpoints", svc], &at("addresses")).await,
-        super::common::jsonpath(k, &["endpoints", svc], &at("notReadyAddresses")).await,
-    )
+    let names = |which: &'static str| async move {
+        let path = format!("{{range .subsets[*].{which}[*]}}{{.targetRef.name}} {{end}}");
+        let out = super::common::jsonpath(k, &["endpoints", svc], &path).await;
+        // In a subset, addresses are in the order of their IPs (a simulated node gives its
+        // pods its own).
+        let sorted: BTreeSet<&str> = out.split_whitespace().collect();
+        sorted.into_iter().collect::<Vec<_>>().join(" ")
+    };
+    (names("addresses").await, names("notReadyAddresses").await)
 }
 
 /// The DNS server of the cluster's first member (the API port's next one).
@@ -977,7 +981,7 @@ async fn not_ready_peers_are_found_once_their_service_publishes_them() {
     );
     rollout_status(&k, "peer").await;
     wait_for("both peers ready addresses", BOUND, || async {
-        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1 ".into(), String::new())).then_some(())
+        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1".into(), String::new())).then_some(())
     })
     .await;
 
@@ -994,7 +998,7 @@ async fn not_ready_peers_are_found_once_their_service_publishes_them() {
     .await
     .ok();
     wait_for("peer-1 among the not-ready addresses", BOUND, || async {
-        (endpoint_pods(&k, "peer").await == ("peer-0 ".into(), "peer-1 ".into())).then_some(())
+        (endpoint_pods(&k, "peer").await == ("peer-0".into(), "peer-1".into())).then_some(())
     })
     .await;
     let dns = cluster_dns(&c);
@@ -1027,7 +1031,7 @@ async fn not_ready_peers_are_found_once_their_service_publishes_them() {
     .await
     .ok();
     wait_for("peer-1 published as ready", BOUND, || async {
-        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1 ".into(), String::new())).then_some(())
+        (endpoint_pods(&k, "peer").await == ("peer-0 peer-1".into(), String::new())).then_some(())
     })
     .await;
     assert_eq!(slice_ready("peer-1").await, "true");
