@@ -97,6 +97,13 @@ async fn rollout_status(k: &Kubectl, ds: &str) {
     );
 }
 
+/// `kubectl set image daemonset/<ds> <container=image>`, rolled out.
+async fn set_image(k: &Kubectl, ds: &str, image: &str) {
+    let target = format!("daemonset/{ds}");
+    k.run(&["set", "image", &target, image]).await.ok();
+    rollout_status(k, ds).await;
+}
+
 /// A simulated agent joining as `rkube token create --print-join-command` tells.
 async fn join_agent(c: &Cluster, name: &str) -> tokio::process::Child {
     let out = wait_for("a join command", BOUND, || async {
@@ -244,15 +251,7 @@ async fn a_daemonset_runs_on_every_eligible_node_and_rolls_out_through_revisions
     wait_placed(&k, "ssd-cache", &["agent2"], "rkube.local/busybox:1").await;
 
     // A new template rolls out node by node; the history lists both revisions.
-    k.run(&[
-        "set",
-        "image",
-        "daemonset/node-agent",
-        "agent=rkube.local/busybox:2",
-    ])
-    .await
-    .ok();
-    rollout_status(&k, "node-agent").await;
+    set_image(&k, "node-agent", "agent=rkube.local/busybox:2").await;
     wait_placed(
         &k,
         "node-agent",
@@ -631,15 +630,7 @@ async fn undo_to_the_current_revision_is_skipped() {
         skipped.trim(),
         "daemonset.apps/node-agent skipped rollback (current template already matches revision 1)"
     );
-    k.run(&[
-        "set",
-        "image",
-        "daemonset/node-agent",
-        "agent=rkube.local/busybox:2",
-    ])
-    .await
-    .ok();
-    rollout_status(&k, "node-agent").await;
+    set_image(&k, "node-agent", "agent=rkube.local/busybox:2").await;
     assert_eq!(
         rollout_history(&k, "daemonset/node-agent").await,
         ["1", "2"]

@@ -165,6 +165,45 @@ async fn pods(k: &Kubectl, app: &str) -> std::collections::BTreeMap<String, Valu
         .collect()
 }
 
+/// When the pod became Ready ("" when it has no Ready condition with a time).
+fn ready_at(pod: &Value) -> String {
+    pod["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Waits until the three pods of `sts` (labelled `app={app}`) are rolled out, checks that
+/// each was made once the one before it was Ready, and returns them.
+async fn rolled_out_in_order(
+    k: &Kubectl,
+    sts: &str,
+    app: &str,
+) -> std::collections::BTreeMap<String, Value> {
+    let done = rollout_status(k, sts).await;
+    // kubectl words every RollingUpdate's end as a partitioned one (the partition defaults to 0).
+    assert!(
+        done.contains("partitioned roll out complete: 3 new pods have been updated"),
+        "{done}"
+    );
+    let all = pods(k, app).await;
+    for i in 1..3 {
+        let (before, next) = (format!("{sts}-{}", i - 1), format!("{sts}-{i}"));
+        let at = ready_at(&all[&before]);
+        assert!(!at.is_empty(), "{before}'s Ready condition has its time");
+        let created = all[&next]["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            created >= at.as_str(),
+            "{next} made before {before} was Ready"
+        );
+    }
+    all
+}
+
 async fn names(k: &Kubectl, app: &str) -> BTreeSet<String> {
     pods(k, app).await.into_keys().collect()
 }
@@ -308,29 +347,7 @@ async fn statefulsets_keep_order_identity_and_revisions() {
 
     // Once web-0 can run, web-1 and then web-2 follow, each made after the one before is Ready.
     k.run(&["uncordon", "agent1", "agent2"]).await.ok();
-    let done = rollout_status(&k, "web").await;
-    // kubectl words every RollingUpdate's end as a partitioned one (the partition defaults to 0).
-    assert!(
-        done.contains("partitioned roll out complete: 3 new pods have been updated"),
-        "{done}"
-    );
-    let all = pods(&k, "web").await;
-    let ready_at = |p: &Value| -> String {
-        p["status"]["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-            .and_then(|c| c["lastTransitionTime"].as_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let created = |p: &Value| {
-        p["metadata"]["creationTimestamp"]
-            .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
-    assert!(created(&all["web-1"]) >= ready_at(&all["web-0"]));
-    assert!(created(&all["web-2"]) >= ready_at(&all["web-1"]));
+    let all = rolled_out_in_order(&k, "web", "web").await;
     let web1 = &all["web-1"];
     assert_eq!(web1["spec"]["hostname"], "web-1");
     assert_eq!(web1["spec"]["subdomain"], "nginx");
@@ -503,6 +520,15 @@ async fn statefulsets_keep_order_identity_and_revisions() {
     rollout_status(&k, "web").await;
     wait_images(&k, "web", &[("web-0", one), ("web-1", one), ("web-2", one)]).await;
     assert_eq!(rollout_history(&k, "statefulset/web").await, ["2", "3"]);
+    // kubectl compares the revision with the set it reads, and skips the undo to it.
+    let skipped = k
+        .run(&["rollout", "undo", "statefulset/web", "--to-revision=3"])
+        .await
+        .ok();
+    assert_eq!(
+        skipped.trim(),
+        "statefulset.apps/web skipped rollback (current template already matches revision 3)"
+    );
 
     // `rollout restart` stamps the template: every pod is made again, highest ordinal first.
     let before = pods(&k, "web").await;
@@ -779,39 +805,8 @@ async fn exec_ok(k: &Kubectl, pod: &str, command: &[&str]) -> String {
 async fn a_statefulset_keeps_its_data_across_a_pod_deletion_on_real_containers() {
     let (_c, k) = super::common::cri_cluster(2).await;
     k.run_with_input(&["apply", "-f", "-"], KEEPER).await.ok();
-    let done = rollout_status(&k, "web").await;
-    assert!(
-        done.contains("partitioned roll out complete: 3 new pods have been updated"),
-        "{done}"
-    );
-
     // Made in order: each pod only once the one before it was Ready.
-    let all = pods(&k, "keeper").await;
-    let ready_at = |p: &Value| -> String {
-        p["status"]["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
-            .and_then(|c| c["lastTransitionTime"].as_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let created = |p: &Value| {
-        p["metadata"]["creationTimestamp"]
-            .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
-    for (next, ready) in [("web-1", "web-0"), ("web-2", "web-1")] {
-        let at = ready_at(&all[ready]);
-        assert!(
-            !at.is_empty(),
-            "{ready}'s Ready condition has its transition time"
-        );
-        assert!(
-            created(&all[next]) >= at,
-            "{next} made before {ready} was Ready"
-        );
-    }
+    let all = rolled_out_in_order(&k, "web", "keeper").await;
 
     // Each pod has its own claim, bound to a volume of the default class on its node.
     let mut volumes = BTreeSet::new();
