@@ -1,7 +1,8 @@
 //! DaemonSets on simulated agents, through kubectl: one pod per node, a nodeSelector honoured
 //! as node labels change, a node that joins gets its pod, a template change rolls out
 //! (`kubectl rollout status` returns), `rollout history` lists the ControllerRevisions and
-//! `rollout undo` puts the first template back.
+//! `rollout undo` puts the first template back, and skips an undo to the current revision as
+//! kubectl skips it against kube-apiserver.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -6,7 +6,10 @@
 //! ControllerRevisions; OnDelete leaves pods until they are deleted; the spec fields that may
 //! not change are refused with Kubernetes' message; a set made again adopts its pods. Claim templates give each pod its
 //! PersistentVolumeClaim, made before it; the retention policy has the scaled-down pod's claim
-//! and, once asked, the set's remaining claims deleted with them.
+//! and, once asked, the set's remaining claims deleted with them. `maxUnavailable` is dropped
+//! as 1.32 drops it, and a Service that publishes not-ready addresses lists and resolves a pod
+//! that is not Ready. On real containers (`rkube up --runtime cri`), issue 19's story: three
+//! pods write to local-path volumes and a deleted one comes back to its data.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
