@@ -679,9 +679,7 @@ fn container_status(slot: &Slot, waiting: Option<&str>) -> ContainerStatus {
 /// condition changed, or is new). Ready's time is when the pod became ready, which
 /// minReadySeconds counts from.
 fn stamp_transitions(status: &mut PodStatus, before: Option<&PodStatus>, now: &Time) {
-    let earlier = before
-        .and_then(|b| b.conditions.as_deref())
-        .unwrap_or(&[]);
+    let earlier = before.and_then(|b| b.conditions.as_deref()).unwrap_or(&[]);
     for c in status.conditions.iter_mut().flatten() {
         let kept = earlier
             .iter()
@@ -796,5 +794,4 @@ mod tests {
         stamp_transitions(&mut ready, Some(&same), &at(3));
         assert_eq!(times(&ready), [Some(at(3)), Some(at(0))]);
     }
-
 }
