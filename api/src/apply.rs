@@ -15,9 +15,9 @@ use crate::strategic::Walker;
 fn strip_identity(config: &Value) -> Value {
     let mut c = config.clone();
     if let Some(o) = c.as_object_mut() {
-        o.remove("apiVersion");
-        o.remove("kind");
-        o.remove("status");
+        o.shift_remove("apiVersion");
+        o.shift_remove("kind");
+        o.shift_remove("status");
         if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
             for f in [
                 "name",
@@ -28,10 +28,10 @@ fn strip_identity(config: &Value) -> Value {
                 "creationTimestamp",
                 "generation",
             ] {
-                m.remove(f);
+                m.shift_remove(f);
             }
             if m.is_empty() {
-                o.remove("metadata");
+                o.shift_remove("metadata");
             }
         }
     }
@@ -145,7 +145,7 @@ fn remove_at(v: &mut Value, path: &[String]) {
     }
     if let Some(name) = last.strip_prefix("f:") {
         if let Some(o) = cur.as_object_mut() {
-            o.remove(name);
+            o.shift_remove(name);
         }
     } else if let Some(key) = last.strip_prefix("k:") {
         if let (Ok(want), Some(a)) = (

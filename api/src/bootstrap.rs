@@ -327,7 +327,7 @@ impl Api {
                     Some(w) => updated["subsets"] = w,
                     None => {
                         if let Some(o) = updated.as_object_mut() {
-                            o.remove("subsets");
+                            o.shift_remove("subsets");
                         }
                     }
                 }

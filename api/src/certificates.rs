@@ -22,20 +22,20 @@ pub fn stamp(user: &User, csr: &mut Value) {
     crate::value::set(csr, &["spec", "groups"], json!(user.groups));
     if user.uid.is_empty() {
         if let Some(spec) = csr.get_mut("spec").and_then(Value::as_object_mut) {
-            spec.remove("uid");
+            spec.shift_remove("uid");
         }
     } else {
         crate::value::set(csr, &["spec", "uid"], json!(user.uid));
     }
     if extra.is_empty() {
         if let Some(spec) = csr.get_mut("spec").and_then(Value::as_object_mut) {
-            spec.remove("extra");
+            spec.shift_remove("extra");
         }
     } else {
         crate::value::set(csr, &["spec", "extra"], Value::Object(extra));
     }
     if let Some(o) = csr.as_object_mut() {
-        o.remove("status");
+        o.shift_remove("status");
     }
 }
 

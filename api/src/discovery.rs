@@ -63,8 +63,8 @@ pub fn api_group_list() -> Value {
         .map(|(g, v)| {
             let mut group = api_group(g, &v);
             if let Some(o) = group.as_object_mut() {
-                o.remove("kind");
-                o.remove("apiVersion");
+                o.shift_remove("kind");
+                o.shift_remove("apiVersion");
             }
             group
         })

@@ -23,7 +23,7 @@ const EVENTS_API_VERSION: &str = "events.k8s.io/v1";
 fn rename(o: &mut serde_json::Map<String, Value>, to_core: bool) {
     for (new, core) in RENAMES {
         let (from, to) = if to_core { (new, core) } else { (core, new) };
-        if let Some(v) = o.remove(*from) {
+        if let Some(v) = o.shift_remove(*from) {
             o.insert(to.to_string(), v);
         }
     }

@@ -40,7 +40,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
             let t = target.as_object_mut().expect("made an object above");
             for (k, v) in p {
                 if v.is_null() {
-                    t.remove(k);
+                    t.shift_remove(k);
                 } else {
                     merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
                 }
@@ -117,7 +117,7 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, ApiError> {
         return Err(ApiError::bad_request("cannot remove the whole document"));
     };
     match parent(doc, head, path)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| missing(path)),
+        Value::Object(m) => m.shift_remove(last).ok_or_else(|| missing(path)),
         Value::Array(a) => {
             let i = last.parse::<usize>().map_err(|_| missing(path))?;
             if i >= a.len() {

@@ -253,7 +253,7 @@ pub fn allocate(net: &ServiceNet, svc: &mut Value) -> Result<(), ApiError> {
         }
     } else if let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
         for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-            p.remove("nodePort");
+            p.shift_remove("nodePort");
         }
     }
     if causes.is_empty() {

@@ -244,7 +244,7 @@ impl<'a> Walker<'a> {
         match patch.get("$patch").and_then(Value::as_str) {
             Some("replace") => {
                 let mut clean = patch.clone();
-                clean.remove("$patch");
+                clean.shift_remove("$patch");
                 *target = Value::Object(clean);
                 return Ok(());
             }
@@ -273,13 +273,13 @@ impl<'a> Walker<'a> {
             let ps = self.property(schema, k);
             match v {
                 Value::Null => {
-                    t.remove(k);
+                    t.shift_remove(k);
                 }
                 Value::Object(po) => {
                     let slot = t.entry(k.clone()).or_insert(Value::Null);
                     self.merge_object(ps, slot, po)?;
                     if slot.is_null() {
-                        t.remove(k);
+                        t.shift_remove(k);
                     }
                 }
                 Value::Array(pl) => {

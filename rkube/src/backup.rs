@@ -226,54 +226,54 @@ fn strip(ar: &ApiResource, mut obj: Value, keep_cluster_ips: bool) -> Value {
             "ownerReferences",
             "deletionGracePeriodSeconds",
         ] {
-            meta.remove(field);
+            meta.shift_remove(field);
         }
         if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             annotations.retain(|k, _| !SERVER_ANNOTATIONS.contains(&k.as_str()));
             if annotations.is_empty() {
-                meta.remove("annotations");
+                meta.shift_remove("annotations");
             }
         }
         // Finalizers of Kubernetes' own controllers come back with them.
         if let Some(finalizers) = meta.get_mut("finalizers").and_then(Value::as_array_mut) {
             finalizers.retain(|f| !f.as_str().unwrap_or_default().contains("kubernetes.io/"));
             if finalizers.is_empty() {
-                meta.remove("finalizers");
+                meta.shift_remove("finalizers");
             }
         }
     }
     if let Some(o) = obj.as_object_mut() {
-        o.remove("status");
+        o.shift_remove("status");
     }
     let spec = obj.get_mut("spec").and_then(Value::as_object_mut);
     match (ar.group.as_str(), ar.plural.as_str(), spec) {
         // The namespace controller's finalizer is all a Namespace's spec holds.
         ("", "namespaces", _) => {
             if let Some(o) = obj.as_object_mut() {
-                o.remove("spec");
+                o.shift_remove("spec");
             }
         }
         ("", "services", Some(spec)) => {
             let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
             if !keep_cluster_ips && !headless {
-                spec.remove("clusterIP");
-                spec.remove("clusterIPs");
+                spec.shift_remove("clusterIP");
+                spec.shift_remove("clusterIPs");
             }
         }
         // The binder's choice; the claim binds again in the new cluster.
         ("", "persistentvolumeclaims", Some(spec)) => {
-            spec.remove("volumeName");
+            spec.shift_remove("volumeName");
         }
         ("", "persistentvolumes", Some(spec)) => {
-            spec.remove("claimRef");
+            spec.shift_remove("claimRef");
         }
         // The scheduler's choice; the pod is placed again on the new cluster's nodes.
         ("", "pods", Some(spec)) => {
-            spec.remove("nodeName");
+            spec.shift_remove("nodeName");
         }
         ("", "serviceaccounts", _) => {
             if let Some(o) = obj.as_object_mut() {
-                o.remove("secrets");
+                o.shift_remove("secrets");
             }
         }
         _ => {}

@@ -50,7 +50,7 @@ impl Api {
                 }
             }
         } else {
-            m.remove("namespace");
+            m.shift_remove("namespace");
         }
         let name = m
             .get("name")
@@ -75,12 +75,12 @@ impl Api {
             "deletionGracePeriodSeconds",
             "selfLink",
         ] {
-            m.remove(f);
+            m.shift_remove(f);
         }
         if res.has_spec {
             m.insert("generation".into(), json!(1));
         } else {
-            m.remove("generation");
+            m.shift_remove("generation");
         }
         Ok(())
     }

@@ -211,7 +211,7 @@ impl Api {
                     o.insert("status".into(), s.clone());
                 }
                 None => {
-                    o.remove("status");
+                    o.shift_remove("status");
                 }
             }
         }
@@ -242,7 +242,7 @@ impl Api {
                     m.insert(f.into(), v.clone());
                 }
                 None => {
-                    m.remove(f);
+                    m.shift_remove(f);
                 }
             }
         }

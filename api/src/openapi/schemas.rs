@@ -370,7 +370,7 @@ pub fn to_v3(v: &Value) -> Value {
                 }
             }
             if out.len() > 1 {
-                if let Some(r) = out.remove("$ref") {
+                if let Some(r) = out.shift_remove("$ref") {
                     out.insert("allOf".into(), json!([{"$ref": r}]));
                 }
             }

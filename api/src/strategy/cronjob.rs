@@ -40,7 +40,7 @@ impl Strategy for CronJob {
         default_job_spec(template);
         if !has_template {
             // Nothing to default the pod of; validation names what is missing.
-            template.remove("template");
+            template.shift_remove("template");
         }
     }
 

@@ -349,7 +349,7 @@ impl Strategy for HorizontalPodAutoscaler {
     fn prepare_for_user(&self, _user: &User, object: &mut Value) -> Result<(), ApiError> {
         // The status is the controller's (Kubernetes' PrepareForCreate clears it).
         if let Some(o) = object.as_object_mut() {
-            o.remove("status");
+            o.shift_remove("status");
         }
         Ok(())
     }
@@ -392,13 +392,13 @@ pub fn v1_to_v2(v: &mut Value) {
             .get_mut("metadata")?
             .get_mut("annotations")?
             .as_object_mut()?;
-        let raw = a.remove(key)?;
+        let raw = a.shift_remove(key)?;
         serde_json::from_str(raw.as_str()?).ok()
     };
     let behavior = annotations(BEHAVIOR_ANNOTATION);
     let conditions = annotations(CONDITIONS_ANNOTATION);
     if let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) {
-        if let Some(target) = spec.remove("targetCPUUtilizationPercentage") {
+        if let Some(target) = spec.shift_remove("targetCPUUtilizationPercentage") {
             let metrics = if target.is_null() {
                 Value::Null
             } else {
@@ -411,7 +411,7 @@ pub fn v1_to_v2(v: &mut Value) {
         }
     }
     if let Some(status) = o.get_mut("status").and_then(Value::as_object_mut) {
-        if let Some(current) = status.remove("currentCPUUtilizationPercentage") {
+        if let Some(current) = status.shift_remove("currentCPUUtilizationPercentage") {
             status.insert(
                 "currentMetrics".into(),
                 json!([{"type": "Resource", "resource": {"name": "cpu",
@@ -445,20 +445,20 @@ pub fn v2_to_v1(v: &mut Value) {
     o.insert("apiVersion".into(), json!("autoscaling/v1"));
     let mut annotations: Vec<(&str, String)> = Vec::new();
     if let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) {
-        let metrics = spec.remove("metrics");
+        let metrics = spec.shift_remove("metrics");
         if let Some(t) = cpu_utilization(metrics.as_ref(), "/resource/target/averageUtilization") {
             spec.insert("targetCPUUtilizationPercentage".into(), t);
         }
-        if let Some(b) = spec.remove("behavior") {
+        if let Some(b) = spec.shift_remove("behavior") {
             annotations.push((BEHAVIOR_ANNOTATION, b.to_string()));
         }
     }
     if let Some(status) = o.get_mut("status").and_then(Value::as_object_mut) {
-        let current = status.remove("currentMetrics");
+        let current = status.shift_remove("currentMetrics");
         if let Some(c) = cpu_utilization(current.as_ref(), "/resource/current/averageUtilization") {
             status.insert("currentCPUUtilizationPercentage".into(), c);
         }
-        if let Some(c) = status.remove("conditions") {
+        if let Some(c) = status.shift_remove("conditions") {
             annotations.push((CONDITIONS_ANNOTATION, c.to_string()));
         }
         status.entry("currentReplicas").or_insert(json!(0));

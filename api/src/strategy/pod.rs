@@ -59,7 +59,7 @@ impl Strategy for Pod {
                 if let Some(cs) = v.get_mut(list).and_then(Value::as_array_mut) {
                     for c in cs {
                         if let Some(c) = c.as_object_mut() {
-                            c.remove("image");
+                            c.shift_remove("image");
                         }
                     }
                 }
@@ -71,7 +71,7 @@ impl Strategy for Pod {
                     "terminationGracePeriodSeconds",
                     "nodeName",
                 ] {
-                    o.remove(f);
+                    o.shift_remove(f);
                 }
             }
             v

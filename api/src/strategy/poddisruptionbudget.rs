@@ -52,7 +52,7 @@ impl Strategy for PodDisruptionBudget {
         // A new budget's status is the controller's to compute, whatever the client sent
         // (Kubernetes' PrepareForCreate clears it).
         if let Some(o) = object.as_object_mut() {
-            o.remove("status");
+            o.shift_remove("status");
         }
         self.defaults(object);
         Ok(())

@@ -148,7 +148,7 @@ impl Strategy for StatefulSet {
             let mut spec = o.get("spec").cloned().unwrap_or(json!({}));
             if let Some(m) = spec.as_object_mut() {
                 for field in MUTABLE {
-                    m.remove(*field);
+                    m.shift_remove(*field);
                 }
             }
             spec

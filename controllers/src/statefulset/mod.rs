@@ -107,7 +107,7 @@ pub fn start(
 /// The template a revision holds (its data is the patch that puts the template back).
 fn template_of(r: &ControllerRevision) -> Option<PodTemplateSpec> {
     let mut t = history::data(r)?.pointer("/spec/template")?.clone();
-    t.as_object_mut()?.remove("$patch");
+    t.as_object_mut()?.shift_remove("$patch");
     serde_json::from_value(t).ok()
 }
 
