@@ -30,6 +30,7 @@ pub mod limitrange;
 pub mod node_authz;
 pub mod nodeproxy;
 pub mod openapi;
+pub mod order;
 pub mod patch;
 pub mod protobuf;
 pub mod query;

@@ -84,22 +84,36 @@ pub fn decode(kv: &KeyValue) -> Result<Stored, ApiError> {
     })
 }
 
+/// Sets `metadata.resourceVersion` where Kubernetes writes it: after the name, namespace and uid
+/// that come before it in ObjectMeta (the rest of the object is in order already).
 pub fn set_resource_version(object: &mut Value, revision: i64) {
+    const BEFORE: [&str; 5] = ["name", "generateName", "namespace", "selfLink", "uid"];
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert(
-            "resourceVersion".into(),
-            Value::String(revision.to_string()),
-        );
+        let revision = Value::String(revision.to_string());
+        match meta.get_mut("resourceVersion") {
+            Some(rv) => *rv = revision,
+            None => {
+                let at = meta
+                    .keys()
+                    .position(|k| !BEFORE.contains(&k.as_str()))
+                    .unwrap_or(meta.len());
+                meta.shift_insert(at, "resourceVersion".into(), revision);
+            }
+        }
     }
 }
 
-fn encode(object: &Value) -> Result<Vec<u8>, ApiError> {
+/// The object as it is stored, and its bytes: in Kubernetes' field order
+/// ([`crate::order::normalise`]), without resourceVersion (the key's revision) and selfLink.
+fn encode(object: &Value) -> Result<(Value, Vec<u8>), ApiError> {
     let mut object = object.clone();
+    crate::order::normalise(&mut object);
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
-        meta.remove("selfLink");
+        meta.shift_remove("resourceVersion");
+        meta.shift_remove("selfLink");
     }
-    serde_json::to_vec(&object).map_err(|e| ApiError::internal(e.to_string()))
+    let bytes = serde_json::to_vec(&object).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok((object, bytes))
 }
 
 impl ObjectStore {
@@ -242,7 +256,7 @@ impl ObjectStore {
             .map(|c| match &c.write {
                 Some(value) => Ok(Op::Put(PutRequest {
                     key: c.key.as_bytes().to_vec(),
-                    value: encode(value)?,
+                    value: encode(value)?.1,
                     ..Default::default()
                 })),
                 None => Ok(Op::Delete(DeleteRequest {
@@ -272,7 +286,7 @@ impl ObjectStore {
         expected: i64,
         fence: Fence,
     ) -> Result<Write, ApiError> {
-        let value = encode(object)?;
+        let (mut object, value) = encode(object)?;
         let key = key.as_bytes().to_vec();
         let (ok, results, revision) = self
             .txn(
@@ -296,7 +310,6 @@ impl ObjectStore {
             )
             .await?;
         if ok {
-            let mut object = object.clone();
             set_resource_version(&mut object, revision);
             Ok(Write::Done(Stored { object, revision }))
         } else {

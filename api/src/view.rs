@@ -50,6 +50,7 @@ impl View {
     pub fn answer_from_stored(&self, v: &mut Value) -> bool {
         if self.is_stored(v) {
             (self.from_stored)(v);
+            crate::order::normalise(v);
             return true;
         }
         let list_kind = format!("{}List", self.kind);
@@ -68,12 +69,14 @@ impl View {
                                                "apiVersion": self.stored_api_version});
             (self.from_stored)(&mut probe);
             v["apiVersion"] = probe["apiVersion"].clone();
+            crate::order::normalise(v);
             return true;
         }
         // Watch events: {"type": ..., "object": {...}}.
         if v.get("type").is_some() {
             if let Some(o) = v.get_mut("object").filter(|o| self.is_stored(o)) {
                 (self.from_stored)(o);
+                crate::order::normalise(o);
                 return true;
             }
         }

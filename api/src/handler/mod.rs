@@ -69,8 +69,10 @@ pub struct Api {
 pub const MAX_READS_INFLIGHT: usize = 400;
 pub const MAX_WRITES_INFLIGHT: usize = 200;
 
+/// A JSON answer as kube-apiserver writes it: Go's json.Encoder, which ends with a newline.
 fn json_response(code: u16, body: &impl serde::Serialize) -> Resp {
-    let bytes = crate::encoding::to_vec(body).unwrap_or_default();
+    let mut bytes = crate::encoding::to_vec(body).unwrap_or_default();
+    bytes.push(b'\n');
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
