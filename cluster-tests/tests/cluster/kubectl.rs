@@ -1058,3 +1058,142 @@ async fn a_desired_state_backup_recreates_the_cluster_in_a_new_one() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// The keys of a JSON object, in the order they were written.
+fn keys_of(v: &serde_json::Value) -> Vec<&str> {
+    v.as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `wanted` appear in `keys` in this order (others may sit between them).
+fn in_order(keys: &[&str], wanted: &[&str]) -> bool {
+    let at: Vec<Option<usize>> = wanted
+        .iter()
+        .map(|w| keys.iter().position(|k| k == w))
+        .collect();
+    at.iter().all(Option::is_some) && at.windows(2).all(|p| p[0] < p[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_and_statuses_come_back_in_kube_apiservers_field_order() {
+    let (c, k) = cluster().await;
+    // Posted as it is (`create --raw`), with every object's fields in reverse order.
+    let pod = r#"{"status": {},
+        "spec": {"schedulerName": "default-scheduler", "restartPolicy": "Never",
+                 "containers": [{"imagePullPolicy": "IfNotPresent", "image": "nginx:1.27", "name": "c"}]},
+        "metadata": {"labels": {"b": "2", "a": "1"}, "namespace": "default", "name": "reversed"},
+        "apiVersion": "v1", "kind": "Pod"}"#;
+    k.run_with_input(
+        &[
+            "create",
+            "--raw",
+            "/api/v1/namespaces/default/pods",
+            "-f",
+            "-",
+        ],
+        pod,
+    )
+    .await
+    .ok();
+
+    let raw = k
+        .run(&["get", "--raw", "/api/v1/namespaces/default/pods/reversed"])
+        .await
+        .ok();
+    assert!(
+        raw.starts_with(
+            r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"reversed","namespace":"default","uid":""#
+        ),
+        "{raw}"
+    );
+    let pod: serde_json::Value = serde_json::from_str(&raw).expect("a pod");
+    assert_eq!(
+        keys_of(&pod),
+        ["kind", "apiVersion", "metadata", "spec", "status"],
+        "{raw}"
+    );
+    let meta = keys_of(&pod["metadata"]);
+    assert_eq!(
+        meta[..6],
+        [
+            "name",
+            "namespace",
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "labels"
+        ],
+        "{raw}"
+    );
+    assert_eq!(keys_of(&pod["metadata"]["labels"]), ["a", "b"], "{raw}");
+    let spec = keys_of(&pod["spec"]);
+    assert!(
+        in_order(
+            &spec,
+            &["containers", "restartPolicy", "dnsPolicy", "schedulerName"]
+        ),
+        "{raw}"
+    );
+    assert!(
+        in_order(
+            &keys_of(&pod["spec"]["containers"][0]),
+            &["name", "image", "imagePullPolicy"]
+        ),
+        "{raw}"
+    );
+
+    // A list, and a watch event, copy the stored order.
+    let raw = k
+        .run(&["get", "--raw", "/api/v1/namespaces/default/pods"])
+        .await
+        .ok();
+    let list: serde_json::Value = serde_json::from_str(&raw).expect("a list");
+    assert_eq!(
+        keys_of(&list),
+        ["kind", "apiVersion", "metadata", "items"],
+        "{raw}"
+    );
+    assert!(
+        in_order(&keys_of(&list["items"][0]), &["metadata", "spec", "status"]),
+        "{raw}"
+    );
+    assert_eq!(
+        keys_of(&list["items"][0]["metadata"])[..2],
+        ["name", "namespace"]
+    );
+    let raw = k
+        .run(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods?watch=1&timeoutSeconds=1&fieldSelector=metadata.name=reversed",
+        ])
+        .await
+        .ok();
+    let event: serde_json::Value =
+        serde_json::from_str(raw.lines().next().unwrap_or("")).expect("a watch event");
+    assert_eq!(keys_of(&event), ["type", "object"], "{raw}");
+    assert_eq!(
+        keys_of(&event["object"]),
+        ["kind", "apiVersion", "metadata", "spec", "status"],
+        "{raw}"
+    );
+
+    // A 404, byte for byte as kube-apiserver 1.32 writes it.
+    let client = crate::kube_client::client_of(&c, 0).await;
+    let request = http::Request::get("/api/v1/namespaces/default/pods/nope")
+        .body(kube::client::Body::from(Vec::new()))
+        .expect("a request");
+    let answer = client.send(request).await.expect("an answer");
+    assert_eq!(answer.status().as_u16(), 404);
+    let body = answer.into_body().collect_bytes().await.expect("a body");
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        concat!(
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","#,
+            r#""message":"pods \"nope\" not found","reason":"NotFound","#,
+            r#""details":{"name":"nope","kind":"pods"},"code":404}"#,
+            "\n"
+        )
+    );
+}
