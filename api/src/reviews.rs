@@ -77,6 +77,7 @@ fn answered(mut object: Value, status: Value) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::bad_request("the request body is not a JSON object"))?;
     o.entry("metadata").or_insert_with(|| json!({}));
     o.insert("status".into(), status);
+    crate::order::normalise(&mut object);
     Ok(object)
 }
 

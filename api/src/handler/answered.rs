@@ -77,6 +77,13 @@ impl Api {
     /// The objects of an answered kind that can be read (component statuses, resource
     /// metrics).
     pub(super) async fn answered_list(&self, t: &Target, q: &Query) -> Result<Listed, ApiError> {
+        let mut listed = self.answered_items(t, q).await?;
+        listed.items.iter_mut().for_each(crate::order::normalise);
+        Ok(listed)
+    }
+
+    /// The objects of an answered kind, as they are made.
+    async fn answered_items(&self, t: &Target, q: &Query) -> Result<Listed, ApiError> {
         if t.res.group == "metrics.k8s.io" {
             return self.metrics_list(t, q).await;
         }
@@ -99,7 +106,9 @@ impl Api {
     /// One object of an answered kind that can be read.
     pub(super) async fn answered_get(&self, t: &Target) -> Result<Value, ApiError> {
         if t.res.group == "metrics.k8s.io" {
-            return self.metrics_get(t).await;
+            let mut object = self.metrics_get(t).await?;
+            crate::order::normalise(&mut object);
+            return Ok(object);
         }
         self.answered_list(t, &Query::default())
             .await?
