@@ -4,7 +4,7 @@
 //! replicated store under Kubernetes' /registry keys ([`resources`] maps URLs to keys); reads
 //! come from the member's applied state (a quorum read index first, unless the client asked for
 //! resourceVersion=0), writes are store transactions proposed through the Raft leader
-//! ([`storage`]). [`handler`] routes a request to a verb; [`discovery`] answers the discovery
+//! ([`storage`]), with their fields in Kubernetes' order ([`order`]). [`handler`] routes a request to a verb; [`discovery`] answers the discovery
 //! documents kubectl reads first; [`openapi`] the OpenAPI documents of the served types, which
 //! [`fieldvalidation`] also checks request bodies against.
 
