@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// How a field's value is put in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,17 +25,27 @@ enum Shape {
     Message(usize),
     /// A map: its keys sorted, and its values put in order when they are messages.
     Map(Option<usize>),
-    /// A message whose fields Go writes in the enclosing object (`json:",inline"`).
-    Inline(usize),
 }
 
-struct Field {
-    name: &'static str,
-    shape: Shape,
+/// A message's fields by name (sorted, for a binary search), each with its place in the
+/// message; the fields of a message Go writes inline (`json:",inline"`, a Volume's source) are
+/// the enclosing message's, in the inline field's place.
+struct Message {
+    by_name: Vec<(&'static str, u32, Shape)>,
+}
+
+impl Message {
+    /// The place and shape of a key; keys the message does not know go last.
+    fn field(&self, key: &str) -> (u32, Shape) {
+        self.by_name
+            .binary_search_by(|(name, _, _)| (*name).cmp(key))
+            .map(|i| (self.by_name[i].1, self.by_name[i].2))
+            .unwrap_or((u32::MAX, Shape::Leaf))
+    }
 }
 
 struct Table {
-    messages: Vec<Vec<Field>>,
+    messages: Vec<Message>,
     /// (apiVersion, kind) to the kind's message.
     kinds: HashMap<(&'static str, &'static str), usize>,
     status: usize,
@@ -45,6 +55,12 @@ struct Table {
 static FIELDS: &str = include_str!("fields.txt");
 
 static TABLE: LazyLock<Table> = LazyLock::new(|| Table::parse(FIELDS));
+
+/// A field of fields.txt: a shape, or a message to put inline.
+enum Parsed {
+    Field(&'static str, Shape),
+    Inline(usize),
+}
 
 impl Table {
     fn parse(text: &'static str) -> Table {
@@ -64,32 +80,47 @@ impl Table {
                 .get(name)
                 .unwrap_or_else(|| panic!("fields.txt names message {name} but has no line for it"))
         };
-        let mut messages = Vec::with_capacity(index.len());
+        let mut parsed: Vec<Vec<Parsed>> = Vec::with_capacity(index.len());
         let mut kinds = HashMap::new();
         for w in &lines {
             match w.first() {
                 Some(&"K") => {
                     kinds.insert((w[1], w[2]), message(w[3]));
                 }
-                Some(&"M") => messages.push(
+                Some(&"M") => parsed.push(
                     w[2..]
                         .iter()
                         .map(|f| {
                             let (name, ty) = f.split_once(':').unwrap_or((f, "-"));
-                            let shape = match ty.split_at(ty.len().min(1)) {
-                                ("=", m) => Shape::Message(message(m)),
-                                ("^", m) => Shape::Inline(message(m)),
-                                ("%", "") => Shape::Map(None),
-                                ("%", m) => Shape::Map(Some(message(m))),
-                                _ => Shape::Leaf,
-                            };
-                            Field { name, shape }
+                            match ty.split_at(ty.len().min(1)) {
+                                ("^", m) => Parsed::Inline(message(m)),
+                                ("=", m) => Parsed::Field(name, Shape::Message(message(m))),
+                                ("%", "") => Parsed::Field(name, Shape::Map(None)),
+                                ("%", m) => Parsed::Field(name, Shape::Map(Some(message(m)))),
+                                _ => Parsed::Field(name, Shape::Leaf),
+                            }
                         })
                         .collect(),
                 ),
                 _ => {}
             }
         }
+        fn flatten(parsed: &[Vec<Parsed>], m: usize, out: &mut Vec<(&'static str, u32, Shape)>) {
+            for f in &parsed[m] {
+                match f {
+                    Parsed::Field(name, shape) => out.push((name, out.len() as u32, *shape)),
+                    Parsed::Inline(inner) => flatten(parsed, *inner, out),
+                }
+            }
+        }
+        let messages = (0..parsed.len())
+            .map(|m| {
+                let mut by_name = Vec::new();
+                flatten(&parsed, m, &mut by_name);
+                by_name.sort_unstable_by_key(|f| f.0);
+                Message { by_name }
+            })
+            .collect();
         Table {
             messages,
             kinds,
@@ -98,37 +129,19 @@ impl Table {
         }
     }
 
-    /// Moves the fields of message `m` from `from` to `to` in the message's order, each put in
-    /// order itself.
-    fn take_fields(&self, m: usize, from: &mut Map<String, Value>, to: &mut Map<String, Value>) {
-        for field in &self.messages[m] {
-            if from.is_empty() {
-                return;
-            }
-            if let Shape::Inline(inner) = field.shape {
-                self.take_fields(inner, from, to);
-                continue;
-            }
-            if let Some((name, mut value)) = from.shift_remove_entry(field.name) {
-                self.order_value(field.shape, &mut value);
-                to.insert(name, value);
-            }
-        }
-    }
-
     fn order_value(&self, shape: Shape, value: &mut Value) {
         match (shape, value) {
             (Shape::Message(m), Value::Array(items)) => {
                 for item in items {
-                    self.order_message(m, item);
+                    self.order_message(m, item, false);
                 }
             }
-            (Shape::Message(m), value) => self.order_message(m, value),
+            (Shape::Message(m), value) => self.order_message(m, value, false),
             (Shape::Map(values), Value::Object(map)) => {
                 map.sort_keys();
                 if let Some(m) = values {
                     for v in map.values_mut() {
-                        self.order_message(m, v);
+                        self.order_message(m, v, false);
                     }
                 }
             }
@@ -136,24 +149,38 @@ impl Table {
         }
     }
 
-    fn order_message(&self, m: usize, value: &mut Value) {
+    /// Puts the fields of an object of message `m` in the message's order, each in order
+    /// itself; with `typed`, `kind` and `apiVersion` first (Go's inline TypeMeta). Fields the
+    /// table does not know keep their order, after the known ones.
+    fn order_message(&self, m: usize, value: &mut Value, typed: bool) {
         let Value::Object(map) = value else { return };
-        let mut from = std::mem::take(map);
-        self.take_fields(m, &mut from, map);
-        // Fields the table does not know keep their order, after the known ones.
-        map.extend(from);
-    }
-
-    /// `kind` and `apiVersion` first (Go's inline TypeMeta), then the fields of message `m`.
-    fn order_top(&self, m: usize, map: &mut Map<String, Value>) {
-        let mut from = std::mem::take(map);
-        for key in ["kind", "apiVersion"] {
-            if let Some((k, v)) = from.shift_remove_entry(key) {
-                map.insert(k, v);
+        let message = &self.messages[m];
+        let place = |key: &str| match (typed, key) {
+            (true, "kind") => (0, Shape::Leaf),
+            (true, "apiVersion") => (1, Shape::Leaf),
+            _ => {
+                let (rank, shape) = message.field(key);
+                (rank.saturating_add(2), shape)
             }
+        };
+        let mut sorted = true;
+        let mut last = 0;
+        for (key, v) in map.iter_mut() {
+            let (rank, shape) = place(key);
+            self.order_value(shape, v);
+            sorted &= rank >= last;
+            last = rank;
         }
-        self.take_fields(m, &mut from, map);
-        map.extend(from);
+        if sorted {
+            return;
+        }
+        let mut entries: Vec<(u32, String, Value)> = std::mem::take(map)
+            .into_iter()
+            .map(|(k, v)| (place(&k).0, k, v))
+            .collect();
+        // Stable: fields the table does not know keep their order.
+        entries.sort_by_key(|e| e.0);
+        map.extend(entries.into_iter().map(|(_, k, v)| (k, v)));
     }
 }
 
@@ -161,19 +188,19 @@ impl Table {
 /// `kind`; a Status and a List (and its items) too. Anything else is left as it is.
 pub fn normalise(object: &mut Value) {
     let table = &*TABLE;
-    let Value::Object(map) = object else { return };
     let (Some(api_version), Some(kind)) = (
-        map.get("apiVersion").and_then(Value::as_str),
-        map.get("kind").and_then(Value::as_str),
+        object.get("apiVersion").and_then(Value::as_str),
+        object.get("kind").and_then(Value::as_str),
     ) else {
         return;
     };
     if let Some(&m) = table.kinds.get(&(api_version, kind)) {
-        table.order_top(m, map);
+        table.order_message(m, object, true);
     } else if kind == "Status" && api_version == "v1" {
-        table.order_top(table.status, map);
+        table.order_message(table.status, object, true);
     } else if let Some(item_kind) = kind.strip_suffix("List") {
         let item = table.kinds.get(&(api_version, item_kind)).copied();
+        let Value::Object(map) = object else { return };
         let mut from = std::mem::take(map);
         for key in ["kind", "apiVersion", "metadata", "items"] {
             if let Some((k, v)) = from.shift_remove_entry(key) {
@@ -182,14 +209,11 @@ pub fn normalise(object: &mut Value) {
         }
         map.extend(from);
         if let Some(meta) = map.get_mut("metadata") {
-            table.order_message(table.list_meta, meta);
+            table.order_message(table.list_meta, meta, false);
         }
         if let (Some(m), Some(Value::Array(items))) = (item, map.get_mut("items")) {
             for item in items {
-                match item.as_object_mut() {
-                    Some(o) if o.contains_key("kind") => table.order_top(m, o),
-                    _ => table.order_message(m, item),
-                }
+                table.order_message(m, item, true);
             }
         }
     }
