@@ -8,7 +8,8 @@
 //! watches then copy the stored order (serde_json keeps the order of a map's keys). The order of
 //! every struct comes from `fields.txt`, which `generate.py` writes from the protobuf
 //! descriptors a kubectl binary embeds (Kubernetes' generated.proto lists each struct's fields in
-//! Go order). Map fields (labels, data) are written with sorted keys, as Go writes maps; fields
+//! Go order; k8s-openapi's types write their fields alphabetically, so they cannot give it).
+//! Map fields (labels, data) are written with sorted keys, as Go writes maps; fields
 //! the table does not know keep their place after the known ones.
 
 use std::collections::HashMap;
@@ -325,6 +326,18 @@ mod tests {
         assert_eq!(keys(&list), ["kind", "apiVersion", "metadata", "items"]);
         assert_eq!(keys(&list["items"][0]), ["metadata", "spec"]);
         assert_eq!(keys(&list["items"][0]["metadata"]), ["name", "uid"]);
+    }
+
+    /// The verbs compare objects as values (a spec changed, an update changed nothing): with
+    /// serde_json's preserve_order, equality and hashing must still ignore the order of keys.
+    #[test]
+    fn values_in_another_order_are_equal_and_hash_alike() {
+        use std::hash::{BuildHasher, RandomState};
+        let a = json!({"a": 1, "b": {"c": 2, "d": 3}});
+        let b = json!({"b": {"d": 3, "c": 2}, "a": 1});
+        assert_eq!(a, b);
+        let hasher = RandomState::new();
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&b));
     }
 
     #[test]
