@@ -70,7 +70,7 @@ impl Strategy for StatefulSet {
             .pointer_mut("/spec/updateStrategy/rollingUpdate")
             .and_then(Value::as_object_mut)
         {
-            rolling.remove("maxUnavailable");
+            rolling.shift_remove("maxUnavailable");
         }
     }
 
