@@ -83,24 +83,8 @@ pub fn patch<K: Versioned>(owner: &K) -> Value {
         o.insert("$patch".into(), json!("replace"));
     }
     // kubectl builds its patch through Go maps, which encoding/json writes with sorted keys.
-    sort_keys(&mut t);
+    rkube_core::json::sort_keys(&mut t);
     json!({"spec": {"template": t}})
-}
-
-/// Orders every object's keys, at any depth, as Go writes a map.
-fn sort_keys(v: &mut Value) {
-    match v {
-        Value::Object(o) => {
-            let mut entries: Vec<(String, Value)> = std::mem::take(o).into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            for (k, mut child) in entries {
-                sort_keys(&mut child);
-                o.insert(k, child);
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(sort_keys),
-        _ => {}
-    }
 }
 
 /// Map-valued fields of a pod template (Go maps, left out when empty).

@@ -35,3 +35,36 @@ mod tests {
         assert_eq!(int_at(&v, "/metadata/name"), 0);
     }
 }
+
+/// Orders every object's keys, at any depth, as Go's encoding/json writes a map. serde_json
+/// keeps insertion order in this workspace (Kubernetes' field order), so text that must not
+/// depend on field order (hashes, kubectl's byte-for-byte comparisons) is sorted first.
+pub fn sort_keys(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let mut entries: Vec<(String, Value)> = std::mem::take(o).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, mut child) in entries {
+                sort_keys(&mut child);
+                o.insert(k, child);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn keys_are_sorted_at_every_depth_and_lists_keep_their_order() {
+        let mut v = json!({"b": {"z": 1, "a": [{"y": 1, "x": 2}, 3]}, "a": null});
+        super::sort_keys(&mut v);
+        assert_eq!(
+            v.to_string(),
+            r#"{"a":null,"b":{"a":[{"x":2,"y":1},3],"z":1}}"#
+        );
+    }
+}

@@ -91,8 +91,10 @@ fn template_ignoring_hash(t: Option<&PodTemplateSpec>) -> PodTemplateSpec {
 /// digits spelled in Kubernetes' alphabet without vowels (so it never spells a word).
 pub fn template_hash(template: &PodTemplateSpec, collisions: i64) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    // Through a JSON value: its keys are sorted, so the text does not depend on field order.
-    let json = serde_json::to_value(template_ignoring_hash(Some(template))).unwrap_or_default();
+    // Through a JSON value with sorted keys, so the text does not depend on field order (and
+    // stays what rkube hashed before serde_json kept insertion order).
+    let mut json = serde_json::to_value(template_ignoring_hash(Some(template))).unwrap_or_default();
+    rkube_core::json::sort_keys(&mut json);
     let text = format!("{json}{collisions}");
     let mut h: u32 = 0x811c9dc5;
     for b in text.bytes() {
