@@ -18,24 +18,6 @@ pub fn str_field<'a>(v: &'a Value, name: &str) -> &'a str {
     v.get(name).and_then(Value::as_str).unwrap_or("")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn absent_or_other_types_read_as_empty() {
-        let v = json!({"metadata": {"name": "web", "generation": 3}});
-        assert_eq!(str_at(&v, "/metadata/name"), "web");
-        assert_eq!(str_at(&v, "/metadata/generation"), "");
-        assert_eq!(str_at(&v, "/spec/nodeName"), "");
-        assert_eq!(str_field(&v["metadata"], "name"), "web");
-        assert_eq!(str_field(&v, "kind"), "");
-        assert_eq!(int_at(&v, "/metadata/generation"), 3);
-        assert_eq!(int_at(&v, "/metadata/name"), 0);
-    }
-}
-
 /// Orders every object's keys, at any depth, as Go's encoding/json writes a map. serde_json
 /// keeps insertion order in this workspace (Kubernetes' field order), so text that must not
 /// depend on field order (hashes, kubectl's byte-for-byte comparisons) is sorted first.
@@ -56,12 +38,25 @@ pub fn sort_keys(v: &mut Value) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     use serde_json::json;
+
+    #[test]
+    fn absent_or_other_types_read_as_empty() {
+        let v = json!({"metadata": {"name": "web", "generation": 3}});
+        assert_eq!(str_at(&v, "/metadata/name"), "web");
+        assert_eq!(str_at(&v, "/metadata/generation"), "");
+        assert_eq!(str_at(&v, "/spec/nodeName"), "");
+        assert_eq!(str_field(&v["metadata"], "name"), "web");
+        assert_eq!(str_field(&v, "kind"), "");
+        assert_eq!(int_at(&v, "/metadata/generation"), 3);
+        assert_eq!(int_at(&v, "/metadata/name"), 0);
+    }
 
     #[test]
     fn keys_are_sorted_at_every_depth_and_lists_keep_their_order() {
         let mut v = json!({"b": {"z": 1, "a": [{"y": 1, "x": 2}, 3]}, "a": null});
-        super::sort_keys(&mut v);
+        sort_keys(&mut v);
         assert_eq!(
             v.to_string(),
             r#"{"a":null,"b":{"a":[{"x":2,"y":1},3],"z":1}}"#
