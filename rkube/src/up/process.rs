@@ -60,9 +60,19 @@ pub(crate) async fn stop(dir: &Path, names: &[String]) {
 
 /// How child `pid` of this process ended, for an error: its exit status or the signal that
 /// ended it (collecting it), or that it runs on but is not recognised as this cluster's.
+/// A process in the middle of exiting has already lost its command line (so
+/// [`running_pid`] no longer knows it) but cannot be collected yet: it is given two seconds
+/// to finish, so the answer names the status or signal rather than "not running".
 pub(crate) fn how_it_ended(pid: i32) -> String {
     let mut status = 0;
-    let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let reaped = loop {
+        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if reaped != 0 || std::time::Instant::now() > deadline {
+            break reaped;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     if reaped != pid {
         return format!("(pid {pid}) is not running as this cluster's member");
     }
