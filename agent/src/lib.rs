@@ -3,8 +3,9 @@
 //! its Lease ([`node`]), and runs the pods bound to it ([`pods`]).
 //!
 //! Runtimes: `sim` (kwok-style: no processes; containers are Running after a delay and stay
-//! so), with which one process can simulate many nodes (`--nodes N`). The containerd (CRI)
-//! runtime is not built yet.
+//! so), with which one process can simulate many nodes (`--nodes N`); and `cri`, which runs
+//! real containers through containerd's CRI socket (`cri.rs` speaks CRI, `cri_pods.rs` runs a
+//! pod's sandbox, init and app containers, probes and restarts, and reports its status).
 
 use std::path::PathBuf;
 use std::sync::Arc;
