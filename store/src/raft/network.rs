@@ -55,7 +55,7 @@ impl PeerNetwork {
     }
 
     /// The Raft stream to a peer address, shared by every clone.
-    fn link(&self, addr: &str) -> Arc<Link> {
+    pub(crate) fn link(&self, addr: &str) -> Arc<Link> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         links
             .entry(addr.to_string())

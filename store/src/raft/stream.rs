@@ -40,6 +40,8 @@ const MAX_FRAME: usize = 1 << 30;
 pub enum Kind {
     Append = 1,
     Vote = 2,
+    /// A request a member hands to the leader (`server::node::Forward`).
+    Forward = 3,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
         match tag {
             1 => Some(Kind::Append),
             2 => Some(Kind::Vote),
+            3 => Some(Kind::Forward),
             _ => None,
         }
     }
@@ -94,9 +97,17 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<(u
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// No connection could be made, or it broke before the answer came.
+    /// No connection could be made: the request never left.
     #[error("peer {addr} unreachable: {source}")]
     Unreachable {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The connection broke once the request was (perhaps partly) written, before its
+    /// answer came: the peer may or may not have served it.
+    #[error("connection to peer {addr} lost: {source}")]
+    Lost {
         addr: String,
         #[source]
         source: io::Error,
@@ -190,17 +201,23 @@ impl Link {
             addr: self.addr.clone(),
             ttl,
         };
-        let unreachable = |source| CallError::Unreachable {
+        let lost = |source| CallError::Lost {
             addr: self.addr.clone(),
             source,
         };
         let (id, waiting, answer) = tokio::time::timeout_at(deadline, self.send(kind, payload))
             .await
             .map_err(|_| timed_out())?
-            .map_err(unreachable)?;
+            .map_err(|(written, source)| match written {
+                false => CallError::Unreachable {
+                    addr: self.addr.clone(),
+                    source,
+                },
+                true => lost(source),
+            })?;
         match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(answer)) => answer.map_err(unreachable),
-            Ok(Err(_)) => Err(unreachable(io::Error::new(
+            Ok(Ok(answer)) => answer.map_err(lost),
+            Ok(Err(_)) => Err(lost(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the connection closed before the answer came",
             ))),
@@ -226,25 +243,26 @@ impl Link {
         }
     }
 
+    /// Writes one request; an error says whether any of it may have been written.
     async fn send(
         &self,
         kind: Kind,
         payload: &[u8],
-    ) -> io::Result<(u64, Arc<Waiting>, oneshot::Receiver<Answer>)> {
+    ) -> Result<(u64, Arc<Waiting>, oneshot::Receiver<Answer>), (bool, io::Error)> {
         let mut slot = self.conn.lock().await;
         // Taken out while writing: a call cancelled in the middle of a frame (its deadline)
         // drops the connection with it instead of leaving half a frame for the next call.
         let mut conn = match slot.take() {
             Some(c) if !c.waiting.closed.load(Ordering::Acquire) => c,
-            _ => self.connect().await?,
+            _ => self.connect().await.map_err(|e| (false, e))?,
         };
         let id = conn.next;
         conn.next += 1;
         let (tx, rx) = oneshot::channel();
         conn.waiting.lock().insert(id, tx);
         let bytes = frame(id, kind as u8, payload);
-        conn.writer.write_all(&bytes).await?;
-        conn.writer.flush().await?;
+        conn.writer.write_all(&bytes).await.map_err(|e| (true, e))?;
+        conn.writer.flush().await.map_err(|e| (true, e))?;
         let waiting = conn.waiting.clone();
         *slot = Some(conn);
         Ok((id, waiting, rx))

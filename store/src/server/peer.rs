@@ -115,6 +115,10 @@ async fn answer(node: &Node, tag: u8, payload: &[u8]) -> Result<Vec<u8>, String>
             let req = bincode::deserialize(payload).map_err(undecodable)?;
             bincode::serialize(&node.raft.vote(req).await)
         }
+        Some(Kind::Forward) => {
+            let req: Forward = bincode::deserialize(payload).map_err(undecodable)?;
+            bincode::serialize(&node.serve_forward(req).await)
+        }
         None => return Err(format!("unknown Raft stream request kind {tag}")),
     };
     result.map_err(|e| e.to_string())

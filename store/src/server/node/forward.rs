@@ -1,6 +1,6 @@
 //! Forwarding to the leader: the requests a member hands to the leader, their replies and
-//! errors; finding the leader and sending to it (or serving it here, as leader); and what a
-//! request whose RPC to the leader failed comes to.
+//! errors; finding the leader and sending to it on the Raft stream (or serving it here, as
+//! leader); and what a request whose call to the leader failed comes to.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -12,7 +12,7 @@ use super::{MembershipChange, Node};
 use crate::error::{MvccError, StoreError};
 use crate::mvcc::{Applied, Command};
 use crate::proto::peer::peer_client::PeerClient;
-use crate::proto::peer::Payload;
+use crate::raft::stream::{self, CallError, Kind};
 use crate::raft::{LogId, NodeId};
 
 /// A request a follower hands to the leader.
@@ -107,15 +107,20 @@ impl Node {
         }
     }
 
-    pub(in crate::server) fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
+    /// The peer address of member `id`, from the membership.
+    fn peer_addr(&self, id: NodeId) -> Result<String, StoreError> {
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let addr = membership
             .nodes()
             .find(|(nid, _)| **nid == id)
             .map(|(_, n)| n.peer_addr.clone());
-        let addr = addr.ok_or_else(|| {
+        addr.ok_or_else(|| {
             StoreError::Unavailable(format!("leader {id:x} is not in the membership"))
-        })?;
+        })
+    }
+
+    pub(in crate::server) fn peer(&self, id: NodeId) -> Result<PeerClient<Channel>, StoreError> {
+        let addr = self.peer_addr(id)?;
         let channel = self
             .network
             .channel(&addr)
@@ -152,32 +157,40 @@ impl Node {
         }
     }
 
+    /// Sends a request to the leader on the Raft stream to it (the connection AppendEntries
+    /// use), so a follower's write or read index crosses no gRPC stack.
     pub(super) async fn send_forward(
         &self,
         leader: NodeId,
         req: &Forward,
         deadline: Instant,
     ) -> Result<ForwardReply, ForwardError> {
-        let mut client = self.peer(leader).map_err(ForwardError::from)?;
+        let addr = self.peer_addr(leader).map_err(ForwardError::from)?;
         let data = bincode::serialize(req).map_err(|e| ForwardError::Unavailable(e.to_string()))?;
-        let mut request = tonic::Request::new(Payload { data });
-        request.set_timeout(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(50)),
-        );
+        let ttl = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(50));
         let propose = matches!(req, Forward::Propose(_) | Forward::Membership(_));
-        match client.forward(request).await {
-            Ok(reply) => {
-                bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply.into_inner().data)
+        match self
+            .network
+            .link(&addr)
+            .call(Kind::Forward, &data, ttl)
+            .await
+        {
+            Ok((stream::ANSWERED, reply)) => {
+                bincode::deserialize::<Result<ForwardReply, ForwardError>>(&reply)
                     .map_err(|e| ForwardError::Unavailable(e.to_string()))?
             }
-            Err(status) => {
-                let error = forward_failed(&status, propose, Instant::now() >= deadline);
-                if matches!(error, ForwardError::Unavailable(_)) {
-                    tracing::debug!(leader = format!("{leader:x}"), %status, "forwarded write lost");
+            // The leader could not read the request (another rkube version): it was not served.
+            Ok((_, why)) => Err(ForwardError::Unavailable(
+                String::from_utf8_lossy(&why).into_owned(),
+            )),
+            Err(error) => {
+                let failed = call_failed(&error, propose);
+                if matches!(failed, ForwardError::Unavailable(_)) {
+                    tracing::debug!(leader = format!("{leader:x}"), %error, "forwarded write lost");
                 }
-                Err(error)
+                Err(failed)
             }
         }
     }
@@ -228,89 +241,76 @@ impl Node {
     }
 }
 
-/// What a forwarded request whose RPC to the leader failed with `status` comes to.
+/// What a forwarded request whose call to the leader failed comes to.
 ///
-/// The request may or may not have reached the leader's log: only a read can be retried
-/// safely; a write reports the ambiguity as etcd does. The leader's gRPC server ends a request
-/// at the deadline sent with it as Cancelled ("Timeout expired"), which is a timeout, not a
-/// lost connection.
-fn forward_failed(status: &tonic::Status, propose: bool, deadline_passed: bool) -> ForwardError {
-    match status.code() {
-        tonic::Code::DeadlineExceeded => ForwardError::Timeout,
-        tonic::Code::Cancelled if deadline_passed => ForwardError::Timeout,
-        _ if !propose => ForwardError::NotLeader,
-        tonic::Code::Unavailable if is_connect_error(status) => ForwardError::NotLeader,
-        // The connection to the leader broke with the write in flight: it may have been
-        // committed or not. etcd's wording for that, which clients know to check.
-        _ => ForwardError::Unavailable("request timed out, possibly due to connection lost".into()),
+/// A request that never left can be sent again (to whoever leads by then). One whose
+/// connection broke after it was written may or may not have reached the leader's log: only
+/// a read can be retried safely; a write reports the ambiguity as etcd does.
+fn call_failed(error: &CallError, propose: bool) -> ForwardError {
+    match error {
+        CallError::TimedOut { .. } => ForwardError::Timeout,
+        CallError::Unreachable { .. } => ForwardError::NotLeader,
+        CallError::Lost { .. } if !propose => ForwardError::NotLeader,
+        // etcd's wording for a write that may or may not have been committed, which clients
+        // know to check.
+        CallError::Lost { .. } => {
+            ForwardError::Unavailable("request timed out, possibly due to connection lost".into())
+        }
     }
-}
-
-/// True when the call failed before any byte reached the peer (so it was never served).
-fn is_connect_error(status: &tonic::Status) -> bool {
-    let text = format!("{status:?}").to_lowercase();
-    text.contains("connection refused")
-        || text.contains("tcp connect error")
-        || text.contains("error trying to connect")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Status;
 
     #[test]
     fn a_failed_forward_is_a_timeout_a_retry_elsewhere_or_a_lost_write() {
         let timed_out = "etcdserver: request timed out";
         let lost = "etcdserver: request timed out, possibly due to connection lost";
         let retry = "etcdserver: leader changed";
-        // (case, status, a write, the deadline passed, what the client is told)
+        let addr = || "127.0.0.1:1".to_string();
+        let io = || std::io::Error::other("broken");
+        // (case, error, a write, what the client is told)
         let cases = [
             (
-                "the leader's server ended a write at the deadline sent with it",
-                Status::cancelled("Timeout expired"),
-                true,
+                "no answer within the request's time",
+                CallError::TimedOut {
+                    addr: addr(),
+                    ttl: Duration::from_secs(1),
+                },
                 true,
                 timed_out,
-            ),
-            (
-                "the deadline passed on the way",
-                Status::deadline_exceeded("deadline has elapsed"),
-                true,
-                false,
-                timed_out,
-            ),
-            (
-                "a write cancelled before its deadline",
-                Status::cancelled("operation was canceled"),
-                true,
-                false,
-                lost,
-            ),
-            (
-                "a write whose connection broke",
-                Status::unknown("transport error"),
-                true,
-                false,
-                lost,
             ),
             (
                 "a write to a leader that is not listening",
-                Status::unavailable("tcp connect error: Connection refused"),
+                CallError::Unreachable {
+                    addr: addr(),
+                    source: io(),
+                },
                 true,
-                false,
                 retry,
             ),
             (
+                "a write whose connection broke after it was sent",
+                CallError::Lost {
+                    addr: addr(),
+                    source: io(),
+                },
+                true,
+                lost,
+            ),
+            (
                 "a read whose connection broke",
-                Status::unknown("transport error"),
-                false,
+                CallError::Lost {
+                    addr: addr(),
+                    source: io(),
+                },
                 false,
                 retry,
             ),
         ];
-        for (case, status, propose, passed, want) in cases {
-            let got = StoreError::from(forward_failed(&status, propose, passed)).to_string();
+        for (case, error, propose, want) in cases {
+            let got = StoreError::from(call_failed(&error, propose)).to_string();
             assert_eq!(got, want, "{case}");
         }
     }
