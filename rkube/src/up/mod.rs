@@ -265,14 +265,13 @@ pub async fn up(args: UpArgs) -> Result<()> {
         }
         // A member that exited (a port taken, a damaged data dir) will not answer: say which
         // and why now rather than after the whole minute.
-        if let Some((name, pid)) = started
+        if let Some((name, how)) = started
             .iter()
-            .find(|(name, _)| process::running_pid(&args.dir, name).is_none())
+            .find_map(|(name, pid)| process::ended(*pid).map(|how| (name, how)))
         {
             let log = args.dir.join(format!("{name}.log"));
             bail!(
-                "{name} {} while the cluster was starting; the end of {}:\n{}",
-                process::how_it_ended(*pid),
+                "{name} {how} while the cluster was starting; the end of {}:\n{}",
                 log.display(),
                 process::log_tail(&log, 20)
             );

@@ -58,25 +58,17 @@ pub(crate) async fn stop(dir: &Path, names: &[String]) {
     }
 }
 
-/// How child `pid` of this process ended, for an error: its exit status or the signal that
-/// ended it (collecting it), or that it runs on but is not recognised as this cluster's.
-/// A process in the middle of exiting has already lost its command line (so
-/// [`running_pid`] no longer knows it) but cannot be collected yet: it is given two seconds
-/// to finish, so the answer names the status or signal rather than "not running".
-pub(crate) fn how_it_ended(pid: i32) -> String {
+/// How child `pid` of this process ended, if it has: its exit status or the signal that
+/// ended it (collecting it). `up` is its members' parent, so this asks the kernel directly
+/// rather than reading pid files and command lines (which a process starting up or going
+/// away does not always show).
+pub(crate) fn ended(pid: i32) -> Option<String> {
     let mut status = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    let reaped = loop {
-        let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if reaped != 0 || std::time::Instant::now() > deadline {
-            break reaped;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let reaped = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
     if reaped != pid {
-        return format!("(pid {pid}) is not running as this cluster's member");
+        return None;
     }
-    if libc::WIFSIGNALED(status) {
+    Some(if libc::WIFSIGNALED(status) {
         format!(
             "(pid {pid}) was killed by signal {}",
             libc::WTERMSIG(status)
@@ -86,7 +78,7 @@ pub(crate) fn how_it_ended(pid: i32) -> String {
             "(pid {pid}) exited with status {}",
             libc::WEXITSTATUS(status)
         )
-    }
+    })
 }
 
 /// Collects an exited child so it does not linger as a zombie (only our own children).
