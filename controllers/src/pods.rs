@@ -95,6 +95,25 @@ pub fn to_claim<'a>(old: Option<&Arc<Pod>>, new: Option<&'a Arc<Pod>>) -> Option
     (orphan || relabelled).then_some(pod)
 }
 
+/// A pod mapper for `Controller::watches`: on a pod change that may need a claim
+/// ([`to_claim`]), the owners of its namespace in `owners` that `selects` says would take it.
+pub fn claimers<K: Object>(
+    owners: Arc<Store<K>>,
+    selects: impl Fn(&K, &Pod) -> bool + Send + Sync + 'static,
+) -> impl Fn(Option<&Arc<Pod>>, Option<&Arc<Pod>>) -> Vec<String> + Send + Sync + 'static {
+    move |old, new| {
+        let Some(pod) = to_claim(old, new) else {
+            return Vec::new();
+        };
+        owners
+            .in_namespace(namespace(&pod.metadata))
+            .iter()
+            .filter(|owner| selects(owner, pod))
+            .map(|owner| rkube_core::meta::key(owner.metadata()))
+            .collect()
+    }
+}
+
 /// The pods of `owner`'s namespace it controls, after adopting the orphans `matches` accepts
 /// (not being deleted, nor while the owner is) and releasing owned pods it no longer accepts
 /// (Kubernetes' ClaimPods).

@@ -135,20 +135,7 @@ pub fn start(
     pods.on_change(Box::new(move |old, new| {
         crate::replicaset::observe::<DaemonSet>(&e, old, new)
     }));
-    let orphans = {
-        let daemonsets = daemonsets.clone();
-        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
-            let Some(pod) = crate::pods::to_claim(old, new) else {
-                return Vec::new();
-            };
-            daemonsets
-                .in_namespace(namespace(&pod.metadata))
-                .iter()
-                .filter(|ds| selects(ds, pod))
-                .map(|ds| key(&ds.metadata))
-                .collect()
-        }
-    };
+    let orphans = crate::pods::claimers(daemonsets.clone(), selects);
     let every_daemonset = {
         let daemonsets = daemonsets.clone();
         move |old: Option<&Arc<Node>>, new: Option<&Arc<Node>>| {

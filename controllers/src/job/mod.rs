@@ -81,19 +81,9 @@ pub fn start(
     };
     // A pod without a controller (or relabelled) that a job's selector takes: that job
     // looks, to adopt it (or let it go).
-    let orphans = {
-        let jobs = jobs.clone();
-        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
-            let Some(pod) = crate::pods::to_claim(old, new) else {
-                return Vec::new();
-            };
-            jobs.in_namespace(namespace(&pod.metadata))
-                .iter()
-                .filter(|j| managed_here(j) && selects(selector_of(j).as_ref(), pod))
-                .map(|j| key(&j.metadata))
-                .collect()
-        }
-    };
+    let orphans = crate::pods::claimers(jobs.clone(), |j, pod| {
+        managed_here(j) && selects(selector_of(j).as_ref(), pod)
+    });
     let controller = Controller::new(COMPONENT, jobs)
         .owns(&pods)
         .watches(&pods, orphans)

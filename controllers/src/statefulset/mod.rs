@@ -26,7 +26,7 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, PodTemplateSpec};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::meta::{key, name, namespace};
+use rkube_core::meta::{name, namespace};
 use rkube_core::selector::LabelSelector;
 use serde_json::json;
 
@@ -72,19 +72,7 @@ pub fn start(
     client: LocalClient,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let orphans = {
-        let sets = sets.clone();
-        move |old: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| {
-            let Some(pod) = crate::pods::to_claim(old, new) else {
-                return Vec::new();
-            };
-            sets.in_namespace(namespace(&pod.metadata))
-                .iter()
-                .filter(|s| member(s, pod))
-                .map(|s| key(&s.metadata))
-                .collect()
-        }
-    };
+    let orphans = crate::pods::claimers(sets.clone(), member);
     let controller = Controller::new(COMPONENT, sets)
         .owns(&pods)
         .owns(&revisions)
