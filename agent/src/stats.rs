@@ -1,7 +1,8 @@
 //! Resource usage of the node and its containers, as the kubelet's Summary API reports it
 //! (`GET /stats/summary` on the agent's HTTPS port): for each container its cumulative CPU time
 //! (`usageCoreNanoSeconds`, from which a scraper works out a rate) and its memory working set,
-//! with the time each was sampled; the node's totals beside them.
+//! with the time each was sampled; the node's totals beside them. The Summary's shapes are
+//! [`rkube_core::stats`]', which the API server reads them with.
 //!
 //! On a containerd node the figures are the runtime's (CRI `ListContainerStats`) and the
 //! host's (`/proc/stat`, `/proc/meminfo`). A simulated node has no processes, so its usage is
@@ -19,65 +20,11 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use rkube_core::meta;
 use rkube_core::quantity::{parse_quantity, NANO};
-use serde::Serialize;
+use rkube_core::stats::{
+    ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats, Summary,
+};
 
 use crate::cri::{pb, Cri};
-
-/// The kubelet's Summary (`stats/v1alpha1`), with the fields this agent reports, in the order
-/// of the kubelet's Go structs. A figure the runtime did not give is `null`, as before.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Summary {
-    pub node: NodeStats,
-    pub pods: Vec<PodStats>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStats {
-    pub node_name: String,
-    pub cpu: CpuStats,
-    pub memory: MemoryStats,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodStats {
-    pub pod_ref: PodReference,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<String>,
-    pub containers: Vec<ContainerStats>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PodReference {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerStats {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start_time: Option<String>,
-    pub cpu: Option<CpuStats>,
-    pub memory: Option<MemoryStats>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CpuStats {
-    pub time: String,
-    pub usage_core_nano_seconds: Option<u64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MemoryStats {
-    pub time: String,
-    pub working_set_bytes: Option<u64>,
-}
 
 /// The annotation that gives each container of a simulated pod its CPU usage (a quantity).
 pub const SIM_CPU: &str = "sim.rkube.io/cpu";
@@ -229,8 +176,8 @@ fn summary(node: &str, time: &str, cpu_ns: u128, mem: u64, pods: Vec<PodStats>) 
     Summary {
         node: NodeStats {
             node_name: node.to_string(),
-            cpu: cpu(time, cpu_ns),
-            memory: memory(time, mem),
+            cpu: Some(cpu(time, cpu_ns)),
+            memory: Some(memory(time, mem)),
         },
         pods,
     }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use http_body_util::BodyExt;
-use serde_json::Value;
+use k8s_openapi::api::core::v1::Node;
+use rkube_core::stats::{CpuStats, MemoryStats, Summary};
 
 use crate::handler::Api;
 use crate::resources;
@@ -91,51 +92,39 @@ pub struct ContainerUsage {
     pub usage: Usage,
 }
 
-fn point(v: &Value) -> Option<Point> {
-    let time = DateTime::parse_from_rfc3339(v.pointer("/cpu/time")?.as_str()?)
+/// A sample of cumulative CPU time and working set; none without a CPU figure (a working set
+/// the runtime did not give counts as 0).
+fn point(cpu: Option<&CpuStats>, memory: Option<&MemoryStats>) -> Option<Point> {
+    let cpu = cpu?;
+    let time = DateTime::parse_from_rfc3339(&cpu.time)
         .ok()?
         .with_timezone(&Utc);
     Some(Point {
         time,
-        cpu_ns: v.pointer("/cpu/usageCoreNanoSeconds")?.as_u64()?,
-        memory: v
-            .pointer("/memory/workingSetBytes")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
+        cpu_ns: cpu.usage_core_nano_seconds?,
+        memory: memory.and_then(|m| m.working_set_bytes).unwrap_or(0),
     })
 }
 
 impl MetricsCache {
     /// Takes in one Summary of `node`; containers absent from it are forgotten.
-    pub fn record(&self, node: &str, summary: &Value) {
+    pub fn record(&self, node: &str, summary: &Summary) {
         let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
         let entry = nodes.entry(node.to_string()).or_default();
-        if let Some(p) = summary.get("node").and_then(point) {
+        if let Some(p) = point(summary.node.cpu.as_ref(), summary.node.memory.as_ref()) {
             entry.node.push(p);
         }
         let mut seen = HashMap::new();
-        for pod in summary
-            .get("pods")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let ns = pod.pointer("/podRef/namespace").and_then(Value::as_str);
-            let name = pod.pointer("/podRef/name").and_then(Value::as_str);
-            let (Some(ns), Some(name)) = (ns, name) else {
-                continue;
-            };
-            for c in pod
-                .get("containers")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let (Some(cname), Some(p)) = (c.get("name").and_then(Value::as_str), point(c))
-                else {
+        for pod in &summary.pods {
+            for c in &pod.containers {
+                let Some(p) = point(c.cpu.as_ref(), c.memory.as_ref()) else {
                     continue;
                 };
-                let key = (ns.to_string(), name.to_string(), cname.to_string());
+                let key = (
+                    pod.pod_ref.namespace.clone(),
+                    pod.pod_ref.name.clone(),
+                    c.name.clone(),
+                );
                 let mut series = entry.containers.remove(&key).unwrap_or_default();
                 series.push(p);
                 seen.insert(key, series);
@@ -185,19 +174,20 @@ impl MetricsCache {
 }
 
 /// Where a Node's agent listens: its InternalIP and kubelet port.
-fn agent_address(node: &Value) -> Option<(String, u16)> {
-    let host = node
-        .pointer("/status/addresses")?
-        .as_array()?
+fn agent_address(node: &Node) -> Option<(String, u16)> {
+    let status = node.status.as_ref()?;
+    let host = status
+        .addresses
+        .as_ref()?
         .iter()
-        .find(|a| a.get("type").and_then(Value::as_str) == Some("InternalIP"))?
-        .get("address")?
-        .as_str()?
-        .to_string();
-    let port = node
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .unwrap_or(10250);
+        .find(|a| a.type_ == "InternalIP")?
+        .address
+        .clone();
+    let port = status
+        .daemon_endpoints
+        .as_ref()
+        .and_then(|d| d.kubelet_endpoint.as_ref())
+        .map_or(10250, |k| k.port);
     Some((host, u16::try_from(port).ok()?))
 }
 
@@ -220,8 +210,7 @@ impl Api {
                         match self.store.range(&prefix, &end, 0, Freshness::Any).await {
                             Ok((kvs, _, _)) => kvs
                                 .iter()
-                                .filter_map(|kv| crate::storage::decode(kv).ok())
-                                .map(|s| s.object)
+                                .filter_map(|kv| serde_json::from_slice::<Node>(&kv.value).ok())
                                 .collect::<Vec<_>>(),
                             Err(_) => continue,
                         }
@@ -230,7 +219,7 @@ impl Api {
                 };
                 let names: Vec<String> = nodes
                     .iter()
-                    .filter_map(|n| n.pointer("/metadata/name")?.as_str().map(str::to_string))
+                    .map(|n| rkube_core::meta::name(&n.metadata).to_string())
                     .collect();
                 self.metrics.retain(&names);
                 let scrapes = nodes.iter().zip(&names).filter_map(|(n, name)| {
@@ -244,7 +233,7 @@ impl Api {
                                 return None;
                             }
                             let body = resp.into_body().collect().await.ok()?.to_bytes();
-                            serde_json::from_slice::<Value>(&body).ok()
+                            serde_json::from_slice::<Summary>(&body).ok()
                         };
                         match tokio::time::timeout(resolution.max(Duration::from_secs(1)), fetch)
                             .await
@@ -263,29 +252,57 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rkube_core::stats::{ContainerStats, NodeStats, PodReference, PodStats};
     use serde_json::json;
 
-    fn summary(secs: i64, node_ns: u64, web_ns: u64) -> Value {
+    fn summary(secs: i64, node_ns: u64, web_ns: Option<u64>) -> Summary {
         let t = DateTime::from_timestamp(1_700_000_000 + secs, 0)
             .unwrap()
             .to_rfc3339();
-        json!({
-            "node": {"cpu": {"time": t, "usageCoreNanoSeconds": node_ns},
-                     "memory": {"time": t, "workingSetBytes": 1000}},
-            "pods": [{"podRef": {"namespace": "default", "name": "web"},
-                      "containers": [{"name": "c", "cpu": {"time": t, "usageCoreNanoSeconds": web_ns},
-                                      "memory": {"time": t, "workingSetBytes": 500}}]}]
-        })
+        let cpu = |ns| {
+            Some(CpuStats {
+                time: t.clone(),
+                usage_core_nano_seconds: Some(ns),
+            })
+        };
+        let memory = |bytes| {
+            Some(MemoryStats {
+                time: t.clone(),
+                working_set_bytes: Some(bytes),
+            })
+        };
+        let web = web_ns.map(|ns| PodStats {
+            pod_ref: PodReference {
+                name: "web".into(),
+                namespace: "default".into(),
+                uid: "u1".into(),
+            },
+            start_time: None,
+            containers: vec![ContainerStats {
+                name: "c".into(),
+                start_time: None,
+                cpu: cpu(ns),
+                memory: memory(500),
+            }],
+        });
+        Summary {
+            node: NodeStats {
+                node_name: "n1".into(),
+                cpu: cpu(node_ns),
+                memory: memory(1000),
+            },
+            pods: web.into_iter().collect(),
+        }
     }
 
     #[test]
     fn usage_is_the_rate_between_two_scrapes() {
         let cache = MetricsCache::default();
-        cache.record("n1", &summary(0, 0, 0));
+        cache.record("n1", &summary(0, 0, Some(0)));
         assert_eq!(cache.node("n1"), None, "one sample has no rate");
         assert_eq!(cache.pod("default", "web"), None);
         // 15 s later: 3 CPU-seconds on the node (200m), 1.5 in the pod (100m).
-        cache.record("n1", &summary(15, 3_000_000_000, 1_500_000_000));
+        cache.record("n1", &summary(15, 3_000_000_000, Some(1_500_000_000)));
         let node = cache.node("n1").unwrap();
         assert_eq!(node.nanocores, 200_000_000);
         assert_eq!(node.window, Duration::from_secs(15));
@@ -295,13 +312,49 @@ mod tests {
         assert_eq!(pod[0].usage.nanocores, 100_000_000);
         assert_eq!(pod[0].usage.memory, 500);
         // A pod absent from the next scrape is gone; the same sample twice changes nothing.
-        cache.record(
-            "n1",
-            &json!({"node": summary(30, 6_000_000_000, 0)["node"].clone()}),
-        );
+        cache.record("n1", &summary(30, 6_000_000_000, None));
         assert_eq!(cache.pod("default", "web"), None);
         cache.retain(&[]);
         assert_eq!(cache.node("n1"), None);
+    }
+
+    /// What the agent writes is what the scraper reads: a container the runtime gave no CPU
+    /// figure for has no sample.
+    #[test]
+    fn the_agents_summary_bytes_are_read() {
+        let mut sent = summary(0, 5, Some(7));
+        sent.pods[0].containers[0]
+            .cpu
+            .as_mut()
+            .unwrap()
+            .usage_core_nano_seconds = None;
+        let bytes = serde_json::to_vec(&sent).unwrap();
+        let cache = MetricsCache::default();
+        cache.record("n1", &serde_json::from_slice(&bytes).unwrap());
+        cache.record("n1", &summary(10, 10_000_000_005, Some(9)));
+        assert_eq!(cache.node("n1").unwrap().nanocores, 1_000_000_000);
+        assert_eq!(
+            cache.pod("default", "web"),
+            None,
+            "one sample of the container"
+        );
+    }
+
+    #[test]
+    fn a_nodes_agent_is_at_its_internal_ip_and_kubelet_port() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "Hostname", "address": "n1"},
+                                     {"type": "InternalIP", "address": "10.0.0.7"}],
+                       "daemonEndpoints": {"kubeletEndpoint": {"Port": 10350}}}
+        }))
+        .unwrap();
+        assert_eq!(agent_address(&node), Some(("10.0.0.7".into(), 10350)));
+        let mut bare = node.clone();
+        bare.status.as_mut().unwrap().daemon_endpoints = None;
+        assert_eq!(agent_address(&bare), Some(("10.0.0.7".into(), 10250)));
+        bare.status.as_mut().unwrap().addresses = None;
+        assert_eq!(agent_address(&bare), None);
     }
 
     #[test]
