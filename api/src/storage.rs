@@ -85,9 +85,11 @@ pub fn decode(kv: &KeyValue) -> Result<Stored, ApiError> {
 }
 
 /// Sets `metadata.resourceVersion` where Kubernetes writes it: after the name, namespace and uid
-/// that come before it in ObjectMeta (the rest of the object is in order already).
+/// that come before it in ObjectMeta (the rest of the object is in order already); among the
+/// sorted keys of a custom resource's metadata ([`crate::order::is_unstructured`]).
 pub fn set_resource_version(object: &mut Value, revision: i64) {
     const BEFORE: [&str; 5] = ["name", "generateName", "namespace", "selfLink", "uid"];
+    let sorted = crate::order::is_unstructured(object);
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         let revision = Value::String(revision.to_string());
         match meta.get_mut("resourceVersion") {
@@ -95,7 +97,10 @@ pub fn set_resource_version(object: &mut Value, revision: i64) {
             None => {
                 let at = meta
                     .keys()
-                    .position(|k| !BEFORE.contains(&k.as_str()))
+                    .position(|k| match sorted {
+                        true => k.as_str() > "resourceVersion",
+                        false => !BEFORE.contains(&k.as_str()),
+                    })
                     .unwrap_or(meta.len());
                 meta.shift_insert(at, "resourceVersion".into(), revision);
             }
@@ -359,5 +364,54 @@ impl ObjectStore {
             },
             _ => Err(ApiError::internal("a delete produced another result")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn metadata_keys(v: &Value) -> Vec<String> {
+        v["metadata"]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_resource_version_goes_where_kubernetes_writes_it() {
+        let mut pod = json!({"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p",
+            "namespace": "default", "uid": "u", "creationTimestamp": "t", "labels": {}}});
+        set_resource_version(&mut pod, 7);
+        assert_eq!(
+            metadata_keys(&pod),
+            [
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "labels"
+            ]
+        );
+        // A custom resource's metadata is a map with sorted keys.
+        let mut widget = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"creationTimestamp": "t", "generation": 1, "name": "w",
+                         "namespace": "default", "uid": "u"}});
+        set_resource_version(&mut widget, 7);
+        assert_eq!(
+            metadata_keys(&widget),
+            [
+                "creationTimestamp",
+                "generation",
+                "name",
+                "namespace",
+                "resourceVersion",
+                "uid"
+            ]
+        );
+        assert_eq!(widget["metadata"]["resourceVersion"], "7");
     }
 }

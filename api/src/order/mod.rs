@@ -10,9 +10,11 @@
 //! descriptors a kubectl binary embeds (Kubernetes' generated.proto lists each struct's fields in
 //! Go order; k8s-openapi's types write their fields alphabetically, so they cannot give it).
 //! Map fields (labels, data) are written with sorted keys, as Go writes maps; fields
-//! the table does not know keep their place after the known ones.
+//! the table does not know keep their place after the known ones. A custom resource has no Go
+//! struct: kube-apiserver holds it as a map (`Unstructured`) and writes it with Go's
+//! encoding/json, every map's keys sorted, at every level; so does rkube.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 
 use serde_json::Value;
@@ -49,6 +51,8 @@ struct Table {
     messages: Vec<Message>,
     /// (apiVersion, kind) to the kind's message.
     kinds: HashMap<(&'static str, &'static str), usize>,
+    /// The API groups of those kinds (`""` for the core group).
+    groups: HashSet<&'static str>,
     status: usize,
     list_meta: usize,
 }
@@ -122,9 +126,14 @@ impl Table {
                 Message { by_name }
             })
             .collect();
+        let groups = kinds
+            .keys()
+            .map(|(api_version, _)| api_version.rsplit_once('/').map_or("", |(g, _)| g))
+            .collect();
         Table {
             messages,
             kinds,
+            groups,
             status: message("k8s.io.apimachinery.pkg.apis.meta.v1.Status"),
             list_meta: message("k8s.io.apimachinery.pkg.apis.meta.v1.ListMeta"),
         }
@@ -185,10 +194,44 @@ impl Table {
     }
 }
 
+/// Groups whose kinds kube-apiserver holds as Go structs: those of the kinds the table knows,
+/// and the ones of the API's own documents. An object of another group is a custom resource.
+const SERVER_GROUPS: [&str; 2] = ["meta.k8s.io", "apidiscovery.k8s.io"];
+
+/// Whether kube-apiserver would hold `object` as an unstructured map (a custom resource, or a
+/// list of them): its kind is of a group no built-in kind is in.
+pub fn is_unstructured(object: &Value) -> bool {
+    let Some(api_version) = object.get("apiVersion").and_then(Value::as_str) else {
+        return false;
+    };
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    object.get("kind").and_then(Value::as_str).is_some()
+        && !SERVER_GROUPS.contains(&group)
+        && !TABLE.groups.contains(group)
+}
+
+/// Puts every map in `value` in the order of its keys, as Go's encoding/json writes a map:
+/// kube-apiserver encodes a custom resource (`Unstructured`, `UnstructuredList`) that way.
+fn sort_deep(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(sort_deep);
+        }
+        Value::Array(items) => items.iter_mut().for_each(sort_deep),
+        _ => {}
+    }
+}
+
 /// Puts an object of a built-in kind in Kubernetes' field order, by its own `apiVersion` and
-/// `kind`; a Status and a List (and its items) too. Anything else is left as it is.
+/// `kind`; a Status and a List (and its items) too. A custom resource ([`is_unstructured`]) and
+/// a list of them get their keys sorted at every level. Anything else is left as it is.
 pub fn normalise(object: &mut Value) {
     let table = &*TABLE;
+    if is_unstructured(object) {
+        sort_deep(object);
+        return;
+    }
     let (Some(api_version), Some(kind)) = (
         object.get("apiVersion").and_then(Value::as_str),
         object.get("kind").and_then(Value::as_str),
@@ -341,11 +384,49 @@ mod tests {
     }
 
     #[test]
-    fn unknown_kinds_are_left_as_they_are() {
+    fn unknown_kinds_of_built_in_groups_are_left_as_they_are() {
         let mut object = json!({"spec": {"b": 1, "a": 2}, "kind": "Widget",
-            "apiVersion": "example.com/v1"});
+            "apiVersion": "apps/v1"});
         let before = serde_json::to_string(&object).unwrap_or_default();
         normalise(&mut object);
         assert_eq!(serde_json::to_string(&object).unwrap_or_default(), before);
+        assert!(!is_unstructured(&object));
+        let mut table = json!({"rows": [], "kind": "Table", "apiVersion": "meta.k8s.io/v1"});
+        normalise(&mut table);
+        assert_eq!(keys(&table), ["rows", "kind", "apiVersion"]);
+    }
+
+    /// kube-apiserver holds a custom resource as a map and Go writes a map's keys sorted: at
+    /// every level, metadata and lists' items included; a list of them too.
+    #[test]
+    fn custom_resources_have_their_keys_sorted_at_every_level() {
+        let mut object = json!({"spec": {"zeta": [{"b": 1, "a": {"y": 1, "x": 2}}], "alpha": 2},
+            "metadata": {"uid": "u", "name": "w", "managedFields": [{"manager": "m",
+                "operation": "Apply", "apiVersion": "example.com/v1", "time": "t",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+            "kind": "Widget", "apiVersion": "example.com/v1"});
+        assert!(is_unstructured(&object));
+        normalise(&mut object);
+        assert_eq!(keys(&object), ["apiVersion", "kind", "metadata", "spec"]);
+        assert_eq!(keys(&object["metadata"]), ["managedFields", "name", "uid"]);
+        assert_eq!(
+            keys(&object["metadata"]["managedFields"][0]),
+            [
+                "apiVersion",
+                "fieldsType",
+                "fieldsV1",
+                "manager",
+                "operation",
+                "time"
+            ]
+        );
+        assert_eq!(keys(&object["spec"]), ["alpha", "zeta"]);
+        assert_eq!(keys(&object["spec"]["zeta"][0]), ["a", "b"]);
+        assert_eq!(keys(&object["spec"]["zeta"][0]["a"]), ["x", "y"]);
+        let mut list = json!({"kind": "WidgetList", "apiVersion": "example.com/v1",
+            "metadata": {"resourceVersion": "5", "continue": "c"}, "items": [object]});
+        normalise(&mut list);
+        assert_eq!(keys(&list), ["apiVersion", "items", "kind", "metadata"]);
+        assert_eq!(keys(&list["metadata"]), ["continue", "resourceVersion"]);
     }
 }
