@@ -5,6 +5,8 @@
 //! (409) unless the apply is forced, which takes it over; a field this manager applied before
 //! and no longer sends is removed, unless another manager also set it.
 
+use std::cmp::Ordering;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, Cause};
@@ -76,6 +78,88 @@ fn field_set(w: &Walker<'_>, schema: Option<&Value>, v: &Value) -> Value {
         out.insert(format!("f:{k}"), child);
     }
     Value::Object(out)
+}
+
+/// Where a path element of a field set goes among its siblings, as structured-merge-diff
+/// writes FieldsV1: `.` (the element itself) first, then fields by name, list elements by key,
+/// set elements by value, and list elements by index.
+fn element_order(a: &str, b: &str) -> Ordering {
+    fn class(token: &str) -> (u8, &str) {
+        match token.split_once(':') {
+            _ if token == "." => (0, ""),
+            Some(("f", rest)) => (1, rest),
+            Some(("k", rest)) => (2, rest),
+            Some(("v", rest)) => (3, rest),
+            Some(("i", rest)) => (4, rest),
+            _ => (5, token),
+        }
+    }
+    let ((ca, ra), (cb, rb)) = (class(a), class(b));
+    let parsed = |r: &str| serde_json::from_str::<Value>(r).ok();
+    ca.cmp(&cb)
+        .then_with(|| match (ca, parsed(ra), parsed(rb)) {
+            (2 | 3 | 4, Some(x), Some(y)) => value_order(&x, &y),
+            _ => ra.cmp(rb),
+        })
+}
+
+/// structured-merge-diff's total order of values: numbers, strings, booleans, lists, maps
+/// (a key's fields by name), null; a list or map compared element by element.
+fn value_order(a: &Value, b: &Value) -> Ordering {
+    fn rank(v: &Value) -> u8 {
+        match v {
+            Value::Number(_) => 0,
+            Value::String(_) => 1,
+            Value::Bool(_) => 2,
+            Value::Array(_) => 3,
+            Value::Object(_) => 4,
+            Value::Null => 5,
+        }
+    }
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            _ => {
+                let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+                x.total_cmp(&y)
+            }
+        },
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Array(x), Value::Array(y)) => x
+            .iter()
+            .zip(y)
+            .map(|(x, y)| value_order(x, y))
+            .find(|o| o.is_ne())
+            .unwrap_or_else(|| x.len().cmp(&y.len())),
+        (Value::Object(x), Value::Object(y)) => {
+            fn sorted(m: &Map<String, Value>) -> Vec<(&String, &Value)> {
+                let mut e: Vec<(&String, &Value)> = m.iter().collect();
+                e.sort_by(|a, b| a.0.cmp(b.0));
+                e
+            }
+            let (x, y) = (sorted(x), sorted(y));
+            x.iter()
+                .zip(&y)
+                .map(|((kx, vx), (ky, vy))| kx.cmp(ky).then_with(|| value_order(vx, vy)))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| x.len().cmp(&y.len()))
+        }
+        _ => rank(a).cmp(&rank(b)),
+    }
+}
+
+/// Puts a field set in the order Kubernetes writes FieldsV1 in ([`element_order`]), at every
+/// level.
+fn sort_field_set(fs: &mut Value) {
+    if let Value::Object(map) = fs {
+        let mut entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
+        entries.sort_by(|(a, _), (b, _)| element_order(a, b));
+        for (k, mut v) in entries {
+            sort_field_set(&mut v);
+            map.insert(k, v);
+        }
+    }
 }
 
 /// Leaf paths of a field set (each a list of tokens).
@@ -219,7 +303,10 @@ pub fn apply(
     let ours = field_set(&w, root.as_ref(), &applied);
     let mut our_leaves = Vec::new();
     leaves(&ours, &mut Vec::new(), &mut our_leaves);
-    let entry = |fields: Value| {
+    // The entry's fields in the order of Go's ManagedFieldsEntry; its field set as
+    // structured-merge-diff writes it.
+    let entry = |mut fields: Value| {
+        sort_field_set(&mut fields);
         json!({"manager": manager, "operation": "Apply", "apiVersion": api_version, "time": now,
                "fieldsType": "FieldsV1", "fieldsV1": fields})
     };
@@ -260,7 +347,9 @@ pub fn apply(
                 .filter(|p| !contested.contains(p))
                 .cloned()
                 .collect();
-            e["fieldsV1"] = from_leaves(&kept);
+            let mut kept = from_leaves(&kept);
+            sort_field_set(&mut kept);
+            e["fieldsV1"] = kept;
         } else {
             let who = e["manager"].as_str().unwrap_or("").to_string();
             let av = e["apiVersion"].as_str().unwrap_or("").to_string();
@@ -332,7 +421,7 @@ mod tests {
         let live = apply(Some(CM), None, &first, "one", false, "v1", "t").unwrap();
         assert_eq!(
             live["metadata"]["managedFields"][0]["fieldsV1"],
-            json!({"f:data": {"f:owner": {}, "f:a": {}}})
+            json!({"f:data": {"f:a": {}, "f:owner": {}}})
         );
         let second = json!({"metadata": {"name": "c"}, "data": {"owner": "second"}});
         let e = apply(Some(CM), Some(&live), &second, "two", false, "v1", "t").unwrap_err();
@@ -378,5 +467,91 @@ mod tests {
                 .is_some(),
             "{fs}"
         );
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    /// A managedFields entry is written in the order of Go's ManagedFieldsEntry, and its field
+    /// set as structured-merge-diff writes it: `.` first, then fields by name, list elements
+    /// by key (numbers by value, not by text) and set elements by value.
+    #[test]
+    fn managed_fields_are_written_in_kubernetes_order() {
+        let config = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "labels": {"z": "1", "a": "2"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "web", "ports": [{"containerPort": 10}, {"containerPort": 9}],
+                 "image": "x"},
+                {"name": "side", "image": "y"}]}},
+                "replicas": 1}});
+        let live = apply(
+            Some("io.k8s.api.apps.v1.Deployment"),
+            None,
+            &config,
+            "kubectl",
+            false,
+            "apps/v1",
+            "t",
+        )
+        .unwrap();
+        let entry = &live["metadata"]["managedFields"][0];
+        assert_eq!(
+            keys(entry),
+            [
+                "manager",
+                "operation",
+                "apiVersion",
+                "time",
+                "fieldsType",
+                "fieldsV1"
+            ]
+        );
+        let fs = &entry["fieldsV1"];
+        assert_eq!(keys(fs), ["f:metadata", "f:spec"]);
+        assert_eq!(keys(&fs["f:metadata"]["f:labels"]), ["f:a", "f:z"]);
+        assert_eq!(keys(&fs["f:spec"]), ["f:replicas", "f:template"]);
+        let containers = &fs["f:spec"]["f:template"]["f:spec"]["f:containers"];
+        assert_eq!(
+            keys(containers),
+            [r#"k:{"name":"side"}"#, r#"k:{"name":"web"}"#]
+        );
+        let web = &containers[r#"k:{"name":"web"}"#];
+        assert_eq!(keys(web), [".", "f:image", "f:name", "f:ports"]);
+        assert_eq!(
+            keys(&web["f:ports"]),
+            [r#"k:{"containerPort":9}"#, r#"k:{"containerPort":10}"#]
+        );
+    }
+
+    #[test]
+    fn values_order_as_structured_merge_diff_orders_them() {
+        let ordered = [
+            json!(-1),
+            json!(2.5),
+            json!(10),
+            json!("a"),
+            json!("b"),
+            json!(false),
+            json!(true),
+            json!([1]),
+            json!([1, 2]),
+            json!({"a": 1}),
+            Value::Null,
+        ];
+        for pair in ordered.windows(2) {
+            assert_eq!(
+                value_order(&pair[0], &pair[1]),
+                Ordering::Less,
+                "{} < {}",
+                pair[0],
+                pair[1]
+            );
+        }
+        assert_eq!(element_order(".", "f:a"), Ordering::Less);
+        assert_eq!(element_order("f:z", r#"k:{"a":1}"#), Ordering::Less);
+        assert_eq!(element_order(r#"k:{"a":1}"#, "v:1"), Ordering::Less);
     }
 }
