@@ -46,12 +46,14 @@ fn api_group(name: &str, versions: &[&str]) -> Value {
         .iter()
         .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
         .collect();
+    // In the order of Go's APIGroup: the versions before the preferred one.
+    let preferred = gvs.first().cloned().unwrap_or(Value::Null);
     json!({
         "kind": "APIGroup",
         "apiVersion": "v1",
         "name": name,
-        "preferredVersion": gvs.first().cloned().unwrap_or(Value::Null),
         "versions": gvs,
+        "preferredVersion": preferred,
     })
 }
 
@@ -100,17 +102,19 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
         resources.push(entry);
         for sub in r.subresources {
             let (kind, g, v, verbs) = subresource(r, sub);
+            // In the order of Go's APIResource: a subresource of another group names it
+            // before its kind.
             let mut entry = json!({
                 "name": format!("{}/{sub}", r.plural),
                 "singularName": "",
                 "namespaced": r.namespaced,
-                "kind": kind,
-                "verbs": verbs,
             });
             if (g, v) != (r.group, r.version) {
                 entry["group"] = json!(g);
                 entry["version"] = json!(v);
             }
+            entry["kind"] = json!(kind);
+            entry["verbs"] = json!(verbs);
             resources.push(entry);
         }
     }
@@ -260,5 +264,46 @@ mod tests {
             .unwrap()
             .iter()
             .any(|g| g["metadata"]["name"] == "apps"));
+    }
+
+    fn keys(v: &Value) -> Vec<&str> {
+        v.as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    /// Discovery documents are Go structs too: APIGroup lists its versions before the
+    /// preferred one, and an APIResource its group and version before its kind.
+    #[test]
+    fn discovery_documents_are_in_go_order() {
+        let apps = group("apps").unwrap();
+        assert_eq!(
+            keys(&apps),
+            ["kind", "apiVersion", "name", "versions", "preferredVersion"]
+        );
+        let list = api_group_list();
+        assert_eq!(
+            keys(&list["groups"][0]),
+            ["name", "versions", "preferredVersion"]
+        );
+        let apps = resource_list("apps", "v1").unwrap();
+        let scale = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments/scale")
+            .unwrap();
+        assert_eq!(
+            keys(scale),
+            [
+                "name",
+                "singularName",
+                "namespaced",
+                "group",
+                "version",
+                "kind",
+                "verbs"
+            ]
+        );
     }
 }
