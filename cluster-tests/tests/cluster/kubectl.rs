@@ -1075,6 +1075,108 @@ fn in_order(keys: &[&str], wanted: &[&str]) -> bool {
     at.iter().all(Option::is_some) && at.windows(2).all(|p| p[0] < p[1])
 }
 
+/// Discovery documents are Go structs too, and a managedFields entry is written as Go's
+/// ManagedFieldsEntry with its field set as structured-merge-diff writes it ('.' first, then
+/// fields by name, list elements by key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_and_managed_fields_come_back_in_kube_apiservers_order() {
+    let (_c, k) = cluster().await;
+    let raw = k.run(&["get", "--raw", "/apis/apps"]).await.ok();
+    let group: serde_json::Value = serde_json::from_str(&raw).expect("an APIGroup");
+    assert_eq!(
+        keys_of(&group),
+        ["kind", "apiVersion", "name", "versions", "preferredVersion"],
+        "{raw}"
+    );
+    let raw = k.run(&["get", "--raw", "/apis/apps/v1"]).await.ok();
+    let list: serde_json::Value = serde_json::from_str(&raw).expect("an APIResourceList");
+    let scale = list["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == "deployments/scale")
+        .expect("deployments/scale is listed");
+    assert_eq!(
+        keys_of(scale),
+        [
+            "name",
+            "singularName",
+            "namespaced",
+            "group",
+            "version",
+            "kind",
+            "verbs"
+        ],
+        "{raw}"
+    );
+
+    let manifest = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: ordered
+  labels: {z: "1", a: "2"}
+spec:
+  selector: {matchLabels: {app: ordered}}
+  template:
+    metadata: {labels: {app: ordered}}
+    spec:
+      containers:
+      - {name: web, image: "nginx:1.27", ports: [{containerPort: 10}, {containerPort: 9}]}
+      - {name: side, image: "nginx:1.27"}
+"#;
+    k.run_with_input(&["apply", "--server-side", "-f", "-"], manifest)
+        .await
+        .ok();
+    let raw = k
+        .run(&[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/deployments/ordered",
+        ])
+        .await
+        .ok();
+    let d: serde_json::Value = serde_json::from_str(&raw).expect("a deployment");
+    let entry = &d["metadata"]["managedFields"][0];
+    assert_eq!(
+        keys_of(entry),
+        [
+            "manager",
+            "operation",
+            "apiVersion",
+            "time",
+            "fieldsType",
+            "fieldsV1"
+        ],
+        "{raw}"
+    );
+    let fields = &entry["fieldsV1"];
+    assert_eq!(keys_of(fields), ["f:metadata", "f:spec"], "{raw}");
+    assert_eq!(
+        keys_of(&fields["f:metadata"]["f:labels"]),
+        ["f:a", "f:z"],
+        "{raw}"
+    );
+    assert_eq!(
+        keys_of(&fields["f:spec"]),
+        ["f:selector", "f:template"],
+        "{raw}"
+    );
+    let containers = &fields["f:spec"]["f:template"]["f:spec"]["f:containers"];
+    assert_eq!(
+        keys_of(containers),
+        [r#"k:{"name":"side"}"#, r#"k:{"name":"web"}"#],
+        "{raw}"
+    );
+    let web = &containers[r#"k:{"name":"web"}"#];
+    assert_eq!(keys_of(web), [".", "f:image", "f:name", "f:ports"], "{raw}");
+    assert_eq!(
+        keys_of(&web["f:ports"]),
+        [r#"k:{"containerPort":9}"#, r#"k:{"containerPort":10}"#],
+        "{raw}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_and_statuses_come_back_in_kube_apiservers_field_order() {
     let (c, k) = cluster().await;
