@@ -155,6 +155,8 @@ impl Api {
             let mut obj = object.clone();
             strategy.allocate(&self.net, &mut obj)?;
             strategy.prepare_for_store(self, t, &mut obj).await?;
+            // The answer is in Kubernetes' field order, as stored, whatever order the body had.
+            crate::order::normalise(&mut obj);
             let changes = self.changes_for(t, &key, 0, None, Some(&obj)).await?;
             if dry_run {
                 return Ok(obj);

@@ -137,6 +137,7 @@ impl Api {
                 m.insert("deletionTimestamp".into(), json!(stamp));
                 m.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 if dry_run {
+                    crate::order::normalise(&mut new);
                     return Ok(new);
                 }
                 match self
@@ -163,6 +164,7 @@ impl Api {
                 m.insert("deletionGracePeriodSeconds".into(), json!(0));
                 strategy.mark_for_deletion(&mut new);
                 if dry_run {
+                    crate::order::normalise(&mut new);
                     return Ok(new);
                 }
                 match self

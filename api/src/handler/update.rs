@@ -277,6 +277,8 @@ impl Api {
         if !finalizers_done {
             t.res.strategy.allocate(&self.net, &mut new)?;
         }
+        // The answer is in Kubernetes' field order, as stored, whatever order the body had.
+        crate::order::normalise(&mut new);
         let write = (!finalizers_done).then(|| new.clone());
         let changes = self
             .changes_for(

@@ -1186,29 +1186,65 @@ async fn objects_and_statuses_come_back_in_kube_apiservers_field_order() {
                  "containers": [{"imagePullPolicy": "IfNotPresent", "image": "nginx:1.27", "name": "c"}]},
         "metadata": {"labels": {"b": "2", "a": "1"}, "namespace": "default", "name": "reversed"},
         "apiVersion": "v1", "kind": "Pod"}"#;
-    k.run_with_input(
-        &[
-            "create",
-            "--raw",
-            "/api/v1/namespaces/default/pods",
-            "-f",
-            "-",
-        ],
-        pod,
-    )
-    .await
-    .ok();
+    // The create's answer is in order too, as kube-apiserver encodes the object it stored.
+    let created = k
+        .run_with_input(
+            &[
+                "create",
+                "--raw",
+                "/api/v1/namespaces/default/pods",
+                "-f",
+                "-",
+            ],
+            pod,
+        )
+        .await
+        .ok();
+    let start = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"reversed","namespace":"default","uid":""#;
+    assert!(created.starts_with(start), "{created}");
 
     let raw = k
         .run(&["get", "--raw", "/api/v1/namespaces/default/pods/reversed"])
         .await
         .ok();
+    assert!(raw.starts_with(start), "{raw}");
+    // So is an update's, whatever order its body had.
+    let mut sent: serde_json::Value = serde_json::from_str(&raw).expect("a pod");
+    let reversed: serde_json::Map<String, serde_json::Value> = sent
+        .as_object()
+        .map(|m| m.clone().into_iter().rev().collect())
+        .unwrap_or_default();
+    sent = serde_json::Value::Object(reversed);
+    sent["metadata"]["annotations"] = serde_json::json!({"y": "1", "x": "2"});
+    let replaced = k
+        .run_with_input(
+            &[
+                "replace",
+                "--raw",
+                "/api/v1/namespaces/default/pods/reversed",
+                "-f",
+                "-",
+            ],
+            &sent.to_string(),
+        )
+        .await
+        .ok();
+    assert!(replaced.starts_with(start), "{replaced}");
+    let answer: serde_json::Value = serde_json::from_str(&replaced).expect("a pod");
     assert!(
-        raw.starts_with(
-            r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"reversed","namespace":"default","uid":""#
+        in_order(
+            &keys_of(&answer["metadata"]),
+            &[
+                "name",
+                "resourceVersion",
+                "creationTimestamp",
+                "labels",
+                "annotations"
+            ]
         ),
-        "{raw}"
+        "{replaced}"
     );
+    assert_eq!(keys_of(&answer["metadata"]["annotations"]), ["x", "y"]);
     let pod: serde_json::Value = serde_json::from_str(&raw).expect("a pod");
     assert_eq!(
         keys_of(&pod),
