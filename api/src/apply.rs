@@ -96,11 +96,15 @@ fn element_order(a: &str, b: &str) -> Ordering {
     }
     let ((ca, ra), (cb, rb)) = (class(a), class(b));
     let parsed = |r: &str| serde_json::from_str::<Value>(r).ok();
-    ca.cmp(&cb)
-        .then_with(|| match (ca, parsed(ra), parsed(rb)) {
-            (2 | 3 | 4, Some(x), Some(y)) => value_order(&x, &y),
+    ca.cmp(&cb).then_with(|| {
+        if !(2..=4).contains(&ca) {
+            return ra.cmp(rb);
+        }
+        match (parsed(ra), parsed(rb)) {
+            (Some(x), Some(y)) => value_order(&x, &y),
             _ => ra.cmp(rb),
-        })
+        }
+    })
 }
 
 /// structured-merge-diff's total order of values: numbers, strings, booleans, lists, maps
