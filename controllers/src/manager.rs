@@ -221,7 +221,7 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         inf.of("/registry/minions/")
             .typed::<k8s_openapi::api::core::v1::Node>(),
         client.clone(),
-        crate::podgc::CHECK_PERIOD,
+        crate::podgc::Settings::default(),
         rx.clone(),
     );
     crate::compaction::run(

@@ -65,7 +65,7 @@ fn ready_condition(node: &Node) -> Option<&NodeCondition> {
 
 /// The node's Ready status; empty when its agent never reported one (a node just registered
 /// is given the grace period, then marked Unknown).
-fn ready_status(node: &Node) -> &str {
+pub(crate) fn ready_status(node: &Node) -> &str {
     ready_condition(node).map_or("", |c| c.status.as_str())
 }
 
