@@ -5,62 +5,138 @@
 pub type Nanos = i128;
 pub const NANO: i128 = 1_000_000_000;
 
-pub fn parse_quantity(s: &str) -> Option<Nanos> {
+/// How a quantity was written, which is how Kubernetes writes it back: Go's
+/// `resource.Format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// No suffix, or n, u, m, k, M, G, T, P, E.
+    DecimalSi,
+    /// Ki, Mi, Gi, Ti, Pi, Ei.
+    BinarySi,
+    /// `e<n>` or `E<n>`.
+    DecimalExponent,
+}
+
+/// `n * 10^exp`, rounded away from zero when `exp` drops digits (a quantity finer than a
+/// billionth is rounded up to one, as Kubernetes parses).
+fn shift10(digits: &str, exp: i32) -> Option<i128> {
+    let digits = digits.trim_start_matches('0');
+    if exp >= 0 {
+        let n: i128 = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+        return n.checked_mul(10i128.checked_pow(exp as u32)?);
+    }
+    let keep = digits.len().saturating_sub(exp.unsigned_abs() as usize);
+    let (kept, dropped) = digits.split_at(keep);
+    let n: i128 = if kept.is_empty() {
+        0
+    } else {
+        kept.parse().ok()?
+    };
+    Some(n + i128::from(dropped.bytes().any(|b| b != b'0')))
+}
+
+/// A quantity in billionths and the format it was written in; None when it is not one.
+pub fn parse_quantity_format(s: &str) -> Option<(Nanos, Format)> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    if num.is_empty() {
+    let (negative, unsigned) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let split = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (num, suffix) = unsigned.split_at(split);
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (int.is_empty() && frac.is_empty()) || frac.contains('.') {
         return None;
     }
-    let (mul, div): (i128, i128) = match suffix {
-        "" => (1, 1),
-        "n" => (1, NANO),
-        "u" => (1, 1_000_000),
-        "m" => (1, 1000),
-        "k" => (1_000, 1),
-        "M" => (1_000_000, 1),
-        "G" => (1_000_000_000, 1),
-        "T" => (1_000_000_000_000, 1),
-        "P" => (1_000_000_000_000_000, 1),
-        "E" => (1_000_000_000_000_000_000, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
+    let frac = frac.trim_end_matches('0');
+    let digits = format!("{int}{frac}");
+    let scale = frac.len() as i32;
+    // (power of ten, power of 1024, format)
+    let (exp10, exp1024, format) = match suffix {
+        "" => (0, 0, Format::DecimalSi),
+        "n" => (-9, 0, Format::DecimalSi),
+        "u" => (-6, 0, Format::DecimalSi),
+        "m" => (-3, 0, Format::DecimalSi),
+        "k" => (3, 0, Format::DecimalSi),
+        "M" => (6, 0, Format::DecimalSi),
+        "G" => (9, 0, Format::DecimalSi),
+        "T" => (12, 0, Format::DecimalSi),
+        "P" => (15, 0, Format::DecimalSi),
+        "E" => (18, 0, Format::DecimalSi),
+        "Ki" => (0, 1, Format::BinarySi),
+        "Mi" => (0, 2, Format::BinarySi),
+        "Gi" => (0, 3, Format::BinarySi),
+        "Ti" => (0, 4, Format::BinarySi),
+        "Pi" => (0, 5, Format::BinarySi),
+        "Ei" => (0, 6, Format::BinarySi),
         e if e.starts_with(['e', 'E']) => {
             let exp: i32 = e[1..].parse().ok()?;
-            if exp >= 0 {
-                (10i128.checked_pow(exp as u32)?, 1)
-            } else {
-                (1, 10i128.checked_pow((-exp) as u32)?)
-            }
+            (exp, 0, Format::DecimalExponent)
         }
         _ => return None,
     };
-    let negative = num.starts_with('-');
-    let num = num.trim_start_matches(['+', '-']);
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() && frac.is_empty() {
-        return None;
-    }
-    let int: i128 = if int.is_empty() { 0 } else { int.parse().ok()? };
-    let frac_digits = frac.len().min(18) as u32;
-    let frac_val: i128 = if frac.is_empty() {
-        0
+    let nanos = if exp1024 == 0 {
+        shift10(&digits, 9 + exp10.checked_sub(scale)?)?
     } else {
-        frac[..frac_digits as usize].parse().ok()?
+        // The digits times 1024^k first (exact), then the decimal point.
+        let n: i128 = digits.trim_start_matches('0').parse().unwrap_or(0);
+        let n = n.checked_mul(1i128 << (10 * exp1024))?;
+        shift10(&n.to_string(), 9 - scale)?
     };
-    let scale = 10i128.pow(frac_digits);
-    let whole = (int * scale + frac_val)
-        .checked_mul(NANO)?
-        .checked_mul(mul)?
-        / scale
-        / div;
-    Some(if negative { -whole } else { whole })
+    // A binary quantity under one is written as a decimal one.
+    let format = if format == Format::BinarySi && nanos < NANO {
+        Format::DecimalSi
+    } else {
+        format
+    };
+    Some((if negative { -nanos } else { nanos }, format))
+}
+
+pub fn parse_quantity(s: &str) -> Option<Nanos> {
+    parse_quantity_format(s).map(|(n, _)| n)
+}
+
+/// `s` as Kubernetes writes a quantity back (Go's `Quantity.String()`): in its format, with
+/// no fraction and the largest suffix that keeps it exact (`1000m` -> `1`, `0.5` -> `500m`,
+/// `1024Mi` -> `1Gi`, `1.5Gi` -> `1536Mi`, `1500e0` -> `1500`); None when it is not a
+/// quantity.
+pub fn canonical_quantity(s: &str) -> Option<String> {
+    let (n, format) = parse_quantity_format(s)?;
+    Some(format_canonical(n, format))
+}
+
+pub fn format_canonical(n: Nanos, format: Format) -> String {
+    if n == 0 {
+        return "0".into();
+    }
+    if format == Format::BinarySi && n % NANO == 0 && n.abs() >= 1024 * NANO {
+        let mut whole = n / NANO;
+        let mut k = 0;
+        while k < 6 && whole % 1024 == 0 {
+            whole /= 1024;
+            k += 1;
+        }
+        return format!("{whole}{}", ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"][k]);
+    }
+    // The mantissa and the largest power of a thousand that keeps it whole.
+    let (mut m, mut exp) = (n, -9);
+    while exp < 18 && m % 1000 == 0 {
+        m /= 1000;
+        exp += 3;
+    }
+    let suffix = match format {
+        Format::DecimalExponent if exp == 0 => String::new(),
+        Format::DecimalExponent => format!("e{exp}"),
+        _ => ["n", "u", "m", "", "k", "M", "G", "T", "P", "E"][((exp + 9) / 3) as usize].into(),
+    };
+    format!("{m}{suffix}")
 }
 
 /// A quantity back in Kubernetes' notation: `500m`, `2`, `512Mi`, `1Gi`.
@@ -108,10 +184,102 @@ mod tests {
             assert_eq!(parse_quantity(s), Some(n), "{s}");
         }
         assert_eq!(parse_quantity("abc"), None);
+        for bad in [
+            "1.1.M", "1+1.0M", "0.1mi", "0.1am", "aoeu", ".5i", "1i", "-3.01e-", ".", "+-1",
+        ] {
+            assert_eq!(parse_quantity(bad), None, "{bad}");
+        }
         assert_eq!(parse_quantity("1Xi"), None);
         assert_eq!(format_quantity(NANO / 2, false), "500m");
         assert_eq!(format_quantity(3 * NANO, false), "3");
         assert_eq!(format_quantity((5i128 << 30) * NANO, true), "5Gi");
         assert_eq!(format_quantity((384i128 << 20) * NANO, true), "384Mi");
+    }
+
+    /// Kubernetes' TestQuantityParse, TestQuantityString and TestQuantityParseEmit cases, as
+    /// written back.
+    #[test]
+    fn canonical_forms() {
+        for (input, want) in [
+            ("0", "0"),
+            ("0n", "0"),
+            ("0Ki", "0"),
+            ("0M", "0"),
+            ("1", "1"),
+            ("1Ki", "1Ki"),
+            ("8Ki", "8Ki"),
+            ("7Mi", "7Mi"),
+            ("1024Mi", "1Gi"),
+            ("1.5Gi", "1536Mi"),
+            ("0.5Gi", "512Mi"),
+            ("300Mi", "300Mi"),
+            ("307200Ki", "300Mi"),
+            ("1025024Mi", "1001Gi"),
+            ("1024Gi", "1Ti"),
+            ("1025", "1025"),
+            ("0.5Ki", "512"),
+            ("2000", "2k"),
+            ("1.953125Ki", "2000"),
+            ("5n", "5n"),
+            ("4u", "4u"),
+            ("3m", "3m"),
+            ("1000m", "1"),
+            ("5000m", "5"),
+            ("-1000m", "-1"),
+            ("0.5", "500m"),
+            ("1.5", "1500m"),
+            ("1.08", "1080m"),
+            ("1080000000n", "1080m"),
+            ("1000u", "1m"),
+            ("8k", "8k"),
+            ("50k", "50k"),
+            ("1000M", "1G"),
+            ("0.001T", "1G"),
+            ("300M", "300M"),
+            ("1E", "1E"),
+            ("12E", "12E"),
+            ("100.035k", "100035"),
+            ("10.035M", "10035k"),
+            ("8.1k", "8100"),
+            ("6.987654321G", "6987654321"),
+            ("2.5P", "2500T"),
+            ("0.0005k", "500m"),
+            ("9.01", "9010m"),
+            ("-9.01", "-9010m"),
+            (".001", "1m"),
+            (".0001k", "100m"),
+            ("1.", "1"),
+            ("1.G", "1G"),
+            ("+1", "1"),
+            ("1e3", "1e3"),
+            ("1E6", "1e6"),
+            ("1e9", "1e9"),
+            (".001e12", "1e9"),
+            ("1E-3", "1e-3"),
+            ("0.001e0", "1e-3"),
+            ("1000e-12", "1e-9"),
+            ("80e-3", "80e-3"),
+            ("300e6", "300e6"),
+            ("1.2e3", "1200"),
+            ("1.5e3", "1500"),
+            ("0.5e0", "500e-3"),
+            ("00", "0"),
+            // Finer than a billionth: rounded up to one (away from zero).
+            ("3.001n", "4n"),
+            ("1.1E-9", "2e-9"),
+            ("0.0000000001", "1n"),
+            ("0.9n", "1n"),
+            ("0.00000012345", "124n"),
+            ("-0.9n", "-1n"),
+            // Binary under one is decimal.
+            (".001Ki", "1024m"),
+            (".000001Ki", "1024u"),
+            (".000000001Ki", "1024n"),
+            (".000000000001Ki", "2n"),
+            ("100.035Ki", "102435840m"),
+            ("-.001Ki", "-1024m"),
+        ] {
+            assert_eq!(canonical_quantity(input).as_deref(), Some(want), "{input}");
+        }
     }
 }
