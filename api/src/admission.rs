@@ -117,6 +117,7 @@ pub fn defaults(res: &Resource, object: &mut Value) {
         None => Vec::new(),
     };
     strip_nulls(object);
+    crate::quantities::canonicalize(res, object);
     if let Some(o) = object.as_object_mut() {
         o.extend(raw.into_iter().map(|(f, v)| (f.to_string(), v)));
     }

@@ -33,6 +33,7 @@ pub mod openapi;
 pub mod order;
 pub mod patch;
 pub mod protobuf;
+pub mod quantities;
 pub mod query;
 pub mod quota;
 pub mod rbac;

@@ -100,12 +100,13 @@ const MAP_FIELDS: &[&str] = &[
 ];
 
 /// A pod template as Go's `encoding/json` writes Kubernetes' PodTemplateSpec: the metadata's
-/// creationTimestamp is always there (null), so is each container's resources (`{}`), and
-/// empty lists and maps are left out (omitempty). kubectl makes the patch it compares a
+/// creationTimestamp is always there (null), so is each container's resources (`{}`), empty
+/// lists and maps are left out (omitempty), and quantities are canonical (`1000m` is `1`). kubectl makes the patch it compares a
 /// revision's data with (byte for byte, `rollout undo`) from the workload's template that
 /// way, as Kubernetes' DaemonSet and StatefulSet controllers make revisions.
 fn go_shape(template: &mut Value) {
     drop_empty(template);
+    rkube_api::quantities::canonicalize_as("io.k8s.api.core.v1.PodTemplateSpec", template);
     let Some(t) = template.as_object_mut() else {
         return;
     };
@@ -406,6 +407,24 @@ mod tests {
         assert_eq!(cur.len(), 1);
         assert_eq!(next_revision(&[&revision(2, "a"), &revision(5, "b")]), 6);
         assert_eq!(next_revision(&[]), 1);
+    }
+
+    #[test]
+    fn revision_data_has_canonical_quantities() {
+        let mut d = ds("busybox:1");
+        let resources = json!({"requests": {"cpu": "1000m", "memory": "1024Mi"},
+                               "limits": {"cpu": "0.5", "memory": "1.5Gi"}});
+        let template = d.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+        template.containers[0].resources = Some(serde_json::from_value(resources).unwrap());
+        template.overhead = Some(serde_json::from_value(json!({"cpu": "250000u"})).unwrap());
+        let p = patch(&d);
+        let spec = &p["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["containers"][0]["resources"],
+            json!({"requests": {"cpu": "1", "memory": "1Gi"},
+                   "limits": {"cpu": "500m", "memory": "1536Mi"}})
+        );
+        assert_eq!(spec["overhead"], json!({"cpu": "250m"}));
     }
 
     #[test]
