@@ -6,7 +6,7 @@ use base64::Engine;
 use serde_json::{json, Map, Value};
 
 use super::schema::{Ty::*, MESSAGES};
-use super::wire::{bytes_of, entry, fields, string, Wire};
+use super::wire::{bytes_of, entry, fields, string, varints, Wire};
 use super::{bad, unsupported};
 use crate::error::ApiError;
 
@@ -59,6 +59,25 @@ pub(super) fn message(name: &str, b: &[u8], depth: usize) -> Result<Value, ApiEr
             .iter()
             .find(|f| f.num == num)
             .ok_or_else(|| unsupported(&format!("field {num} of {name}")))?;
+        // A repeated number may come packed (one length-delimited field of varints, proto3's
+        // and many encoders' way) or not (a field per element, as Kubernetes' Go types write
+        // their proto2 messages); both mean the same list.
+        if let (true, Int | Bool, Wire::Bytes(b)) = (field.repeated, field.ty, &w) {
+            let values = varints(b)?;
+            if values.is_empty() {
+                continue;
+            }
+            let list = out
+                .entry(field.name.to_string())
+                .or_insert_with(|| json!([]));
+            if let Some(l) = list.as_array_mut() {
+                l.extend(values.into_iter().map(|v| match field.ty {
+                    Bool => json!(v != 0),
+                    _ => json!(v as i64),
+                }));
+            }
+            continue;
+        }
         let value = match (field.ty, &w) {
             (Ignored, _) => continue,
             (Str, Wire::Bytes(b)) if b.is_empty() && !field.pointer && !field.repeated => continue,

@@ -186,6 +186,96 @@ mod tests {
         assert_eq!(c["resources"]["limits"]["cpu"], "500m");
     }
 
+    /// A packed repeated field: one length-delimited field holding the varints.
+    fn field_packed(num: u32, values: &[i64]) -> Vec<u8> {
+        let mut packed = Vec::new();
+        for v in values {
+            varint(*v as u64, &mut packed);
+        }
+        field_bytes(num, &packed)
+    }
+
+    /// An unpacked repeated field: a varint field per element (Kubernetes' Go types).
+    fn field_unpacked(num: u32, values: &[i64]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|v| field_int(num, *v as u64))
+            .collect()
+    }
+
+    #[test]
+    fn repeated_numbers_decode_packed_and_unpacked() {
+        type Encode = fn(u32, &[i64]) -> Vec<u8>;
+        let cases: [(&str, Encode, &[i64], Value); 6] = [
+            ("unpacked", field_unpacked, &[1, 2, 42], json!([1, 2, 42])),
+            ("packed", field_packed, &[1, 2, 42], json!([1, 2, 42])),
+            (
+                "unpacked, negative int32",
+                field_unpacked,
+                &[-1, 255],
+                json!([-1, 255]),
+            ),
+            (
+                "packed, negative int32",
+                field_packed,
+                &[-1, 255],
+                json!([-1, 255]),
+            ),
+            ("unpacked, one", field_unpacked, &[3], json!([3])),
+            ("packed, none", field_packed, &[], Value::Null),
+        ];
+        for (what, encode, values, want) in cases {
+            // kubectl create job: a pod failure policy rule on exit codes, and a pod whose
+            // security context has supplemental groups.
+            let on_exit_codes = [
+                field_bytes(1, b"main"),
+                field_bytes(2, b"In"),
+                encode(3, values),
+            ]
+            .concat();
+            let rule = [field_bytes(1, b"FailJob"), field_bytes(2, &on_exit_codes)].concat();
+            let condition = [field_bytes(1, b"DisruptionTarget"), field_bytes(2, b"True")].concat();
+            let ignore = [field_bytes(1, b"Ignore"), field_bytes(3, &condition)].concat();
+            let policy = [field_bytes(1, &rule), field_bytes(1, &ignore)].concat();
+            let security = encode(4, values);
+            let container = [field_bytes(1, b"c"), field_bytes(2, b"busybox")].concat();
+            let pod_spec = [field_bytes(2, &container), field_bytes(14, &security)].concat();
+            let success = field_bytes(1, &[field_bytes(1, b"0-2"), field_int(2, 2)].concat());
+            let spec = [
+                field_bytes(6, &field_bytes(2, &pod_spec)),
+                field_bytes(11, &policy),
+                field_bytes(16, &success),
+            ]
+            .concat();
+            let body = envelope(
+                "batch/v1",
+                "Job",
+                &[
+                    field_bytes(1, &field_bytes(1, b"pi")),
+                    field_bytes(2, &spec),
+                ]
+                .concat(),
+            );
+            let v = decode(&body).unwrap();
+            let rules = &v["spec"]["podFailurePolicy"]["rules"];
+            assert_eq!(rules[0]["onExitCodes"]["values"], want, "{what}");
+            assert_eq!(rules[0]["onExitCodes"]["containerName"], "main", "{what}");
+            assert_eq!(
+                rules[1],
+                json!({"action": "Ignore",
+                       "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}),
+                "{what}"
+            );
+            let groups = &v["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"];
+            assert_eq!(groups, &want, "{what}");
+            assert_eq!(
+                v["spec"]["successPolicy"],
+                json!({"rules": [{"succeededIndexes": "0-2", "succeededCount": 2}]}),
+                "{what}"
+            );
+        }
+    }
+
     #[test]
     fn an_ingress_rule_s_http_is_inline() {
         // kubectl create ingress web --rule=example.com/api=web:80 --class=nginx

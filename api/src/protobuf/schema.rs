@@ -319,6 +319,7 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
         &[
             p(2, "runAsUser", Int),
             p(3, "runAsNonRoot", Bool),
+            r(4, "supplementalGroups", Int),
             p(5, "fsGroup", Int),
             p(6, "runAsGroup", Int),
             p(9, "fsGroupChangePolicy", Str),
@@ -373,11 +374,50 @@ pub(super) static MESSAGES: &[(&str, &[F])] = &[
             p(8, "ttlSecondsAfterFinished", Int),
             p(9, "completionMode", Str),
             p(10, "suspend", Bool),
+            f(11, "podFailurePolicy", Msg("PodFailurePolicy")),
             p(12, "backoffLimitPerIndex", Int),
             p(13, "maxFailedIndexes", Int),
             p(14, "podReplacementPolicy", Str),
             p(15, "managedBy", Str),
+            f(16, "successPolicy", Msg("SuccessPolicy")),
         ],
+    ),
+    (
+        "PodFailurePolicy",
+        &[r(1, "rules", Msg("PodFailurePolicyRule"))],
+    ),
+    (
+        "PodFailurePolicyRule",
+        &[
+            f(1, "action", Str),
+            f(
+                2,
+                "onExitCodes",
+                Msg("PodFailurePolicyOnExitCodesRequirement"),
+            ),
+            r(
+                3,
+                "onPodConditions",
+                Msg("PodFailurePolicyOnPodConditionsPattern"),
+            ),
+        ],
+    ),
+    (
+        "PodFailurePolicyOnExitCodesRequirement",
+        &[
+            p(1, "containerName", Str),
+            f(2, "operator", Str),
+            r(3, "values", Int),
+        ],
+    ),
+    (
+        "PodFailurePolicyOnPodConditionsPattern",
+        &[f(1, "type", Str), f(2, "status", Str)],
+    ),
+    ("SuccessPolicy", &[r(1, "rules", Msg("SuccessPolicyRule"))]),
+    (
+        "SuccessPolicyRule",
+        &[p(1, "succeededIndexes", Str), p(2, "succeededCount", Int)],
     ),
     (
         "PriorityClass",

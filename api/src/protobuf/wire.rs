@@ -76,6 +76,16 @@ pub(super) fn fields(buf: &[u8]) -> Result<Vec<(u32, Wire<'_>)>, ApiError> {
     Ok(out)
 }
 
+/// The varints of a packed repeated field.
+pub(super) fn varints(buf: &[u8]) -> Result<Vec<u64>, ApiError> {
+    let mut r = Reader { buf };
+    let mut out = Vec::new();
+    while !r.buf.is_empty() {
+        out.push(r.varint()?);
+    }
+    Ok(out)
+}
+
 pub(super) fn string(b: &[u8]) -> Result<String, ApiError> {
     String::from_utf8(b.to_vec()).map_err(|_| bad("a string field is not UTF-8"))
 }
