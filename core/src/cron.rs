@@ -5,15 +5,19 @@
 //! `@weekly`, `@daily`, `@midnight`, `@hourly`.
 //!
 //! Times are worked out in a time zone (the CronJob's `spec.timeZone`, read from the system's
-//! tz database; UTC when unset), minute by minute of its wall clock.
+//! tz database; UTC when unset) as robfig/cron works them out, daylight-saving changes
+//! included ([`Schedule::next_after`]).
 
-use jiff::civil::{Date, DateTime};
+use jiff::civil::{Date, DateTime, Time};
 use jiff::tz::TimeZone;
 use jiff::{Timestamp, ToSpan};
 
 /// A parsed schedule: the allowed values of each field as bit sets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
+    /// The zone a `TZ=` or `CRON_TZ=` prefix names (which Kubernetes 1.32 refuses in new
+    /// CronJobs, [`TZ_IN_SCHEDULE`], but still follows in stored ones).
+    zone: Option<TimeZone>,
     minutes: u64,
     hours: u64,
     days: u64,
@@ -130,13 +134,29 @@ impl Field {
     }
 }
 
+/// Kubernetes' validation message for a schedule that names a zone itself (anywhere in it).
+pub const TZ_IN_SCHEDULE: &str = "cannot use TZ or CRON_TZ in schedule, use timeZone field instead";
+
+/// Whether a schedule names a zone itself, as Kubernetes tells (it contains `TZ`).
+pub fn names_zone(schedule: &str) -> bool {
+    schedule.contains("TZ")
+}
+
 impl Schedule {
-    /// Parses a schedule; the error is the sentence Kubernetes' validation shows after
-    /// `spec.schedule: Invalid value: "...": `.
+    /// Parses a schedule, with robfig/cron's `TZ=<zone>` or `CRON_TZ=<zone>` prefix; the
+    /// error is the sentence Kubernetes' validation shows after `spec.schedule: Invalid
+    /// value: "...": `.
     pub fn parse(spec: &str) -> Result<Schedule, String> {
-        let spec = spec.trim();
-        if spec.starts_with("TZ=") || spec.starts_with("CRON_TZ=") {
-            return Err("cannot use TZ or CRON_TZ in schedule, use timeZone field instead".into());
+        let mut spec = spec.trim();
+        let mut zone = None;
+        if let Some(rest) = spec
+            .strip_prefix("TZ=")
+            .or_else(|| spec.strip_prefix("CRON_TZ="))
+        {
+            let (name, fields) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+            zone =
+                Some(zone_named(name).map_err(|e| format!("provided bad location {name}: {e}"))?);
+            spec = fields.trim();
         }
         let expanded = match spec {
             "@yearly" | "@annually" => "0 0 1 1 *",
@@ -159,6 +179,7 @@ impl Schedule {
             parsed[i] = f.parse(fields[i])?;
         }
         Ok(Schedule {
+            zone,
             minutes: parsed[0].0,
             hours: parsed[1].0,
             days: parsed[2].0,
@@ -166,6 +187,11 @@ impl Schedule {
             weekdays: parsed[4].0,
             day_star: parsed[2].1 || parsed[4].1,
         })
+    }
+
+    /// The zone the schedule itself names, which wins over the CronJob's timeZone.
+    pub fn zone(&self) -> Option<&TimeZone> {
+        self.zone.as_ref()
     }
 
     fn day_matches(&self, d: Date) -> bool {
@@ -180,55 +206,112 @@ impl Schedule {
 
     /// The first scheduled time strictly after `after`, in `tz`'s wall clock; None when there
     /// is none within five years (`30 2 30 2 *`).
+    ///
+    /// As robfig/cron (the library Kubernetes' CronJob controller uses) finds it: the fields
+    /// are matched on the wall clock while hours and minutes advance in absolute time, so a
+    /// time that a daylight-saving change skips (02:30 on the morning clocks go forward) does
+    /// not run that day, and a time that happens twice (01:30 on the morning they go back)
+    /// runs twice, an hour apart.
     pub fn next_after(&self, after: Timestamp, tz: &TimeZone) -> Option<Timestamp> {
-        let local = after.to_zoned(tz.clone()).datetime();
-        // The next whole minute.
-        let mut t = local
-            .with()
-            .second(0)
-            .subsec_nanosecond(0)
-            .build()
-            .ok()?
-            .checked_add(1.minute())
-            .ok()?;
-        let limit = t.year() + 5;
-        while t.year() <= limit {
-            if self.months & (1 << t.month()) == 0 {
-                let first = t.date().first_of_month().checked_add(1.month()).ok()?;
-                t = first.to_datetime(jiff::civil::Time::midnight());
-                continue;
+        let at = |d: DateTime| tz.to_ambiguous_timestamp(d).compatible().ok();
+        let civil = |t: Timestamp| t.to_zoned(tz.clone()).datetime();
+        // The upcoming whole second.
+        let mut t = Timestamp::from_second(after.as_second().checked_add(1)?).ok()?;
+        let mut added = false;
+        let year_limit = civil(t).year() + 5;
+        'wrap: loop {
+            let mut c = civil(t);
+            if c.year() > year_limit {
+                return None;
             }
-            if !self.day_matches(t.date()) {
-                t = next_day(t)?;
-                continue;
+            while self.months & (1 << c.month()) == 0 {
+                if !added {
+                    added = true;
+                    t = at(c.date().first_of_month().to_datetime(Time::midnight()))?;
+                }
+                t = at(add_date(civil(t), 1, 0)?)?;
+                c = civil(t);
+                if c.month() == 1 {
+                    continue 'wrap;
+                }
             }
-            if self.hours & (1 << t.hour()) == 0 {
-                t = t
-                    .with()
-                    .minute(0)
-                    .build()
-                    .ok()?
-                    .checked_add(1.hour())
-                    .ok()?;
-                continue;
+            while !self.day_matches(c.date()) {
+                if !added {
+                    added = true;
+                    t = at(c.date().to_datetime(Time::midnight()))?;
+                }
+                t = at(add_date(civil(t), 0, 1)?)?;
+                c = civil(t);
+                // Midnight may not exist on the day clocks change: back to the day's start.
+                if c.hour() != 0 {
+                    let hours = if c.hour() > 12 {
+                        24 - i64::from(c.hour())
+                    } else {
+                        -i64::from(c.hour())
+                    };
+                    t = t.checked_add(hours.hours()).ok()?;
+                    c = civil(t);
+                }
+                if c.day() == 1 {
+                    continue 'wrap;
+                }
             }
-            if self.minutes & (1 << t.minute()) == 0 {
+            while self.hours & (1 << c.hour()) == 0 {
+                if !added {
+                    added = true;
+                    t = at(c
+                        .with()
+                        .minute(0)
+                        .second(0)
+                        .subsec_nanosecond(0)
+                        .build()
+                        .ok()?)?;
+                }
+                t = t.checked_add(1.hour()).ok()?;
+                c = civil(t);
+                if c.hour() == 0 {
+                    continue 'wrap;
+                }
+            }
+            while self.minutes & (1 << c.minute()) == 0 {
+                if !added {
+                    added = true;
+                    t = Timestamp::from_second(t.as_second().div_euclid(60) * 60).ok()?;
+                }
                 t = t.checked_add(1.minute()).ok()?;
-                continue;
+                c = civil(t);
+                if c.minute() == 0 {
+                    continue 'wrap;
+                }
             }
-            let at = tz.to_ambiguous_timestamp(t).compatible().ok()?;
-            if at > after {
-                return Some(at);
+            // Standard schedules run at second 0.
+            while c.second() != 0 {
+                if !added {
+                    added = true;
+                    t = Timestamp::from_second(t.as_second()).ok()?;
+                }
+                t = t.checked_add(1.second()).ok()?;
+                c = civil(t);
+                if c.second() == 0 {
+                    continue 'wrap;
+                }
             }
-            t = t.checked_add(1.minute()).ok()?;
+            return Some(t);
         }
-        None
     }
 }
 
-fn next_day(t: DateTime) -> Option<DateTime> {
-    let d = t.date().tomorrow().ok()?;
-    Some(d.to_datetime(jiff::civil::Time::midnight()))
+/// `t` moved by whole months and days as Go's `AddDate` moves it: a day past the month's end
+/// carries into the next month (January 31 and a month is March 3 or 2).
+fn add_date(t: DateTime, months: i32, days: i64) -> Option<DateTime> {
+    let month0 = i32::from(t.month()) - 1 + months;
+    let year = i32::from(t.year()) + month0.div_euclid(12);
+    let month = (month0.rem_euclid(12) + 1) as i8;
+    let first = Date::new(i16::try_from(year).ok()?, month, 1).ok()?;
+    let date = first
+        .checked_add((i64::from(t.day()) - 1 + days).days())
+        .ok()?;
+    Some(date.to_datetime(t.time()))
 }
 
 /// The time zone a CronJob names (`spec.timeZone`), or UTC when it names none; the error is
@@ -241,7 +324,33 @@ pub fn time_zone(name: Option<&str>) -> Result<TimeZone, String> {
             "timeZone must be an explicit time zone as defined in https://www.iana.org/time-zones"
                 .into(),
         ),
-        Some(n) => TimeZone::get(n).map_err(|_| format!("unknown time zone {n}")),
+        Some(n) => zone_named(n),
+    }
+}
+
+/// A zone of the tz database by its exact name, as Go's `time.LoadLocation` finds one (the
+/// database's files, whose names are case-sensitive); Kubernetes' validation first refuses
+/// names with parts that no zone has.
+fn zone_named(name: &str) -> Result<TimeZone, String> {
+    let unknown = || format!("unknown time zone {name}");
+    let bad_part = |p: &str| {
+        p == "."
+            || p == ".."
+            || p.starts_with('-')
+            || p.is_empty()
+            || p.len() > 14
+            || !p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '+'))
+    };
+    if name != "UTC" && name.split('/').any(bad_part) {
+        return Err(unknown());
+    }
+    let tz = TimeZone::get(name).map_err(|_| unknown())?;
+    // The database is looked up without regard to case; Go's is not.
+    match tz.iana_name() {
+        Some(found) if found != name && name != "UTC" => Err(unknown()),
+        _ => Ok(tz),
     }
 }
 
@@ -337,6 +446,129 @@ mod tests {
             time_zone(Some("")).unwrap_err(),
             "timeZone must be nil or non-empty string"
         );
+        for name in [
+            "europe/berlin",
+            "Europe/../Berlin",
+            "-Europe/Berlin",
+            "Europe/Berlin ",
+        ] {
+            assert_eq!(
+                time_zone(Some(name)).unwrap_err(),
+                format!("unknown time zone {name}"),
+                "{name}"
+            );
+        }
+        assert!(time_zone(Some("UTC")).is_ok());
+        // A zone the schedule names itself wins.
+        let s = Schedule::parse("TZ=Europe/Berlin 0 9 * * *").unwrap();
+        assert!(s.zone().is_some() && names_zone("TZ=Europe/Berlin 0 9 * * *"));
+        assert_eq!(
+            s.next_after(ts("2026-01-10T00:00:00Z"), s.zone().unwrap()),
+            Some(ts("2026-01-10T08:00:00Z"))
+        );
+        assert!(Schedule::parse("0 9 * * *").unwrap().zone().is_none());
+    }
+
+    /// robfig/cron's daylight-saving cases (America/New_York: clocks go forward at 02:00 on
+    /// 2012-03-11 and back at 02:00 on 2012-11-04), which Kubernetes' CronJobs follow.
+    #[test]
+    fn daylight_saving_changes_skip_and_repeat_times() {
+        let Ok(ny) = time_zone(Some("America/New_York")) else {
+            // No tz database on this machine: nothing to compare with.
+            return;
+        };
+        for (after, spec, want) in [
+            // 02:30 does not exist on the 11th of March 2012: next year's.
+            (
+                "2012-03-11T00:00:00-05:00",
+                "30 2 11 Mar ?",
+                Some("2013-03-11T02:30:00-04:00"),
+            ),
+            // Hourly: 01:00 EST, then 03:00 EDT.
+            (
+                "2012-03-11T00:00:00-05:00",
+                "0 * * * *",
+                Some("2012-03-11T01:00:00-05:00"),
+            ),
+            (
+                "2012-03-11T01:00:00-05:00",
+                "0 * * * *",
+                Some("2012-03-11T03:00:00-04:00"),
+            ),
+            (
+                "2012-03-11T03:00:00-04:00",
+                "0 * * * *",
+                Some("2012-03-11T04:00:00-04:00"),
+            ),
+            // Nightly at 02:00: skipped on the day it does not exist.
+            (
+                "2012-03-11T00:00:00-05:00",
+                "0 2 * * *",
+                Some("2012-03-12T02:00:00-04:00"),
+            ),
+            (
+                "2012-03-11T01:00:00-05:00",
+                "0 1 * * *",
+                Some("2012-03-12T01:00:00-04:00"),
+            ),
+            // 02:30 on the 4th of November happens once, in EST.
+            (
+                "2012-11-04T00:00:00-04:00",
+                "30 2 04 Nov ?",
+                Some("2012-11-04T02:30:00-05:00"),
+            ),
+            // 01:30 happens twice: after the first (EDT), the second (EST).
+            (
+                "2012-11-04T01:45:00-04:00",
+                "30 1 04 Nov ?",
+                Some("2012-11-04T01:30:00-05:00"),
+            ),
+            // Hourly: 01:00 EDT, 01:00 EST, 02:00 EST.
+            (
+                "2012-11-04T00:00:00-04:00",
+                "0 * * * *",
+                Some("2012-11-04T01:00:00-04:00"),
+            ),
+            (
+                "2012-11-04T01:00:00-04:00",
+                "0 * * * *",
+                Some("2012-11-04T01:00:00-05:00"),
+            ),
+            (
+                "2012-11-04T01:00:00-05:00",
+                "0 * * * *",
+                Some("2012-11-04T02:00:00-05:00"),
+            ),
+            // Nightly at 01:00 runs twice that night, then the next.
+            (
+                "2012-11-04T01:00:00-04:00",
+                "0 1 * * *",
+                Some("2012-11-04T01:00:00-05:00"),
+            ),
+            (
+                "2012-11-04T01:00:00-05:00",
+                "0 1 * * *",
+                Some("2012-11-05T01:00:00-05:00"),
+            ),
+            (
+                "2012-11-04T00:00:00-04:00",
+                "0 2 * * *",
+                Some("2012-11-04T02:00:00-05:00"),
+            ),
+            (
+                "2012-11-04T00:00:00-04:00",
+                "0 3 * * *",
+                Some("2012-11-04T03:00:00-05:00"),
+            ),
+            ("2012-07-09T23:35:00-04:00", "0 0 30 Feb ?", None),
+        ] {
+            let s = Schedule::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(
+                s.next_after(ts(after), &ny),
+                want.map(ts),
+                "{spec} after {after}"
+            );
+        }
     }
 
     #[test]
@@ -355,8 +587,8 @@ mod tests {
             ),
             ("@every 5m", "unrecognized descriptor: @every 5m"),
             (
-                "TZ=UTC * * * * *",
-                "cannot use TZ or CRON_TZ in schedule, use timeZone field instead",
+                "CRON_TZ=Mars/Olympus * * * * *",
+                "provided bad location Mars/Olympus: unknown time zone Mars/Olympus",
             ),
             ("x * * * *", "failed to parse int from x: invalid syntax"),
         ] {

@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use rkube_core::cron::{time_zone, Schedule};
+use rkube_core::cron::{names_zone, time_zone, Schedule, TZ_IN_SCHEDULE};
 
 use crate::admission::{child, default, validate_pod_spec};
 use crate::error::Cause;
@@ -51,6 +51,9 @@ impl Strategy for CronJob {
             Some(s) => {
                 if let Err(e) = Schedule::parse(s) {
                     causes.push(invalid("spec.schedule", &json!(s), &e));
+                }
+                if names_zone(s) {
+                    causes.push(invalid("spec.schedule", &json!(s), TZ_IN_SCHEDULE));
                 }
             }
         }
@@ -128,6 +131,35 @@ mod tests {
         assert_eq!(
             causes[0].message,
             "Invalid value: \"* * *\": expected exactly 5 fields, found 3: * * *"
+        );
+        // A zone in the schedule: refused with the field's message, besides any parse error.
+        for (schedule, want) in [
+            (
+                "TZ=UTC * * * * *",
+                vec!["Invalid value: \"TZ=UTC * * * * *\": cannot use TZ or CRON_TZ in schedule, use timeZone field instead"],
+            ),
+            (
+                "CRON_TZ=Nowhere/Never 0 * * * *",
+                vec![
+                    "Invalid value: \"CRON_TZ=Nowhere/Never 0 * * * *\": provided bad location Nowhere/Never: unknown time zone Nowhere/Never",
+                    "Invalid value: \"CRON_TZ=Nowhere/Never 0 * * * *\": cannot use TZ or CRON_TZ in schedule, use timeZone field instead",
+                ],
+            ),
+        ] {
+            let mut c = cronjob(schedule);
+            CronJob.defaults(&mut c);
+            let mut causes = Vec::new();
+            CronJob.validate(&c, &mut causes);
+            let got: Vec<&str> = causes.iter().map(|c| c.message.as_str()).collect();
+            assert_eq!(got, want, "{schedule}");
+        }
+        let mut c = cronjob("0 * * * *");
+        c["spec"]["timeZone"] = json!("america/new_york");
+        let mut causes = Vec::new();
+        CronJob.validate(&c, &mut causes);
+        assert_eq!(
+            causes[0].message,
+            "Invalid value: \"america/new_york\": unknown time zone america/new_york"
         );
         assert!(CronJob.check_name(&"a".repeat(53)).is_some());
         assert!(CronJob.check_name(&"a".repeat(52)).is_none());

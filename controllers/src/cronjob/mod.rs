@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::Resource;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
-use rkube_core::cron::{time_zone, Schedule};
+use rkube_core::cron::{names_zone, time_zone, Schedule};
 use rkube_core::meta::{controller_of, controller_ref, name, namespace};
 use serde_json::json;
 
@@ -273,11 +273,11 @@ impl CronJobs {
         status: &mut k8s_openapi::api::batch::v1::CronJobStatus,
         now: Timestamp,
     ) -> Result<Option<Duration>, ApiError> {
-        let tz = match time_zone(spec.time_zone.as_deref()) {
+        let zone = match time_zone(spec.time_zone.as_deref()) {
             Ok(tz) => tz,
-            Err(_) => {
+            Err(e) => {
                 let msg = format!(
-                    "invalid timeZone: {:?}",
+                    "invalid timeZone: {:?}: {e}",
                     spec.time_zone.as_deref().unwrap_or("")
                 );
                 self.recorder
@@ -295,6 +295,20 @@ impl CronJobs {
                     .await;
                 return Ok(None);
             }
+        };
+        // A zone the schedule names itself (in a CronJob stored before validation refused
+        // them) wins over timeZone, as in Kubernetes, which warns about it.
+        let tz = if names_zone(&spec.schedule) {
+            let msg = format!(
+                "CRON_TZ or TZ used in schedule {:?} is not officially supported, see https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/ for more details",
+                spec.schedule
+            );
+            self.recorder
+                .event_for(cj, WARNING, "UnsupportedSchedule", &msg)
+                .await;
+            sched.zone().cloned().unwrap_or(zone)
+        } else {
+            zone
         };
         let created = cj.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let mut earliest = status
