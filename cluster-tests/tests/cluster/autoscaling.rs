@@ -329,6 +329,51 @@ async fn top_shows_modelled_usage_and_an_autoscaler_scales_a_deployment_up_and_d
 
     let t = words(&k.run(&["get", "hpa", "idle"]).await.ok());
     assert_eq!(t[1][2..4], ["cpu:", "<unknown>/50%"], "{t:?}");
+
+    // A Pods metric needs a custom metrics API, which nothing here registers: the autoscaler
+    // says so in kube-controller-manager's words.
+    let custom = r#"{"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "custom"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "idle"},
+                 "minReplicas": 1, "maxReplicas": 2,
+                 "metrics": [{"type": "Pods", "pods": {"metric": {"name": "packets-per-second"},
+                              "target": {"type": "AverageValue", "averageValue": "1k"}}}]}}"#;
+    k.run_with_input(&["apply", "-f", "-"], custom).await.ok();
+    let unregistered = "unable to get metric packets-per-second: unable to fetch metrics from custom metrics API: no custom metrics API (custom.metrics.k8s.io) registered";
+    let message = wait_for(
+        "the custom-metric autoscaler inactive",
+        Duration::from_secs(60),
+        || async {
+            let message = jsonpath(
+                &k,
+                &["hpa", "custom"],
+                "{.status.conditions[?(@.type==\"ScalingActive\")].message}",
+            )
+            .await;
+            (condition(&k, "custom", "ScalingActive").await == "False FailedGetPodsMetric")
+                .then_some(message)
+        },
+    )
+    .await;
+    assert_eq!(
+        message,
+        format!("the HPA was unable to compute the replica count: {unregistered}")
+    );
+    let events = wait_for(
+        "the custom-metric autoscaler's events",
+        Duration::from_secs(30),
+        || async {
+            let failed = event_messages(&k, "custom", "FailedGetPodsMetric").await;
+            let computed = event_messages(&k, "custom", "FailedComputeMetricsReplicas").await;
+            (!failed.is_empty() && !computed.is_empty()).then_some((failed, computed))
+        },
+    )
+    .await;
+    assert_eq!(events.0[0], unregistered);
+    assert_eq!(
+        events.1[0],
+        format!("invalid metrics (1 invalid out of 1), first error is: failed to get pods metric value: {unregistered}")
+    );
     // Kubernetes' validation.
     let refused = k
         .run_with_input(

@@ -12,6 +12,7 @@
 
 pub mod behavior;
 pub mod replicas;
+mod unserved;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -577,8 +578,11 @@ impl Autoscalers {
                 }
             }
         }
-        match (&best, failures.first()) {
-            (None, Some(first)) => {
+        // Kubernetes gives up when every metric failed, and when some failed and the others
+        // would scale down (a failed one might have asked for more).
+        let give_up = best.as_ref().is_none_or(|(r, _)| *r < current);
+        match (&best, failures.first().filter(|_| give_up)) {
+            (_, Some(first)) => {
                 set_condition(
                     conditions,
                     "ScalingActive",
@@ -603,7 +607,7 @@ impl Autoscalers {
                     )
                     .await;
             }
-            (Some((_, name)), _) => set_condition(
+            (Some((_, name)), None) => set_condition(
                 conditions,
                 "ScalingActive",
                 true,
@@ -612,6 +616,7 @@ impl Autoscalers {
             ),
             (None, None) => {}
         }
+        let best = best.filter(|_| !give_up || failures.is_empty());
         Some((best, statuses))
     }
 
@@ -623,21 +628,24 @@ impl Autoscalers {
         metric: &MetricSpec,
         pods: &[Arc<Pod>],
     ) -> Result<Proposed, Failure> {
+        if let Some(f) = unserved::failure(metric, ns) {
+            return Err(f);
+        }
         let Some(source) = metric
             .resource
             .as_ref()
             .filter(|_| metric.type_ == "Resource")
         else {
-            let (reason, what) = match metric.type_.as_str() {
-                "Pods" => ("FailedGetPodsMetric", "pods"),
-                "Object" => ("FailedGetObjectMetric", "object"),
-                "External" => ("FailedGetExternalMetric", "external"),
-                "ContainerResource" => ("FailedGetContainerResourceMetric", "container resource"),
-                _ => ("InvalidMetricSourceType", "unknown"),
+            let (reason, error) = match metric.type_.as_str() {
+                "ContainerResource" => (
+                    "FailedGetContainerResourceMetric",
+                    "unable to get container resource metric: only Resource metrics are computed here".to_string(),
+                ),
+                other => (
+                    "InvalidMetricSourceType",
+                    format!("unknown metric source type {other:?}"),
+                ),
             };
-            let error = format!(
-                "unable to get {what} metric: only Resource metrics are served here (metrics.k8s.io); no custom or external metrics API is served"
-            );
             return Err(Failure {
                 reason,
                 outer: error.clone(),
