@@ -27,6 +27,8 @@ use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::store::Store;
 use tokio::sync::watch;
 
+use crate::pods::{is_finished, phase};
+
 /// kube-controller-manager's pod GC period of checks (gcCheckPeriod).
 pub const CHECK_PERIOD: Duration = Duration::from_secs(20);
 
@@ -90,17 +92,6 @@ fn node_of(pod: &Pod) -> &str {
         .unwrap_or("")
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
-fn is_terminated(pod: &Pod) -> bool {
-    matches!(phase(pod), "Succeeded" | "Failed")
-}
-
 /// As the kubelet marks a pod it evicted.
 fn is_evicted(pod: &Pod) -> bool {
     phase(pod) == "Failed"
@@ -139,7 +130,7 @@ fn plan(
         }
     };
     if terminated_threshold > 0 {
-        let mut terminated: Vec<&Arc<Pod>> = pods.iter().filter(|p| is_terminated(p)).collect();
+        let mut terminated: Vec<&Arc<Pod>> = pods.iter().filter(|p| is_finished(p)).collect();
         if terminated.len() > terminated_threshold {
             let excess = terminated.len() - terminated_threshold;
             terminated.sort_by(|a, b| collection_order(a, b));
@@ -205,7 +196,7 @@ fn failed_status(pod: &Pod, condition: Option<PodCondition>) -> Pod {
 async fn collect(client: &LocalClient, pod: &Pod, reason: Reason) -> Result<(), ApiError> {
     let (ns, pod_name) = (namespace(&pod.metadata), name(&pod.metadata));
     let pods = Objects::<Pod>::namespaced(client, ns);
-    if !is_terminated(pod) {
+    if !is_finished(pod) {
         // The cached resourceVersion is the precondition: a pod changed meanwhile is looked
         // at again at the next check.
         let marked = pods

@@ -165,8 +165,13 @@ pub fn phase(pod: &Pod) -> &str {
 }
 
 /// Neither finished (Succeeded, Failed) nor being deleted.
+/// Succeeded or Failed: its containers will not run again.
+pub fn is_finished(pod: &Pod) -> bool {
+    matches!(phase(pod), "Succeeded" | "Failed")
+}
+
 pub fn is_active(pod: &Pod) -> bool {
-    !matches!(phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_none()
+    !is_finished(pod) && pod.metadata.deletion_timestamp.is_none()
 }
 
 fn ready_condition(pod: &Pod) -> Option<&PodCondition> {

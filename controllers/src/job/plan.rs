@@ -14,6 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::indexes::{format_indexes, parse_indexes};
 use super::policy::{match_policy, PolicyAction};
+use crate::pods::{is_active, is_finished, phase};
 
 /// The finalizer that keeps a finished pod until the job has counted it.
 pub const TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
@@ -66,13 +67,6 @@ pub struct Plan {
     pub requeue: Option<Duration>,
 }
 
-fn phase(pod: &Pod) -> &str {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
-
 fn has_finalizer(pod: &Pod) -> bool {
     pod.metadata
         .finalizers
@@ -99,16 +93,8 @@ fn index_failures(pod: &Pod) -> i32 {
         .unwrap_or(0)
 }
 
-fn terminal(pod: &Pod) -> bool {
-    matches!(phase(pod), "Succeeded" | "Failed")
-}
-
-fn is_active(pod: &Pod) -> bool {
-    !terminal(pod) && pod.metadata.deletion_timestamp.is_none()
-}
-
 fn is_terminating(pod: &Pod) -> bool {
-    !terminal(pod) && pod.metadata.deletion_timestamp.is_some()
+    !is_finished(pod) && pod.metadata.deletion_timestamp.is_some()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -256,7 +242,7 @@ fn to_count(
         let deleted = pod.metadata.deletion_timestamp.is_some() && phase(pod) != "Succeeded";
         // Under podReplacementPolicy Failed a pod being deleted counts once it has failed,
         // unless the job is ending or suspended anyway.
-        let finished = terminal(pod) || (deleted && (!only_failed || ending || suspended));
+        let finished = is_finished(pod) || (deleted && (!only_failed || ending || suspended));
         let held = has_finalizer(pod) && !freed.contains(&uid);
         if !(listed_ok || listed_failed || (held && finished)) {
             continue;
