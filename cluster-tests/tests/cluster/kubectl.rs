@@ -572,6 +572,32 @@ async fn kubectl_apply_replace_and_edit() {
         "deployment.apps/web unchanged"
     );
 
+    // Quantities are stored in canonical form, as kube-apiserver stores them, and applying
+    // the same manifest again changes nothing.
+    let sized = c.path().join("sized.yaml");
+    std::fs::write(
+        &sized,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: sized\nspec:\n  containers:\n  - name: c\n    image: nginx:1.27\n    resources:\n      requests:\n        cpu: 1000m\n        memory: 1024Mi\n      limits:\n        cpu: \"1.5\"\n        memory: 1.5Gi\n",
+    )
+    .expect("write");
+    let sized = sized.display().to_string();
+    k.run(&["apply", "-f", &sized]).await.ok();
+    let resources = k
+        .run(&[
+            "get",
+            "pod",
+            "sized",
+            "-o",
+            "jsonpath={.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.requests.memory} {.spec.containers[0].resources.limits.cpu} {.spec.containers[0].resources.limits.memory}",
+        ])
+        .await
+        .ok();
+    assert_eq!(resources, "1 1Gi 1500m 1536Mi");
+    assert_eq!(
+        k.run(&["apply", "-f", &sized]).await.ok().trim(),
+        "pod/sized unchanged"
+    );
+
     // A directory.
     std::fs::write(
         dir.join("cm.yaml"),
