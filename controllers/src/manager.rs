@@ -34,6 +34,8 @@ pub struct Settings {
     /// None: not published.
     pub root_ca: Option<String>,
     pub autoscaling: crate::podautoscaler::Settings,
+    /// The pod garbage collector's period and terminated-pod threshold.
+    pub pod_gc: crate::podgc::Settings,
 }
 
 /// Runs the controllers, then `hooks` (the scheduler), during every term this member leads.
@@ -60,6 +62,7 @@ impl Default for Settings {
             load_balancer_pool: None,
             root_ca: None,
             autoscaling: Default::default(),
+            pod_gc: Default::default(),
         }
     }
 }
@@ -221,7 +224,7 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
         inf.of("/registry/minions/")
             .typed::<k8s_openapi::api::core::v1::Node>(),
         client.clone(),
-        crate::podgc::Settings::default(),
+        settings.pod_gc.clone(),
         rx.clone(),
     );
     crate::compaction::run(

@@ -324,6 +324,10 @@ struct ServerArgs {
     /// How far from 1 the ratio of a metric to its target must be before an autoscaler scales.
     #[arg(long, default_value_t = 0.1)]
     horizontal_pod_autoscaler_tolerance: f64,
+    /// How many terminated pods (Succeeded or Failed) may stay before the pod garbage
+    /// collector deletes the oldest (kube-controller-manager's flag; 0 keeps them all).
+    #[arg(long, default_value_t = rkube_controllers::podgc::TERMINATED_POD_THRESHOLD)]
+    terminated_pod_gc_threshold: usize,
     /// Addresses the leader gives LoadBalancer Services (A-B, or a CIDR), which the node agents
     /// answer for; unset, LoadBalancer Services stay <pending> (they still get a NodePort).
     #[arg(long)]
@@ -606,6 +610,10 @@ async fn run_server(mut args: ServerArgs) -> Result<()> {
             eviction_rate: args.node_eviction_rate.max(0.0),
         },
         compaction_interval: args.compaction_interval,
+        pod_gc: rkube_controllers::podgc::Settings {
+            terminated_threshold: args.terminated_pod_gc_threshold,
+            ..Default::default()
+        },
         autoscaling: rkube_controllers::podautoscaler::Settings {
             sync_period: args
                 .horizontal_pod_autoscaler_sync_period

@@ -242,7 +242,7 @@ pub(crate) async fn sim_cluster(agents: usize) -> (Cluster, cluster_tests::kubec
 
 /// A cluster with the Kubernetes API and `agents` agents started with `up_args`, every node
 /// ready, and kubectl for it.
-async fn cluster_of(
+pub(crate) async fn cluster_of(
     agents: usize,
     up_args: Vec<String>,
 ) -> (Cluster, cluster_tests::kubectl::Kubectl) {

@@ -875,3 +875,34 @@ async fn jobs_adopt_orphans_and_replace_only_failed_pods_when_asked() {
         "patient's pods: {left:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_garbage_collector_keeps_the_newest_terminated_pods_up_to_its_threshold() {
+    let args = vec!["--terminated-pod-gc-threshold".to_string(), "2".to_string()];
+    let (_c, k) = super::common::cluster_of(1, args).await;
+    // Four pods that end at once, oldest first (a name breaks a tie of creation times).
+    for name in ["done-a", "done-b", "done-c", "done-d"] {
+        let pod = format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}",
+            "labels":{{"app":"done"}},"annotations":{{"sim.rkube.io/exit-code":"0"}}}},
+            "spec":{{"restartPolicy":"Never","containers":[{{"name":"c","image":"busybox:1.36"}}]}}}}"#
+        );
+        k.run_with_input(&["apply", "-f", "-"], &pod).await.ok();
+    }
+    // A pod still running is no terminated pod.
+    let running = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"running"},
+        "spec":{"containers":[{"name":"c","image":"busybox:1.36"}]}}"#;
+    k.run_with_input(&["apply", "-f", "-"], running).await.ok();
+    // Beyond the threshold of two, the two oldest go (a check every 20 seconds).
+    wait_jsonpath(
+        &k,
+        &["pods", "-l", "app=done"],
+        "{range .items[*]}{.metadata.name}={.status.phase} {end}",
+        "done-c=Succeeded done-d=Succeeded ",
+    )
+    .await;
+    assert_eq!(
+        jsonpath(&k, &["pods", "running"], "{.metadata.name}").await,
+        "running"
+    );
+}

@@ -164,6 +164,10 @@ impl LocalCluster {
                 "--horizontal-pod-autoscaler-sync-period",
                 args.horizontal_pod_autoscaler_sync_period.map(ms),
             ),
+            (
+                "--terminated-pod-gc-threshold",
+                args.terminated_pod_gc_threshold.map(|n| n.to_string()),
+            ),
         ] {
             let Some(value) = value else { continue };
             if let Some(i) = self.controller_flags.iter().position(|f| f == flag) {

@@ -118,6 +118,10 @@ pub struct UpArgs {
     /// 15s). Recorded for the DIR.
     #[arg(long, value_parser = crate::flags::parse_duration)]
     pub horizontal_pod_autoscaler_sync_period: Option<Duration>,
+    /// How many terminated pods may stay before the pod garbage collector deletes the oldest
+    /// (default 12500; 0 keeps them all). Recorded for the DIR.
+    #[arg(long)]
+    pub terminated_pod_gc_threshold: Option<usize>,
     /// Node agents to run (for a new DIR), each joined with a bootstrap token as a worker.
     #[arg(long, default_value_t = 2)]
     pub agents: usize,
