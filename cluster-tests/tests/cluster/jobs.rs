@@ -6,7 +6,8 @@
 //! `kubectl create job --from=cronjob/...` starts one by hand. A successPolicy ends an Indexed
 //! Job early; a Job of another controller (`managedBy`) is left alone; orphans a Job selects
 //! are adopted; podReplacementPolicy Failed waits for a deleted pod to fail, which the pod
-//! garbage collector makes it do when the pod was never scheduled.
+//! garbage collector makes it do when the pod was never scheduled. The pod garbage collector
+//! keeps terminated pods up to its threshold and fails and deletes the pods of a missing node.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -877,7 +878,7 @@ async fn jobs_adopt_orphans_and_replace_only_failed_pods_when_asked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pod_garbage_collector_keeps_the_newest_terminated_pods_up_to_its_threshold() {
+async fn the_pod_garbage_collector_keeps_terminated_pods_up_to_its_threshold_and_fails_orphans() {
     let args = vec!["--terminated-pod-gc-threshold".to_string(), "2".to_string()];
     let (_c, k) = super::common::cluster_of(1, args).await;
     // Four pods that end at once, oldest first (a name breaks a tie of creation times).
@@ -905,4 +906,44 @@ async fn the_pod_garbage_collector_keeps_the_newest_terminated_pods_up_to_its_th
         jsonpath(&k, &["pods", "running"], "{.metadata.name}").await,
         "running"
     );
+
+    // A pod bound to a node that does not exist (held by a finalizer, to be looked at): once
+    // the node has been missing at two checks, it is marked Failed with the DisruptionTarget
+    // condition and deleted. Failed, it is one more terminated pod, so the oldest of the
+    // others goes.
+    let ghost = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"ghost",
+        "finalizers":["example.com/hold"]},
+        "spec":{"nodeName":"no-such-node","containers":[{"name":"c","image":"busybox:1.36"}]}}"#;
+    k.run_with_input(&["apply", "-f", "-"], ghost).await.ok();
+    wait_jsonpath(
+        &k,
+        &["pods", "ghost"],
+        "{.status.phase} {.status.conditions[?(@.type==\"DisruptionTarget\")].reason}",
+        "Failed DeletionByPodGC",
+    )
+    .await;
+    let ghost = jsonpath(
+        &k,
+        &["pods", "ghost"],
+        "{.status.conditions[?(@.type==\"DisruptionTarget\")].message} {.metadata.deletionGracePeriodSeconds}",
+    )
+    .await;
+    assert_eq!(ghost, "PodGC: node no longer exists 0");
+    wait_jsonpath(
+        &k,
+        &["pods", "-l", "app=done"],
+        "{range .items[*]}{.metadata.name} {end}",
+        "done-d ",
+    )
+    .await;
+    k.run(&[
+        "patch",
+        "pod",
+        "ghost",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .await
+    .ok();
 }
