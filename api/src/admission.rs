@@ -361,6 +361,7 @@ pub(crate) fn validate_data_keys(object: &Value, causes: &mut Vec<Cause>) {
 
 /// Validates an object about to be stored; a non-empty list of causes is a 422.
 pub fn validate(res: &Resource, object: &Value) -> Result<(), ApiError> {
+    crate::quantities::check(res, object)?;
     let mut causes = Vec::new();
     let name = object
         .pointer("/metadata/name")

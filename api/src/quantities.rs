@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use rkube_core::quantity::{canonical_quantity, parse_quantity, quantity_error};
+
+use crate::error::ApiError;
 use crate::openapi::schemas::{ref_name, schemas, Schemas};
 use crate::resources::Resource;
 
@@ -26,50 +29,83 @@ fn holding_quantities(s: &Schemas) -> &'static HashSet<String> {
 }
 
 /// Writes every quantity of `object`, a `res`, in canonical form. A string that is not a
-/// quantity is left for validation to refuse.
+/// quantity is left for [`check`] to refuse.
 pub fn canonicalize(res: &Resource, object: &mut Value) {
     let s = schemas();
     if let Some(def) = s.kind_def(res.group, res.version, res.kind) {
-        walk_def(s, def, object);
+        walk_def(s, def, object, &mut canonical);
     }
 }
 
 /// Writes every quantity of `v`, a value of the named definition (such as
 /// `io.k8s.api.core.v1.PodTemplateSpec`), in canonical form.
 pub fn canonicalize_as(def: &str, v: &mut Value) {
-    walk_def(schemas(), def, v);
+    walk_def(schemas(), def, v, &mut canonical);
 }
 
-fn walk_def(s: &Schemas, def: &str, v: &mut Value) {
-    if def == QUANTITY {
-        let text = match v {
-            Value::String(t) => t.clone(),
-            Value::Number(n) => n.to_string(),
-            _ => return,
-        };
-        if let Some(c) = rkube_core::quantity::canonical_quantity(&text) {
-            *v = Value::String(c);
+/// A quantity of `object` that is not one refuses the body, as kube-apiserver's decoding
+/// does: `Pod in version "v1" cannot be handled as a Pod: quantities must match the regular
+/// expression ...`.
+pub fn check(res: &Resource, object: &Value) -> Result<(), ApiError> {
+    let s = schemas();
+    let Some(def) = s
+        .kind_def(res.group, res.version, res.kind)
+        .filter(|d| holding_quantities(s).contains(*d))
+    else {
+        return Ok(());
+    };
+    let mut object = object.clone();
+    let mut bad = None;
+    walk_def(s, def, &mut object, &mut |v| {
+        if let Value::String(t) = v {
+            if bad.is_none() && parse_quantity(t).is_none() {
+                bad = Some(quantity_error(t));
+            }
         }
-        return;
+    });
+    match bad {
+        None => Ok(()),
+        Some(why) => Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: {why}",
+            kind = res.kind,
+            version = res.version
+        ))),
+    }
+}
+
+fn canonical(v: &mut Value) {
+    let text = match v {
+        Value::String(t) => t.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => return,
+    };
+    if let Some(c) = canonical_quantity(&text) {
+        *v = Value::String(c);
+    }
+}
+
+fn walk_def(s: &Schemas, def: &str, v: &mut Value, visit: &mut dyn FnMut(&mut Value)) {
+    if def == QUANTITY {
+        return visit(v);
     }
     if !holding_quantities(s).contains(def) {
         return;
     }
     if let Some(schema) = s.defs.get(def) {
-        walk(s, schema, v);
+        walk(s, schema, v, visit);
     }
 }
 
-fn walk(s: &Schemas, schema: &Value, v: &mut Value) {
+fn walk(s: &Schemas, schema: &Value, v: &mut Value, visit: &mut dyn FnMut(&mut Value)) {
     if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-        return walk_def(s, ref_name(r), v);
+        return walk_def(s, ref_name(r), v, visit);
     }
     if let Some([only]) = schema
         .get("allOf")
         .and_then(Value::as_array)
         .map(Vec::as_slice)
     {
-        return walk(s, only, v);
+        return walk(s, only, v, visit);
     }
     match v {
         Value::Object(fields) => {
@@ -77,13 +113,13 @@ fn walk(s: &Schemas, schema: &Value, v: &mut Value) {
             let values = schema.get("additionalProperties").filter(|a| a.is_object());
             for (k, child) in fields.iter_mut() {
                 if let Some(p) = props.and_then(|p| p.get(k)).or(values) {
-                    walk(s, p, child);
+                    walk(s, p, child, visit);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(item) = schema.get("items") {
-                items.iter_mut().for_each(|i| walk(s, item, i));
+                items.iter_mut().for_each(|i| walk(s, item, i, visit));
             }
         }
         _ => {}
@@ -149,5 +185,30 @@ mod tests {
             canonicalize(res, &mut object);
             assert_eq!(object, want, "{}", res.plural);
         }
+    }
+
+    #[test]
+    fn a_string_that_is_no_quantity_refuses_the_body() {
+        let pods = resource("", "pods");
+        let pod = |cpu: &str| {
+            json!({"spec": {"containers": [{"name": "c",
+                "resources": {"requests": {"cpu": cpu}}}]}})
+        };
+        assert!(check(pods, &pod("250m")).is_ok());
+        let e = check(pods, &pod("lots")).unwrap_err();
+        assert_eq!(e.code, 400);
+        assert_eq!(
+            e.message,
+            "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+        );
+        let e = check(pods, &pod("1mi")).unwrap_err();
+        assert!(
+            e.message.ends_with(": unable to parse quantity's suffix"),
+            "{}",
+            e.message
+        );
+        // A ConfigMap holds strings, not quantities.
+        let cm = resource("", "configmaps");
+        assert!(check(cm, &json!({"data": {"cpu": "lots"}})).is_ok());
     }
 }

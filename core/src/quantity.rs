@@ -99,6 +99,25 @@ pub fn parse_quantity_format(s: &str) -> Option<(Nanos, Format)> {
     Some((if negative { -nanos } else { nanos }, format))
 }
 
+/// Why a string is not a quantity, in the words of Kubernetes' `resource.ParseQuantity`: its
+/// shape is wrong, or its suffix is no suffix.
+pub fn quantity_error(s: &str) -> &'static str {
+    let s = s.trim();
+    let unsigned = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let split = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (num, suffix) = unsigned.split_at(split);
+    let letters = suffix.trim_start_matches(|c| "eEinumkKMGTP".contains(c));
+    let digits = letters.strip_prefix(['+', '-']).unwrap_or(letters);
+    let shaped = !num.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    if shaped && num.matches('.').count() <= 1 && num != "." {
+        "unable to parse quantity's suffix"
+    } else {
+        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+    }
+}
+
 pub fn parse_quantity(s: &str) -> Option<Nanos> {
     parse_quantity_format(s).map(|(n, _)| n)
 }
@@ -184,12 +203,25 @@ mod tests {
             assert_eq!(parse_quantity(s), Some(n), "{s}");
         }
         assert_eq!(parse_quantity("abc"), None);
-        for bad in [
-            "1.1.M", "1+1.0M", "0.1mi", "0.1am", "aoeu", ".5i", "1i", "-3.01e-", ".", "+-1",
+        let shape = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
+        let suffix = "unable to parse quantity's suffix";
+        for (bad, why) in [
+            ("1.1.M", shape),
+            ("1+1.0M", shape),
+            ("0.1mi", suffix),
+            ("0.1am", shape),
+            ("aoeu", shape),
+            (".5i", suffix),
+            ("1i", suffix),
+            ("-3.01e-", suffix),
+            (".", shape),
+            ("+-1", shape),
+            ("1Xi", shape),
+            ("lots", shape),
         ] {
             assert_eq!(parse_quantity(bad), None, "{bad}");
+            assert_eq!(quantity_error(bad), why, "{bad}");
         }
-        assert_eq!(parse_quantity("1Xi"), None);
         assert_eq!(format_quantity(NANO / 2, false), "500m");
         assert_eq!(format_quantity(3 * NANO, false), "3");
         assert_eq!(format_quantity((5i128 << 30) * NANO, true), "5Gi");
