@@ -30,7 +30,7 @@ use k8s_openapi::jiff::Timestamp;
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::meta::{key, name, namespace};
-use rkube_core::quantity::{format_quantity, parse_quantity};
+use rkube_core::quantity::{format_canonical, parse_quantity, Format};
 use rkube_core::selector::LabelSelector;
 use serde_json::Value;
 
@@ -704,9 +704,10 @@ impl Autoscalers {
         };
         let current_value = MetricValueStatus {
             average_utilization: p.utilization.map(|u| u as i32),
-            average_value: Some(Quantity(format_quantity(
+            // As Kubernetes writes it (a DecimalSI milli-quantity, canonical).
+            average_value: Some(Quantity(format_canonical(
                 p.average as i128 * 1_000_000,
-                false,
+                Format::DecimalSi,
             ))),
             value: None,
         };
