@@ -569,6 +569,35 @@ mod tests {
                 "{spec} after {after}"
             );
         }
+        // São Paulo skipped midnight on the 4th of November 2018 (00:00 became 01:00): the
+        // nightly run at midnight skips that day, and an hourly one goes on at 01:00.
+        let Ok(sp) = time_zone(Some("America/Sao_Paulo")) else {
+            return;
+        };
+        for (after, spec, want) in [
+            (
+                "2018-11-03T12:00:00-03:00",
+                "0 0 * * *",
+                "2018-11-05T00:00:00-02:00",
+            ),
+            (
+                "2018-11-03T23:00:00-03:00",
+                "0 * * * *",
+                "2018-11-04T01:00:00-02:00",
+            ),
+            (
+                "2018-11-03T12:00:00-03:00",
+                "30 0 4 11 *",
+                "2019-11-04T00:30:00-03:00",
+            ),
+        ] {
+            let s = Schedule::parse(spec).unwrap();
+            assert_eq!(
+                s.next_after(ts(after), &sp),
+                Some(ts(want)),
+                "{spec} after {after}"
+            );
+        }
     }
 
     #[test]
