@@ -1,8 +1,10 @@
 //! Request routing and the REST verbs over [`crate::storage`].
-//! The verbs live in the child modules: `node_stream` (pods/log, exec, attach and portforward
-//! through the node agent), `reads`, `create`, `update`, `delete`, `binding`, `watch` and `body`;
+//! `target` parses what a URL names; `serve` holds the verbs' dispatch, whether a request came
+//! over HTTP (routed here) or from the in-process client (`in_process`). The verbs live in the
+//! child modules: `node_stream` (pods/log, exec, attach and portforward through the node
+//! agent), `reads`, `create`, `update`, `delete`, `binding`, `eviction`, `watch` and `body`;
 //! `answered` serves the kinds worked out on each request rather than stored (bindings posted
-//! to their collection, component statuses).
+//! to their collection, component statuses), `metrics` the resource metrics API.
 
 mod answered;
 mod binding;
@@ -10,9 +12,12 @@ mod body;
 mod create;
 mod delete;
 mod eviction;
+mod in_process;
 mod metrics;
 mod node_stream;
 mod reads;
+mod serve;
+mod target;
 mod update;
 mod watch;
 
@@ -32,13 +37,16 @@ use crate::openapi;
 use crate::patch::PatchType;
 use crate::query::Query;
 use crate::rbac::Attributes;
-use crate::resources::{self, Resource};
 use crate::services::ServiceNet;
 use crate::storage::{Fence, ObjectStore};
 
 use body::{decode_body, read_body};
-use reads::{list_object, render_list, Listed};
-use update::scale_of;
+use reads::render_list;
+
+use serve::verb_allowed;
+pub(crate) use serve::{Answer, Patch, Verb};
+pub use target::Target;
+use target::{not_found_path, parse_target, stored_target};
 
 /// Largest request body accepted (Kubernetes' limit).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -135,130 +143,6 @@ fn meta_mut(o: &mut Value) -> Result<&mut serde_json::Map<String, Value>, ApiErr
 
 pub(crate) fn meta_str<'a>(o: &'a Value, field: &str) -> Option<&'a str> {
     meta(o).and_then(|m| m.get(field)).and_then(Value::as_str)
-}
-
-/// What a URL names: a resource, maybe a namespace, an object and a subresource.
-pub struct Target {
-    pub(crate) res: &'static Resource,
-    ns: Option<String>,
-    name: Option<String>,
-    sub: Option<String>,
-}
-
-impl Target {
-    pub fn new(res: &'static Resource, ns: Option<String>, name: Option<String>) -> Target {
-        Target {
-            res,
-            ns,
-            name,
-            sub: None,
-        }
-    }
-
-    fn key(&self) -> String {
-        self.res
-            .key(self.ns.as_deref(), self.name.as_deref().unwrap_or(""))
-    }
-    fn name(&self) -> &str {
-        self.name.as_deref().unwrap_or("")
-    }
-    pub(crate) fn object_name(&self) -> &str {
-        self.name()
-    }
-    pub(crate) fn namespace(&self) -> Option<&str> {
-        self.ns.as_deref()
-    }
-
-    /// What the request asks to do, for authorization (Kubernetes' RequestInfo): the verb
-    /// follows the method, and a list or watch of one name by field selector names it.
-    fn attributes(&self, method: &Method, q: &Query) -> Attributes {
-        self.attributes_for(request_verb(method, self.name.is_some(), q), q)
-    }
-
-    /// The attributes of `verb` on this target.
-    fn attributes_for(&self, verb: &str, q: &Query) -> Attributes {
-        let name = match &self.name {
-            Some(n) => n.clone(),
-            None => q
-                .get("fieldSelector")
-                .and_then(|f| {
-                    f.split(',').find_map(|term| {
-                        let (k, v) = term.split_once('=')?;
-                        (k == "metadata.name").then(|| v.trim_start_matches('=').to_string())
-                    })
-                })
-                .unwrap_or_default(),
-        };
-        Attributes::resource(
-            verb,
-            self.res.group,
-            self.res.plural,
-            self.sub.as_deref().unwrap_or(""),
-            if self.res.namespaced {
-                self.ns.as_deref().unwrap_or("")
-            } else {
-                ""
-            },
-            &name,
-        )
-    }
-}
-
-/// The verb an HTTP method asks for on a target with or without a name (Kubernetes'
-/// RequestInfo).
-fn request_verb(method: &Method, named: bool, q: &Query) -> &'static str {
-    match *method {
-        Method::GET | Method::HEAD if named => "get",
-        Method::GET | Method::HEAD if q.flag("watch") => "watch",
-        Method::GET | Method::HEAD => "list",
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        Method::DELETE if named => "delete",
-        Method::DELETE => "deletecollection",
-        _ => "unknown",
-    }
-}
-
-fn not_found_path() -> ApiError {
-    ApiError::new(
-        404,
-        "NotFound",
-        "the server could not find the requested resource",
-    )
-}
-
-fn parse_target(group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
-    let find = |plural: &str| resources::find(group, version, plural).ok_or_else(not_found_path);
-    let (res, ns, tail): (&Resource, Option<String>, &[&str]) = match rest {
-        ["namespaces", ns, plural, tail @ ..]
-            if !(group.is_empty() && (*plural == "status" || *plural == "finalize")) =>
-        {
-            let res = find(plural)?;
-            if !res.namespaced {
-                return Err(not_found_path());
-            }
-            (res, Some(ns.to_string()), tail)
-        }
-        [plural, tail @ ..] => (find(plural)?, None, tail),
-        [] => return Err(not_found_path()),
-    };
-    let (name, sub) = match tail {
-        [] => (None, None),
-        [name] => (Some(name.to_string()), None),
-        [name, sub] => {
-            if !res.subresources.contains(sub) {
-                return Err(not_found_path());
-            }
-            (Some(name.to_string()), Some(sub.to_string()))
-        }
-        _ => return Err(not_found_path()),
-    };
-    // A namespaced object is only addressed inside its namespace.
-    if res.namespaced && ns.is_none() && name.is_some() {
-        return Err(not_found_path());
-    }
-    Ok(Target { res, ns, name, sub })
 }
 
 impl Api {
@@ -538,180 +422,6 @@ impl Api {
         })
     }
 
-    /// The verbs on one resource, whoever asks: an HTTP request (rendered by
-    /// [`Api::resource`]) or the in-process client ([`Api::call`]). The caller has
-    /// authenticated and authorized `user`; `fence` says who may commit the writes. Returns the
-    /// answer and the warnings of a patch's field validation.
-    pub(crate) async fn serve(
-        &self,
-        user: &User,
-        t: &Target,
-        q: &Query,
-        verb: Verb<'_>,
-        fence: Fence,
-    ) -> Result<(Answer, Vec<String>), ApiError> {
-        let answer = match (verb, t.name.is_some(), t.sub.as_deref()) {
-            (Verb::List, false, None) if t.res.is_virtual() => {
-                verb_allowed(t, "list")?;
-                let listed = self.answered_list(t, q).await?;
-                return Ok((Answer::List(listed), answered::warnings(t)));
-            }
-            (Verb::Get, true, None) if t.res.is_virtual() => {
-                verb_allowed(t, "get")?;
-                let object = self.answered_get(t).await?;
-                return Ok((Answer::Object(object), answered::warnings(t)));
-            }
-            (Verb::List, false, None) => {
-                verb_allowed(t, "list")?;
-                Answer::List(self.list(t, q).await?)
-            }
-            (Verb::Get, true, sub) => {
-                verb_allowed(t, "get")?;
-                let stored = self.get(t, q).await?;
-                match sub {
-                    Some("scale") => Answer::Json(200, scale_of(t.res, &stored.object)),
-                    _ => Answer::Object(stored.object),
-                }
-            }
-            (Verb::Create(object), false, None) if t.res.is_virtual() => {
-                verb_allowed(t, "create")?;
-                Answer::Json(201, self.answer_create(user, t, q, object, fence).await?)
-            }
-            (Verb::Create(object), true, Some("token")) => {
-                if let Some(node) = crate::node_authz::node_of(user) {
-                    self.node_token_restriction(node, t, &object).await?;
-                }
-                Answer::Json(201, self.token_request(t, object).await?)
-            }
-            (Verb::Create(mut object), false, None) => {
-                verb_allowed(t, "create")?;
-                t.res.strategy.prepare_for_user(user, &mut object)?;
-                Answer::Json(201, self.create(t, q, object, fence).await?)
-            }
-            (Verb::Create(binding), true, Some("binding")) => {
-                Answer::Json(201, self.bind(t, q, binding, fence).await?)
-            }
-            (Verb::Create(eviction), true, Some("eviction")) => {
-                Answer::Json(201, self.evict(t, q, eviction, fence).await?)
-            }
-            (Verb::Update(object), true, sub) => {
-                verb_allowed(t, "update")?;
-                Answer::Json(200, self.update(t, q, object, sub, fence).await?)
-            }
-            (Verb::Patch(patch), true, sub) => {
-                verb_allowed(t, "patch")?;
-                let patched = self.patch(t, q, patch, sub, fence).await?;
-                let code = if patched.created { 201 } else { 200 };
-                return Ok((Answer::Json(code, patched.object), patched.warnings));
-            }
-            (Verb::Delete(opts), true, None) => {
-                verb_allowed(t, "delete")?;
-                Answer::Json(200, self.delete(t, q, opts.as_ref(), fence).await?)
-            }
-            (Verb::DeleteCollection, false, None) => {
-                verb_allowed(t, "deletecollection")?;
-                Answer::Json(200, self.delete_collection(t, q, fence).await?)
-            }
-            _ => {
-                return Err(ApiError::method_not_allowed(
-                    "the server does not allow this method on the requested resource",
-                ))
-            }
-        };
-        Ok((answer, Vec::new()))
-    }
-
-    /// A request of the in-process client ([`crate::client::LocalClient`]): `verb` on the
-    /// resource `path` names (with its query), as `user`, through the same checks as one from
-    /// the network — the in-flight limits, authorization, a node's restriction, field
-    /// validation — and [`Api::serve`], with no HTTP in between. Answers the object (or list, or
-    /// Status) a request would have had as its JSON body.
-    pub(crate) async fn call(
-        &self,
-        user: &User,
-        path: &str,
-        verb: Verb<'_>,
-        fence: Fence,
-    ) -> Result<Value, ApiError> {
-        let started = std::time::Instant::now();
-        let name = verb.name();
-        let result = self.call_inner(user, path, verb, fence).await;
-        tracing::debug!(verb = name, %path, error = result.as_ref().err().map(|e| e.code),
-                        user = %user.name, elapsed_ms = started.elapsed().as_millis() as u64,
-                        "in-process api call");
-        result
-    }
-
-    async fn call_inner(
-        &self,
-        user: &User,
-        path: &str,
-        verb: Verb<'_>,
-        fence: Fence,
-    ) -> Result<Value, ApiError> {
-        let _permit = self.inflight(!matches!(verb, Verb::Get | Verb::List))?;
-        let (path, query) = match path.split_once('?') {
-            Some((p, q)) => (p, Some(q)),
-            None => (path, None),
-        };
-        let q = Query::parse(query);
-        if q.flag("watch") {
-            return Err(ApiError::bad_request(
-                "the in-process client does not watch; use an informer",
-            ));
-        }
-        let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-        let t = match segs.as_slice() {
-            ["api", "v1", rest @ ..] if !rest.is_empty() => parse_target("", "v1", rest)?,
-            ["apis", g, v, rest @ ..] if !rest.is_empty() => parse_target(g, v, rest)?,
-            _ => return Err(not_found_path()),
-        };
-        if let Some(sub @ ("log" | "exec" | "attach" | "portforward")) = t.sub.as_deref() {
-            return Err(ApiError::method_not_allowed(format!(
-                "pods/{sub} streams from a node and is not served to the in-process client"
-            )));
-        }
-        // A GET or a DELETE names one object or the whole collection by its path.
-        let verb = match (verb, t.name.is_some()) {
-            (Verb::Get, false) => Verb::List,
-            (Verb::List, true) => Verb::Get,
-            (Verb::Delete(_), false) => Verb::DeleteCollection,
-            (Verb::DeleteCollection, true) => Verb::Delete(None),
-            (verb, _) => verb,
-        };
-        let attributes = t.attributes_for(verb.name(), &q);
-        self.authorize_resource(user, &attributes).await?;
-        if let Some(node) = crate::node_authz::node_of(user) {
-            let body_name = match &verb {
-                Verb::Create(o) => meta_str(o, "name"),
-                _ => None,
-            };
-            self.node_restriction(node, &attributes, body_name).await?;
-        }
-        let view = crate::view::of(t.res);
-        let (t, q, verb) = match view {
-            Some(view) => {
-                let (t, q) = stored_target(view, t, &q)?;
-                (t, q, verb.into_stored(view))
-            }
-            None => (t, q, verb),
-        };
-        // Unknown fields of a create or update body: a Strict request is refused; warnings have
-        // nowhere to go.
-        if let Verb::Create(o) | Verb::Update(o) = &verb {
-            fieldvalidation::check_object(t.res, t.sub.as_deref(), o, &q)?;
-        }
-        let (answer, _warnings) = self.serve(user, &t, &q, verb, fence).await?;
-        let mut value = match answer {
-            Answer::Object(o) | Answer::Json(_, o) => o,
-            Answer::List(l) => list_object(&t, l),
-        };
-        if let Some(view) = view {
-            view.answer_from_stored(&mut value);
-        }
-        Ok(value)
-    }
-
     /// A place among the requests in flight (kube-apiserver's --max-requests-inflight and
     /// --max-mutating-requests-inflight), or 429 when they are all taken.
     fn inflight(&self, write: bool) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
@@ -726,124 +436,6 @@ impl Api {
             e
         })
     }
-}
-
-/// The stored resource's target and query a request to a view is served as.
-fn stored_target(
-    view: &crate::view::View,
-    t: Target,
-    q: &Query,
-) -> Result<(Target, Query), ApiError> {
-    let (group, version, plural) = view.stored;
-    let stored = resources::find(group, version, plural)
-        .ok_or_else(|| ApiError::internal("a view's stored resource is served"))?;
-    Ok((Target { res: stored, ..t }, (view.query_to_stored)(q)))
-}
-
-fn verb_allowed(t: &Target, verb: &str) -> Result<(), ApiError> {
-    if t.res.serves(verb) {
-        Ok(())
-    } else {
-        Err(ApiError::method_not_allowed(format!(
-            "the server does not allow this method on the requested resource ({} {})",
-            verb,
-            t.res.qualified()
-        )))
-    }
-}
-
-/// What a resource request asks, its body decoded: the same whether it came over HTTP or from
-/// the in-process client.
-pub(crate) enum Verb<'a> {
-    /// One object (a name on the path).
-    Get,
-    /// A collection.
-    List,
-    /// A POST: a new object, or the body of a subresource (binding, eviction, token).
-    Create(Value),
-    Update(Value),
-    Patch(Patch<'a>),
-    /// One object, with the DeleteOptions the request carried.
-    Delete(Option<Value>),
-    DeleteCollection,
-}
-
-impl Verb<'_> {
-    fn name(&self) -> &'static str {
-        match self {
-            Verb::Get => "get",
-            Verb::List => "list",
-            Verb::Create(_) => "create",
-            Verb::Update(_) => "update",
-            Verb::Patch(_) => "patch",
-            Verb::Delete(_) => "delete",
-            Verb::DeleteCollection => "deletecollection",
-        }
-    }
-
-    /// The body of a request to a view in the stored form.
-    fn into_stored(self, view: &crate::view::View) -> Self {
-        match self {
-            Verb::Create(mut o) => {
-                (view.to_stored)(&mut o);
-                Verb::Create(o)
-            }
-            Verb::Update(mut o) => {
-                (view.to_stored)(&mut o);
-                Verb::Update(o)
-            }
-            Verb::Patch(mut p) => {
-                view.patch_to_stored(p.kind, &mut p.body);
-                Verb::Patch(p)
-            }
-            other => other,
-        }
-    }
-}
-
-/// A PATCH's body, decoded.
-pub(crate) struct Patch<'a> {
-    pub(crate) kind: PatchType,
-    pub(crate) body: Value,
-    /// The bytes it was decoded from, when it came over HTTP: field validation finds duplicate
-    /// fields in them (a decoded value has none).
-    pub(crate) raw: Option<&'a [u8]>,
-}
-
-impl<'a> Patch<'a> {
-    /// A patch of `kind` as the client built it.
-    pub(crate) fn value(kind: PatchType, body: Value) -> Patch<'static> {
-        Patch {
-            kind,
-            body,
-            raw: None,
-        }
-    }
-
-    /// A patch from a request body: YAML for an apply, JSON for the others.
-    fn decode(kind: PatchType, raw: &'a [u8]) -> Result<Patch<'a>, ApiError> {
-        let body = match kind {
-            PatchType::Apply => serde_yaml::from_slice(raw)
-                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?,
-            _ => serde_json::from_slice(raw)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
-        };
-        Ok(Patch {
-            kind,
-            body,
-            raw: Some(raw),
-        })
-    }
-}
-
-/// What a verb answers, before it is rendered.
-pub(crate) enum Answer {
-    /// One stored object: a request's Accept header picks the object, its metadata or a table.
-    Object(Value),
-    /// One page of a collection, rendered per Accept as well.
-    List(Listed),
-    /// A body answered as it is with this status code: a written object, a Scale, a Status.
-    Json(u16, Value),
 }
 
 fn aggregated_response(doc: Value, version: &str) -> Resp {

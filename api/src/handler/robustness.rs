@@ -7,10 +7,11 @@ use rand::{Rng, SeedableRng};
 use crate::admission;
 use crate::patch;
 use crate::query::{FieldSelector, LabelSelector};
+use crate::resources;
 use crate::services;
 
 use super::reads::{decode_continue, freshness};
-use super::update::{bump_generation, check_immutable};
+use super::update::{bump_generation, check_immutable, scale_of};
 
 const SEEDS: &[&str] = &[
     r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web","labels":{"app":"web"}},"spec":{"replicas":2,"selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx","ports":[{"containerPort":80}],"resources":{"limits":{"cpu":"1"}}}]}}}}"#,
