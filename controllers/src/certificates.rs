@@ -37,7 +37,6 @@ use serde_json::json;
 
 use rkube_runtime::client::{ignore_gone, Objects};
 use rkube_runtime::controller::{Action, Controller};
-use rkube_runtime::queue::{Outcome, WorkQueue};
 use rkube_runtime::store::Store;
 
 /// kube-controller-manager's --cluster-signing-duration default: one year.
@@ -265,81 +264,111 @@ impl CsrController {
     }
 }
 
-/// The bootstrap signer and the token cleaner, both driven by the Secrets of kube-system and
-/// the `cluster-info` ConfigMap. Their keys share one queue: `kube-public/cluster-info` signs
-/// the ConfigMap, a Secret's key cleans that token.
-pub struct BootstrapController {
-    secrets: Arc<Store<Secret>>,
-    configmaps: Arc<Store<ConfigMap>>,
-    client: LocalClient,
-    settings: Settings,
-    queue: Arc<WorkQueue>,
-}
-
 const SIGNER_KEY: &str = "kube-public/cluster-info";
 
 fn is_token(secret: &Secret) -> bool {
     secret.type_.as_deref() == Some(bootstrap_token::SECRET_TYPE)
 }
 
-impl BootstrapController {
-    pub fn new(
-        secrets: Arc<Store<Secret>>,
-        configmaps: Arc<Store<ConfigMap>>,
-        client: LocalClient,
-        settings: Settings,
-    ) -> Arc<BootstrapController> {
-        let c = Arc::new(BootstrapController {
-            secrets: secrets.clone(),
-            configmaps: configmaps.clone(),
-            client,
-            settings,
-            queue: Arc::new(WorkQueue::new()),
-        });
-        let queue = c.queue.clone();
-        secrets.on_change(Box::new(move |old, new| {
-            for o in [old, new].into_iter().flatten() {
-                if is_token(o) {
-                    queue.add(SIGNER_KEY);
-                    queue.add(&key(&o.metadata));
-                }
-            }
-        }));
-        let queue = c.queue.clone();
-        configmaps.on_change(Box::new(move |old, new| {
-            if [old, new]
-                .into_iter()
-                .flatten()
-                .any(|o| key(&o.metadata) == SIGNER_KEY)
-            {
-                queue.add(SIGNER_KEY);
-            }
-        }));
-        c.queue.add(SIGNER_KEY);
-        c
-    }
+/// The bootstrap signer: `kube-public/cluster-info` holds the kubeconfig joining nodes
+/// verify, signed by every bootstrap token that may sign. It reconciles that ConfigMap (and
+/// makes it when it is missing) when it changes or a bootstrap token does.
+pub struct BootstrapSigner {
+    secrets: Arc<Store<Secret>>,
+    client: LocalClient,
+    settings: Settings,
+}
 
-    pub fn run(self: &Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
-        let c = self.clone();
-        rkube_runtime::queue::run_workers_when_synced(
-            "bootstrap-signer",
-            self.queue.clone(),
-            1,
-            vec![self.secrets.synced(), self.configmaps.synced()],
-            stop,
-            move |key| {
-                let c = c.clone();
-                async move {
-                    if key == SIGNER_KEY {
-                        c.sign_cluster_info().await
-                    } else {
-                        c.clean_token(&key).await
-                    }
-                }
-            },
-        );
-    }
+/// Starts the bootstrap signer until `stop`.
+pub fn start_bootstrap_signer(
+    secrets: Arc<Store<Secret>>,
+    configmaps: Arc<Store<ConfigMap>>,
+    client: LocalClient,
+    settings: Settings,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let ctx = Arc::new(BootstrapSigner {
+        secrets: secrets.clone(),
+        client,
+        settings,
+    });
+    let tokens = |old: Option<&Arc<Secret>>, new: Option<&Arc<Secret>>| {
+        if [old, new].into_iter().flatten().any(|s| is_token(s)) {
+            vec![SIGNER_KEY.to_string()]
+        } else {
+            Vec::new()
+        }
+    };
+    let controller = Controller::new("bootstrap-signer", configmaps).watches(&secrets, tokens);
+    // Signed once at the start even if nothing changes: the ConfigMap may not exist yet.
+    controller.queue().add(SIGNER_KEY);
+    controller.run_with_cleanup(
+        1,
+        stop,
+        ctx,
+        |cm: Arc<ConfigMap>, ctx: Arc<BootstrapSigner>| async move {
+            if key(&cm.metadata) != SIGNER_KEY {
+                return Ok(Action::await_change());
+            }
+            ctx.sign_cluster_info(Some(&cm)).await
+        },
+        |gone: String, ctx: Arc<BootstrapSigner>| async move {
+            if gone != SIGNER_KEY {
+                return Ok(Action::await_change());
+            }
+            ctx.sign_cluster_info(None).await
+        },
+    );
+}
 
+/// The token cleaner: a bootstrap token is deleted when it expires.
+pub struct TokenCleaner {
+    client: LocalClient,
+}
+
+/// Starts the token cleaner until `stop`.
+pub fn start_token_cleaner(
+    secrets: Arc<Store<Secret>>,
+    client: LocalClient,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let ctx = Arc::new(TokenCleaner { client });
+    Controller::new("token-cleaner", secrets).run(
+        1,
+        stop,
+        ctx,
+        |secret: Arc<Secret>, ctx: Arc<TokenCleaner>| async move { ctx.reconcile(&secret).await },
+    );
+}
+
+impl TokenCleaner {
+    /// Deletes `secret` if it is an expired bootstrap token; else looks again when it expires.
+    async fn reconcile(&self, secret: &Secret) -> Result<Action, ApiError> {
+        if !is_token(secret) {
+            return Ok(Action::await_change());
+        }
+        let Some(exp) = bootstrap_token::secret_value(secret, "expiration") else {
+            return Ok(Action::await_change());
+        };
+        let now = chrono::Utc::now();
+        if bootstrap_token::expired(secret, now) {
+            let (ns, token) = (namespace(&secret.metadata), name(&secret.metadata));
+            ignore_gone(
+                Objects::<Secret>::namespaced(&self.client, ns)
+                    .delete(token)
+                    .await,
+            )?;
+            tracing::info!(token, "deleted an expired bootstrap token");
+            return Ok(Action::await_change());
+        }
+        let left = chrono::DateTime::parse_from_rfc3339(exp.trim())
+            .map(|t| (t.with_timezone(&chrono::Utc) - now).num_seconds())
+            .unwrap_or(1);
+        Ok(Action::requeue(Duration::from_secs(left.max(1) as u64)))
+    }
+}
+
+impl BootstrapSigner {
     fn kubeconfig(&self) -> String {
         // Only the cluster: a joining node learns the CA and an address, nothing secret.
         let doc = json!({
@@ -352,9 +381,8 @@ impl BootstrapController {
     }
 
     /// Keeps `cluster-info` holding the kubeconfig and one signature per signing token.
-    async fn sign_cluster_info(&self) -> Outcome {
+    async fn sign_cluster_info(&self, current: Option<&ConfigMap>) -> Result<Action, ApiError> {
         let now = chrono::Utc::now();
-        let current = self.configmaps.get(SIGNER_KEY);
         let kept = current
             .as_ref()
             .and_then(|cm| cm.data.as_ref()?.get("kubeconfig"))
@@ -385,7 +413,7 @@ impl BootstrapController {
         match current {
             Some(cm) if cm.data.as_ref() == Some(&data) => {}
             Some(cm) => {
-                let mut cm = (*cm).clone();
+                let mut cm = cm.clone();
                 cm.data = Some(data);
                 ignore_gone(objects.replace(CLUSTER_INFO, &cm).await)?;
             }
@@ -403,37 +431,12 @@ impl BootstrapController {
                     Ok(_) => {}
                     Err(e) if e.code == 409 || e.code == 404 => {
                         // Created meanwhile, or kube-public not there yet: look again soon.
-                        return Ok(Some(Duration::from_secs(1)));
+                        return Ok(Action::requeue(Duration::from_secs(1)));
                     }
                     Err(e) => return Err(e),
                 }
             }
         }
-        Ok(None)
-    }
-
-    /// The token cleaner: an expired bootstrap token is deleted when it expires.
-    async fn clean_token(&self, key: &str) -> Outcome {
-        let Some(secret) = self.secrets.get(key) else {
-            return Ok(None);
-        };
-        let Some(exp) = bootstrap_token::secret_value(&secret, "expiration") else {
-            return Ok(None);
-        };
-        let now = chrono::Utc::now();
-        if bootstrap_token::expired(&secret, now) {
-            let (ns, token) = (namespace(&secret.metadata), name(&secret.metadata));
-            ignore_gone(
-                Objects::<Secret>::namespaced(&self.client, ns)
-                    .delete(token)
-                    .await,
-            )?;
-            tracing::info!(token, "deleted an expired bootstrap token");
-            return Ok(None);
-        }
-        let left = chrono::DateTime::parse_from_rfc3339(exp.trim())
-            .map(|t| (t.with_timezone(&chrono::Utc) - now).num_seconds())
-            .unwrap_or(1);
-        Ok(Some(Duration::from_secs(left.max(1) as u64)))
+        Ok(Action::await_change())
     }
 }

@@ -178,13 +178,18 @@ fn start_term(node: &Arc<Node>, term: &mut Term, settings: Settings) {
             certs.clone(),
             rx.clone(),
         );
-        crate::certificates::BootstrapController::new(
+        crate::certificates::start_bootstrap_signer(
             inf.of("/registry/secrets/").typed::<Secret>(),
             inf.of("/registry/configmaps/").typed::<ConfigMap>(),
             client.clone(),
             certs,
-        )
-        .run(rx.clone());
+            rx.clone(),
+        );
+        crate::certificates::start_token_cleaner(
+            inf.of("/registry/secrets/").typed::<Secret>(),
+            client.clone(),
+            rx.clone(),
+        );
     }
     if let Some(ca) = settings.root_ca.clone() {
         crate::rootcacert::start(
