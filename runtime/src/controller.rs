@@ -73,10 +73,26 @@ impl<K: Object> Controller<K> {
     /// A controller of the objects in `primary`: each change of one (an add, an update, a
     /// delete) queues its key.
     pub fn new(name: &'static str, primary: Arc<Store<K>>) -> Controller<K> {
+        Controller::selecting(name, primary, |_| true)
+    }
+
+    /// A controller of the objects in `primary` that `selected` admits, as kube-rs' watcher
+    /// with a field selector (kube-scheduler's informer of the pods without a node): a change
+    /// after which the object is selected queues its key, and so does the delete of a selected
+    /// one; the others are not looked at.
+    pub fn selecting(
+        name: &'static str,
+        primary: Arc<Store<K>>,
+        selected: impl Fn(&K) -> bool + Send + Sync + 'static,
+    ) -> Controller<K> {
         let queue = Arc::new(WorkQueue::new());
         let q = queue.clone();
         primary.on_change(Box::new(move |old, new| {
-            if let Some(o) = new.or(old) {
+            let queued = match new {
+                Some(n) => selected(n).then_some(n),
+                None => old.filter(|o| selected(o)),
+            };
+            if let Some(o) = queued {
                 q.add(&rkube_core::meta::key(o.metadata()));
             }
         }));
@@ -278,6 +294,33 @@ mod tests {
         assert_eq!(drain(&q).await, ["ns/z"], "mapped by the watcher");
         pods.inject(Some(&owned("p1", "ReplicaSet", "c")), None);
         assert_eq!(drain(&q).await, ["ns/c"], "a deleted child");
+    }
+
+    #[tokio::test]
+    async fn a_selecting_controller_queues_only_what_it_selects() {
+        let pods = Informer::new("/registry/pods/");
+        let unassigned = |p: &Pod| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_none_or(str::is_empty)
+        };
+        let c = Controller::selecting("test", pods.typed::<Pod>(), unassigned);
+        let q = c.queue().clone();
+        let bound = |name: &str| {
+            let mut p = pod(name, json!({}));
+            p["spec"] = json!({"nodeName": "n1", "containers": []});
+            p
+        };
+        pods.inject(None, Some(&pod("a", json!({}))));
+        pods.inject(None, Some(&bound("b")));
+        assert_eq!(drain(&q).await, ["ns/a"], "a bound pod is not selected");
+        pods.inject(Some(&pod("a", json!({}))), Some(&bound("a")));
+        assert_eq!(drain(&q).await, Vec::<String>::new(), "bound meanwhile");
+        pods.inject(Some(&bound("b")), None);
+        pods.inject(None, Some(&pod("c", json!({}))));
+        pods.inject(Some(&pod("c", json!({}))), None);
+        assert_eq!(drain(&q).await, ["ns/c"], "only a selected object's delete");
     }
 
     #[tokio::test]

@@ -4,19 +4,21 @@
 //! event with the reasons, and is tried again when nodes or pods change (and after a backoff).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use rand::SeedableRng;
 use rkube_api::client::LocalClient;
+use rkube_api::error::ApiError;
 use rkube_api::patch::PatchType;
 use rkube_core::meta::key;
 use rkube_core::path;
+use rkube_runtime::controller::{Action, Controller};
 use rkube_runtime::events::{Recorder, NORMAL, WARNING};
 use rkube_runtime::manager::Term;
-use rkube_runtime::queue::{Outcome, WorkQueue};
+use rkube_runtime::queue::WorkQueue;
 use rkube_runtime::store::Store;
 use serde_json::json;
 
@@ -68,6 +70,11 @@ pub struct Scheduler {
 }
 
 /// Starts the scheduler for one term (a [`rkube_runtime::manager::TermHook`]).
+///
+/// The runtime's [`Controller`] queues the pods without a node and retries the pods that fit
+/// nowhere when something that may let them in changes (a pod ends or goes, a node, a claim,
+/// a volume or a class changes); the scheduler's own handlers keep its [`Cache`] of nodes and
+/// placed pods.
 pub fn start(term: &mut Term) {
     let (inf, client, stop) = (&mut term.informers, term.client, term.stop.clone());
     let volumes = VolumeBinding {
@@ -82,112 +89,102 @@ pub fn start(term: &mut Term) {
     let mut profile = crate::plugins::default_profile();
     profile.pre_filters.push(Box::new(volumes.clone()));
     profile.filters.push(Box::new(volumes.clone()));
+    let pods = inf.of("/registry/pods/").typed::<Pod>();
+    let nodes = inf.of("/registry/minions/").typed::<Node>();
+    let controller = Controller::selecting(SCHEDULER_NAME, pods.clone(), wants_scheduling);
     let s = Arc::new(Scheduler {
-        pods: inf.of("/registry/pods/").typed::<Pod>(),
-        nodes: inf.of("/registry/minions/").typed::<Node>(),
+        pods,
+        nodes,
         recorder: Recorder::new(client.clone(), SCHEDULER_NAME),
         client: client.clone(),
-        queue: Arc::new(WorkQueue::new()),
+        queue: controller.queue().clone(),
         profile,
         volumes: volumes.clone(),
         rng: Mutex::new(rand::rngs::StdRng::from_entropy()),
         cache: Mutex::new(Cache::default()),
         unschedulable: Mutex::new(HashSet::new()),
     });
+    // # Correctness
+    // The cache follows a change before the mappers below retry the waiting pods (handlers
+    // run in the order they were added): a retried pod must see the room that was made.
     let weak = Arc::downgrade(&s);
     s.pods.on_change(Box::new(move |old, new| {
         let Some(s) = weak.upgrade() else { return };
-        match new {
-            Some(p) if wants_scheduling(p) => s.queue.add(&key(&p.metadata)),
-            Some(p) => {
-                let key = key(&p.metadata);
-                let finished = finished(p);
-                {
-                    let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-                    let node = node_name(p).to_string();
-                    if finished || node.is_empty() {
-                        cache.unplace(&key);
-                    } else {
-                        cache.place(&key, &node, p.clone());
-                    }
-                }
-                s.unschedulable
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&key);
-                if finished {
-                    s.retry_unschedulable();
-                }
-            }
-            None => {
-                // A pod gone frees room: try the waiting ones again.
-                if let Some(o) = old {
-                    let key = key(&o.metadata);
-                    s.cache
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .unplace(&key);
-                    s.unschedulable
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
-                }
-                s.retry_unschedulable();
+        let (key, node) = match (old, new) {
+            (_, Some(p)) if wants_scheduling(p) => return,
+            (_, Some(p)) if finished(p) => (key(&p.metadata), ""),
+            (_, Some(p)) => (key(&p.metadata), node_name(p)),
+            (Some(o), None) => (key(&o.metadata), ""),
+            (None, None) => return,
+        };
+        {
+            let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match (node, new) {
+                (node, Some(p)) if !node.is_empty() => cache.place(&key, node, p.clone()),
+                _ => cache.unplace(&key),
             }
         }
+        s.unschedulable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
     }));
     let weak = Arc::downgrade(&s);
     s.nodes.on_change(Box::new(move |old, new| {
         let Some(s) = weak.upgrade() else { return };
-        {
-            let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
-            match (old, new) {
-                (_, Some(n)) => cache.set_node(n.clone()),
-                // A node's key is its name.
-                (Some(o), None) => cache.remove_node(&key(&o.metadata)),
-                (None, None) => {}
-            }
-        }
-        s.retry_unschedulable();
-    }));
-    // A claim, volume or class that changed may let a waiting pod in.
-    let weak = Arc::downgrade(&s);
-    volumes.claims.on_change(Box::new(move |_, _| {
-        if let Some(s) = weak.upgrade() {
-            s.retry_unschedulable();
+        let mut cache = s.cache.lock().unwrap_or_else(|e| e.into_inner());
+        match (old, new) {
+            (_, Some(n)) => cache.set_node(n.clone()),
+            // A node's key is its name.
+            (Some(o), None) => cache.remove_node(&key(&o.metadata)),
+            (None, None) => {}
         }
     }));
-    let weak = Arc::downgrade(&s);
-    volumes.volumes.on_change(Box::new(move |_, _| {
-        if let Some(s) = weak.upgrade() {
-            s.retry_unschedulable();
-        }
-    }));
-    let weak = Arc::downgrade(&s);
-    volumes.classes.on_change(Box::new(move |_, _| {
-        if let Some(s) = weak.upgrade() {
-            s.retry_unschedulable();
-        }
-    }));
-    let c = s.clone();
+    let w = Arc::downgrade(&s);
+    // A pod that ended or went frees room.
+    let room = move |_: Option<&Arc<Pod>>, new: Option<&Arc<Pod>>| match new {
+        Some(p) if !finished(p) => Vec::new(),
+        _ => waiting(&w),
+    };
     // One worker: each decision sees the ones before it.
-    rkube_runtime::queue::run_workers_when_synced(
-        SCHEDULER_NAME,
-        s.queue.clone(),
-        1,
-        vec![s.pods.synced(), s.nodes.synced()],
-        stop,
-        move |key| {
-            let c = c.clone();
-            async move { c.schedule_one(&key).await }
-        },
-    );
+    controller
+        .watches(&s.pods, room)
+        .watches(&s.nodes, retry_waiting(&s))
+        .watches(&volumes.claims, retry_waiting(&s))
+        .watches(&volumes.volumes, retry_waiting(&s))
+        .watches(&volumes.classes, retry_waiting(&s))
+        .run(1, stop, s, |pod: Arc<Pod>, s: Arc<Scheduler>| async move {
+            s.schedule_one(pod).await
+        });
+}
+
+/// The pods that fit nowhere last time, to try again.
+fn waiting(s: &Weak<Scheduler>) -> Vec<String> {
+    let Some(s) = s.upgrade() else {
+        return Vec::new();
+    };
+    let waiting = s.unschedulable.lock().unwrap_or_else(|e| e.into_inner());
+    waiting.iter().cloned().collect()
+}
+
+/// A mapper that tries the waiting pods again on any change of an `O`: a node, a claim, a
+/// volume or a class that changed may let one in.
+fn retry_waiting<O>(
+    s: &Arc<Scheduler>,
+) -> impl Fn(Option<&Arc<O>>, Option<&Arc<O>>) -> Vec<String> + Send + Sync + 'static {
+    let w = Arc::downgrade(s);
+    move |_, _| waiting(&w)
 }
 
 impl Scheduler {
     /// Evicts the victims on the chosen node and nominates it for the pod, which is placed
     /// once they are gone.
-    async fn preempt(&self, key: &str, pod: &Pod, c: crate::preemption::Candidate) -> Outcome {
+    async fn preempt(
+        &self,
+        key: &str,
+        pod: &Pod,
+        c: crate::preemption::Candidate,
+    ) -> Result<Action, ApiError> {
         let (ns, pod_name) = (namespace(pod), name(&pod.metadata));
         for v in &c.victims {
             let path = path::object::<Pod>(namespace(v), name(&v.metadata));
@@ -217,20 +214,7 @@ impl Scheduler {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.to_string());
-        Ok(Some(Duration::from_millis(200)))
-    }
-
-    fn retry_unschedulable(&self) {
-        let keys: Vec<String> = self
-            .unschedulable
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect();
-        for k in keys {
-            self.queue.add(&k);
-        }
+        Ok(Action::requeue(Duration::from_millis(200)))
     }
 
     /// Writes the binding of an assumed placement; on failure the placement is forgotten and
@@ -299,17 +283,15 @@ impl Scheduler {
         }
     }
 
-    async fn schedule_one(self: &Arc<Self>, key: &str) -> Outcome {
-        let Some(pod) = self.pods.get(key) else {
-            return Ok(None);
-        };
+    async fn schedule_one(self: &Arc<Self>, pod: Arc<Pod>) -> Result<Action, ApiError> {
         if !wants_scheduling(&pod) {
-            return Ok(None);
+            return Ok(Action::await_change());
         }
+        let key = &key(&pod.metadata);
         let (decision, candidate) = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if cache.is_placed(key) {
-                return Ok(None);
+                return Ok(Action::await_change());
             }
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
             let mut start = cache.next_start;
@@ -334,7 +316,7 @@ impl Scheduler {
                 let this = self.clone();
                 let key = key.to_string();
                 tokio::spawn(async move { this.bind(&key, &pod, &node).await });
-                Ok(None)
+                Ok(Action::await_change())
             }
             Err(fit) => {
                 if let Some(c) = candidate {
@@ -376,7 +358,7 @@ impl Scheduler {
                 self.recorder
                     .event_for(&*pod, WARNING, "FailedScheduling", &message)
                     .await;
-                Ok(Some(RETRY))
+                Ok(Action::requeue(RETRY))
             }
         }
     }
