@@ -407,68 +407,6 @@ impl Server {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_in_the_cluster_domain() {
-        assert_eq!(
-            parse(&["backend", "default", "svc"]),
-            Query::Service {
-                ns: "default",
-                name: "backend"
-            }
-        );
-        assert_eq!(
-            parse(&["_http", "_tcp", "backend", "dev", "svc"]),
-            Query::Srv {
-                port: "http",
-                proto: "tcp",
-                ns: "dev",
-                name: "backend"
-            }
-        );
-        assert_eq!(
-            parse(&["10-244-1-5", "db", "default", "svc"]),
-            Query::Endpoint {
-                ip: "10.244.1.5".parse().unwrap(),
-                ns: "default",
-                name: "db"
-            }
-        );
-        assert_eq!(
-            parse(&["10-244-1-5", "default", "pod"]),
-            Query::Pod {
-                ip: "10.244.1.5".parse().unwrap()
-            }
-        );
-        assert_eq!(
-            parse(&["web-0", "nginx", "default", "svc"]),
-            Query::Hostname {
-                host: "web-0",
-                ns: "default",
-                name: "nginx"
-            }
-        );
-        assert_eq!(parse(&["backend", "svc"]), Query::Unknown);
-        assert_eq!(parse(&["backend"]), Query::Unknown);
-    }
-
-    #[test]
-    fn upstreams_from_resolv_conf() {
-        let text =
-            "# generated\nsearch example\nnameserver 192.0.2.53\nnameserver ::1\noptions ndots:1\n";
-        assert_eq!(
-            resolv_conf_servers(text),
-            vec![
-                "192.0.2.53:53".parse::<SocketAddr>().unwrap(),
-                "[::1]:53".parse().unwrap()
-            ]
-        );
-    }
-}
-
 /// Who manages the EndpointSlices a member publishes for itself.
 pub const MEMBER_MANAGER: &str = "rkube-server";
 /// The prefix of the Lease each member renews in kube-system while it serves the API
@@ -591,5 +529,67 @@ async fn ensure(client: &Client, path: &str, slice: &Value) -> Result<(), crate:
             }
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_in_the_cluster_domain() {
+        assert_eq!(
+            parse(&["backend", "default", "svc"]),
+            Query::Service {
+                ns: "default",
+                name: "backend"
+            }
+        );
+        assert_eq!(
+            parse(&["_http", "_tcp", "backend", "dev", "svc"]),
+            Query::Srv {
+                port: "http",
+                proto: "tcp",
+                ns: "dev",
+                name: "backend"
+            }
+        );
+        assert_eq!(
+            parse(&["10-244-1-5", "db", "default", "svc"]),
+            Query::Endpoint {
+                ip: "10.244.1.5".parse().unwrap(),
+                ns: "default",
+                name: "db"
+            }
+        );
+        assert_eq!(
+            parse(&["10-244-1-5", "default", "pod"]),
+            Query::Pod {
+                ip: "10.244.1.5".parse().unwrap()
+            }
+        );
+        assert_eq!(
+            parse(&["web-0", "nginx", "default", "svc"]),
+            Query::Hostname {
+                host: "web-0",
+                ns: "default",
+                name: "nginx"
+            }
+        );
+        assert_eq!(parse(&["backend", "svc"]), Query::Unknown);
+        assert_eq!(parse(&["backend"]), Query::Unknown);
+    }
+
+    #[test]
+    fn upstreams_from_resolv_conf() {
+        let text =
+            "# generated\nsearch example\nnameserver 192.0.2.53\nnameserver ::1\noptions ndots:1\n";
+        assert_eq!(
+            resolv_conf_servers(text),
+            vec![
+                "192.0.2.53:53".parse::<SocketAddr>().unwrap(),
+                "[::1]:53".parse().unwrap()
+            ]
+        );
     }
 }

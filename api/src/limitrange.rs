@@ -126,7 +126,7 @@ mod tests {
         let mut pod = json!({"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "a", "image": "x"},
             {"name": "b", "image": "x", "resources": {"limits": {"cpu": "800m"}}}]}});
-        admit(&mut pod, &[range.clone()]).unwrap();
+        admit(&mut pod, std::slice::from_ref(&range)).unwrap();
         assert_eq!(
             pod["spec"]["containers"][0]["resources"]["limits"]["cpu"],
             "500m"

@@ -349,7 +349,7 @@ pub async fn upload_certs(args: UploadCertsArgs) -> Result<()> {
     }
     println!(
         "[upload-certs] Storing the certificates in Secret \"{CERTS_SECRET}\" in the \"kube-system\" Namespace\n         [upload-certs] Using certificate key:\n{key_hex}\n         (valid for {}; join with `rkube server --join ... --certificate-key {key_hex}`)",
-        if args.ttl.as_secs() % 3600 == 0 {
+        if args.ttl.as_secs().is_multiple_of(3600) {
             format!("{}h", args.ttl.as_secs() / 3600)
         } else {
             format!("{}m", args.ttl.as_secs() / 60)

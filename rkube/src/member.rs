@@ -45,8 +45,8 @@ fn msg(s: tonic::Status) -> anyhow::Error {
 
 fn print_members(members: &[pb::Member]) {
     println!(
-        "{:<18} {:<8} {:<28} {:<28} {}",
-        "ID", "NAME", "PEER ADDRS", "CLIENT ADDRS", "IS LEARNER"
+        "{:<18} {:<8} {:<28} {:<28} IS LEARNER",
+        "ID", "NAME", "PEER ADDRS", "CLIENT ADDRS"
     );
     for m in members {
         println!(

@@ -106,7 +106,7 @@ async fn hosts(dirs: &[PathBuf]) -> Result<()> {
     };
     let voters = keep.voters.len().max(1);
     println!();
-    if states.len() >= voters / 2 + 1 {
+    if states.len() > voters / 2 {
         println!(
             "The data dirs given hold {} of the {voters} voters: a quorum. Start those members as they were (no forced recovery).",
             states.len()

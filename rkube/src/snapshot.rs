@@ -131,8 +131,8 @@ pub async fn run(
                 );
             } else {
                 println!(
-                    "{:<8} {:>10} {:>10} {:>10} {:>12}  {}",
-                    "HASH", "REVISION", "COMPACTED", "TOTAL KEYS", "TOTAL SIZE", "FORMAT"
+                    "{:<8} {:>10} {:>10} {:>10} {:>12}  FORMAT",
+                    "HASH", "REVISION", "COMPACTED", "TOTAL KEYS", "TOTAL SIZE"
                 );
                 println!(
                     "{:<8x} {:>10} {:>10} {:>10} {:>12}  {format}",

@@ -124,17 +124,8 @@ pub async fn collect(target: &Target) -> Vec<Row> {
 
 pub fn print_table(rows: &[Row]) {
     println!(
-        "{:<18} {:<6} {:<26} {:<11} {:>5} {:>8} {:>8} {:>9} {:>9}  {}",
-        "ID",
-        "NAME",
-        "ENDPOINT",
-        "ROLE",
-        "TERM",
-        "COMMIT",
-        "APPLIED",
-        "REVISION",
-        "DB SIZE",
-        "ERRORS"
+        "{:<18} {:<6} {:<26} {:<11} {:>5} {:>8} {:>8} {:>9} {:>9}  ERRORS",
+        "ID", "NAME", "ENDPOINT", "ROLE", "TERM", "COMMIT", "APPLIED", "REVISION", "DB SIZE"
     );
     for r in rows {
         println!(

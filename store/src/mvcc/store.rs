@@ -182,6 +182,9 @@ pub struct Dump {
 /// A tree's rows, key and value.
 type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// The metadata values under the keys a dump was asked for, as of the dump (None: absent).
+pub type MetaValues = Vec<Option<Vec<u8>>>;
+
 impl Dump {
     fn rows(&self, tree: &str) -> &[(Vec<u8>, Vec<u8>)] {
         self.trees

@@ -133,7 +133,7 @@ impl KeyRange {
         if self.is_single() {
             return key == self.key.as_slice();
         }
-        key >= self.start() && self.end().map_or(true, |end| key < end)
+        key >= self.start() && self.end().is_none_or(|end| key < end)
     }
 }
 

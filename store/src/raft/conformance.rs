@@ -364,7 +364,7 @@ async fn a_batch_applies_each_command_once_even_across_a_crash_in_its_middle() {
     };
     assert_eq!(results.len(), 2, "the applied command is not applied twice");
     let keys = all_keys(&m.sm);
-    let a = keys.iter().find(|kv| kv.key == &b"a"[..]).expect("a");
+    let a = keys.iter().find(|kv| kv.key == b"a"[..]).expect("a");
     assert_eq!((a.version, a.mod_revision), (2, 3));
     assert_eq!(
         m.sm.applied_state().await.expect("state").0,

@@ -397,11 +397,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 lower_this_threads_priority();
                 let _ = tx.send(sm.write_snapshot_from_store());
             })
-            .map_err(|e| snapshot_write(e))?;
+            .map_err(snapshot_write)?;
         let meta = rx
             .await
             .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?
-            .map_err(|e| snapshot_write(e))?;
+            .map_err(snapshot_write)?;
         // openraft 0.9 keeps only the metadata of a snapshot it asked to be built
         // (`core/sm/worker.rs`: `Response::BuildSnapshot(snap.meta)`), and reads the data
         // through `get_current_snapshot` (the file) when it sends one. The data is not read
@@ -441,8 +441,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
-        let applied = self.applied().map_err(|e| sm_read(e))?;
-        let membership = self.membership().map_err(|e| sm_read(e))?;
+        let applied = self.applied().map_err(sm_read)?;
+        let membership = self.membership().map_err(sm_read)?;
         Ok((applied, membership))
     }
 
@@ -464,9 +464,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return self.apply_entries(entries).map_err(sm_write);
         }
         let sm = self.clone();
-        tokio::task::spawn_blocking(move || sm.apply_entries(entries).map_err(sm_write))
+        tokio::task::spawn_blocking(move || sm.apply_entries(entries))
             .await
             .map_err(|e| sm_write(std::io::Error::other(e.to_string())))?
+            .map_err(sm_write)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -504,13 +505,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         })
         .await
         .map_err(|e| snapshot_write(std::io::Error::other(e.to_string())))?
-        .map_err(|e| snapshot_write(e))
+        .map_err(snapshot_write)
     }
 
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
-        let file = self.read_snapshot_file().map_err(|e| snapshot_read(e))?;
+        let file = self.read_snapshot_file().map_err(snapshot_read)?;
         Ok(file.map(|f| Snapshot {
             meta: f.meta,
             snapshot: Box::new(Cursor::new(f.data)),

@@ -136,7 +136,7 @@ pub fn parse_initial_cluster(s: &str) -> Result<Vec<(String, String)>, String> {
         let (name, url) = part
             .split_once('=')
             .ok_or_else(|| format!("{part:?} is not NAME=ADDRESS"))?;
-        let addr = etcd::cluster::peer_addr_of(url).map_err(|e| e.message().to_string())?;
+        let addr = etcd::cluster::peer_addr_of(url).map_err(|e| e.to_string())?;
         if out.iter().any(|(n, _)| n == name) {
             return Err(format!("member {name:?} appears twice"));
         }

@@ -126,18 +126,22 @@ async fn answer(node: &Node, tag: u8, payload: &[u8]) -> Result<Vec<u8>, String>
 
 pub struct PeerService(pub Arc<Node>);
 
-fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, Status> {
-    bincode::deserialize(&req.into_inner().data).map_err(|e| {
-        Status::invalid_argument(format!(
-            "undecodable peer message (is the peer running the same rkube version?): {e}"
-        ))
-    })
+fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, bincode::Error> {
+    bincode::deserialize(&req.into_inner().data)
 }
 
-fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, Status> {
-    bincode::serialize(value)
-        .map(|data| Response::new(Payload { data }))
-        .map_err(|e| Status::internal(e.to_string()))
+fn undecodable(e: bincode::Error) -> Status {
+    Status::invalid_argument(format!(
+        "undecodable peer message (is the peer running the same rkube version?): {e}"
+    ))
+}
+
+fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, bincode::Error> {
+    bincode::serialize(value).map(|data| Response::new(Payload { data }))
+}
+
+fn unencodable(e: bincode::Error) -> Status {
+    Status::internal(e.to_string())
 }
 
 #[tonic::async_trait]
@@ -146,12 +150,12 @@ impl Peer for PeerService {
         &self,
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
-        let req = decode(request)?;
-        reply(&self.0.raft.install_snapshot(req).await)
+        let req = decode(request).map_err(undecodable)?;
+        reply(&self.0.raft.install_snapshot(req).await).map_err(unencodable)
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let req: Forward = decode(request)?;
-        reply(&self.0.serve_forward(req).await)
+        let req: Forward = decode(request).map_err(undecodable)?;
+        reply(&self.0.serve_forward(req).await).map_err(unencodable)
     }
 }

@@ -201,7 +201,7 @@ mod tests {
             let rounds = rounds.clone();
             tokio::spawn(async move {
                 rounds
-                    .index(|| std::future::pending::<Result<u64, StoreError>>())
+                    .index(std::future::pending::<Result<u64, StoreError>>)
                     .await
             })
         };

@@ -142,7 +142,7 @@ mod tests {
     use crate::mvcc::test_ops::{put, txn};
 
     /// The dump's trees that are state (not Raft's or the member's metadata).
-    fn state(dump: &Dump) -> Vec<(String, Vec<(Vec<u8>, Vec<u8>)>)> {
+    fn state(dump: &Dump) -> Vec<(String, super::super::Rows)> {
         dump.trees
             .iter()
             .map(|(n, rows)| {

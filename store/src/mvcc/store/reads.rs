@@ -291,7 +291,7 @@ impl MvccStore {
             let (k, v) = item?;
             let rev = Revision::from_bytes(&k)
                 .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            if seen >= max_events && out.last().map_or(false, |b| b.revision != rev.main) {
+            if seen >= max_events && out.last().is_some_and(|b| b.revision != rev.main) {
                 break;
             }
             let record: Record = decode(&v)?;

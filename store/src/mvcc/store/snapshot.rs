@@ -122,10 +122,7 @@ impl MvccStore {
 
     /// [`MvccStore::dump`] as bincode encodes a [`Dump`], with the metadata values under
     /// `keys` as of the dump (see [`MvccStore::write_dump`]).
-    pub fn dump_encoded(
-        &self,
-        keys: &[&[u8]],
-    ) -> Result<(Vec<u8>, Vec<Option<Vec<u8>>>), StorageError> {
+    pub fn dump_encoded(&self, keys: &[&[u8]]) -> Result<(Vec<u8>, MetaValues), StorageError> {
         let mut out = std::io::Cursor::new(Vec::new());
         let values = self.write_dump(&mut out, keys, |_, _| Ok(()))?;
         Ok((out.into_inner(), values))
@@ -142,9 +139,9 @@ impl MvccStore {
         out: &mut W,
         keys: &[&[u8]],
         header: impl FnOnce(&mut W, &[Option<Vec<u8>>]) -> Result<(), StorageError>,
-    ) -> Result<Vec<Option<Vec<u8>>>, StorageError> {
+    ) -> Result<MetaValues, StorageError> {
         let view = self.dump_view()?;
-        let values: Vec<Option<Vec<u8>>> = keys
+        let values: MetaValues = keys
             .iter()
             .map(|k| view.meta(k).map(<[u8]>::to_vec))
             .collect();

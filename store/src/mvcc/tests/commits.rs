@@ -135,7 +135,7 @@ fn a_delete_range_deletes_each_live_key_once_with_its_last_version() {
         }
         cmds
     };
-    let staged_before = vec![
+    let staged_before = [
         cmd_put(&name(500), "staged"),
         cmd_put("k99999", "a key only staged"),
         cmd_put("l", "outside the range"),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::status;
+use crate::error::StoreError;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::cluster_server::Cluster;
 use crate::raft::Member;
@@ -13,24 +14,24 @@ use crate::server::node::{member_id, MembershipChange, Node};
 pub struct ClusterService(pub Arc<Node>);
 
 /// `https://host:port` or `host:port` -> `host:port`.
-pub fn peer_addr_of(url: &str) -> Result<String, Status> {
+pub fn peer_addr_of(url: &str) -> Result<String, StoreError> {
     let addr = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
         .unwrap_or(url);
     let addr = addr.trim_end_matches('/');
     if addr.is_empty() || !addr.contains(':') {
-        return Err(Status::invalid_argument(format!(
-            "etcdserver: invalid peer URL {url:?}: expected https://host:port"
+        return Err(StoreError::InvalidArgument(format!(
+            "invalid peer URL {url:?}: expected https://host:port"
         )));
     }
     Ok(addr.to_string())
 }
 
 /// The members as etcd lists them: voters and learners with their published attributes.
-pub fn member_list(node: &Node) -> Result<Vec<pb::Member>, Status> {
+pub fn member_list(node: &Node) -> Result<Vec<pb::Member>, StoreError> {
     let membership = node.raft.metrics().borrow().membership_config.clone();
-    let attrs = node.mvcc.member_attrs().map_err(|e| status(e.into()))?;
+    let attrs = node.mvcc.member_attrs()?;
     let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
     let mut out = Vec::new();
     for (id, member) in membership.nodes() {
@@ -47,7 +48,7 @@ pub fn member_list(node: &Node) -> Result<Vec<pb::Member>, Status> {
 }
 
 impl ClusterService {
-    fn members(&self) -> Result<Vec<pb::Member>, Status> {
+    fn members(&self) -> Result<Vec<pb::Member>, StoreError> {
         member_list(&self.0)
     }
 

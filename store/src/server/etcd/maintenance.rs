@@ -69,7 +69,7 @@ impl Maintenance for MaintenanceService {
                 .alarms()
                 .map_err(|e| status(e.into()))?
                 .into_iter()
-                .filter(|a| kind.map_or(true, |k| a.kind == k))
+                .filter(|a| kind.is_none_or(|k| a.kind == k))
                 .collect(),
             // Changing "no alarm" changes nothing, as in etcd.
             (_, None) => Vec::new(),
@@ -200,14 +200,13 @@ impl Maintenance for MaintenanceService {
         let chunks: Vec<Result<pb::SnapshotResponse, Status>> = bytes
             .chunks(SNAPSHOT_CHUNK)
             .enumerate()
-            .map(|(i, blob)| {
-                Ok(pb::SnapshotResponse {
-                    header: header.clone(),
-                    remaining_bytes: (total - (i * SNAPSHOT_CHUNK + blob.len())) as u64,
-                    blob: blob.to_vec(),
-                    version: ETCD_API_VERSION.to_string(),
-                })
+            .map(|(i, blob)| pb::SnapshotResponse {
+                header,
+                remaining_bytes: (total - (i * SNAPSHOT_CHUNK + blob.len())) as u64,
+                blob: blob.to_vec(),
+                version: ETCD_API_VERSION.to_string(),
             })
+            .map(Ok)
             .collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }

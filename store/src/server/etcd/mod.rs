@@ -32,6 +32,12 @@ impl Node {
 }
 
 /// The gRPC status etcd answers with, so that clients' retry logic works.
+impl From<StoreError> for Status {
+    fn from(e: StoreError) -> Status {
+        status(e)
+    }
+}
+
 pub fn status(e: StoreError) -> Status {
     let msg = e.to_string();
     match e {
@@ -80,31 +86,33 @@ fn range_of(key: Vec<u8>, range_end: Vec<u8>) -> KeyRange {
     KeyRange { key, range_end }
 }
 
-fn empty_key() -> Status {
-    Status::invalid_argument("etcdserver: key is not provided")
+fn empty_key() -> StoreError {
+    invalid("key is not provided")
 }
 
-pub fn range_from_pb(r: pb::RangeRequest) -> Result<mvcc::RangeRequest, Status> {
+/// A request etcd refuses as it reads it: InvalidArgument, "etcdserver: <what>".
+fn invalid(what: &str) -> StoreError {
+    StoreError::InvalidArgument(what.to_string())
+}
+
+pub fn range_from_pb(r: pb::RangeRequest) -> Result<mvcc::RangeRequest, StoreError> {
     if r.key.is_empty() {
         return Err(empty_key());
     }
     use pb::range_request::{SortOrder as O, SortTarget as T};
-    let sort_order = match O::try_from(r.sort_order)
-        .map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))?
-    {
+    let sort_order = match O::try_from(r.sort_order).map_err(|_| invalid("invalid sort option"))? {
         O::None => mvcc::SortOrder::None,
         O::Ascend => mvcc::SortOrder::Ascend,
         O::Descend => mvcc::SortOrder::Descend,
     };
-    let sort_target = match T::try_from(r.sort_target)
-        .map_err(|_| Status::invalid_argument("etcdserver: invalid sort option"))?
-    {
-        T::Key => mvcc::SortTarget::Key,
-        T::Version => mvcc::SortTarget::Version,
-        T::Create => mvcc::SortTarget::Create,
-        T::Mod => mvcc::SortTarget::Mod,
-        T::Value => mvcc::SortTarget::Value,
-    };
+    let sort_target =
+        match T::try_from(r.sort_target).map_err(|_| invalid("invalid sort option"))? {
+            T::Key => mvcc::SortTarget::Key,
+            T::Version => mvcc::SortTarget::Version,
+            T::Create => mvcc::SortTarget::Create,
+            T::Mod => mvcc::SortTarget::Mod,
+            T::Value => mvcc::SortTarget::Value,
+        };
     Ok(mvcc::RangeRequest {
         range: range_of(r.key, r.range_end),
         limit: r.limit,
@@ -120,12 +128,12 @@ pub fn range_from_pb(r: pb::RangeRequest) -> Result<mvcc::RangeRequest, Status> 
     })
 }
 
-pub fn put_from_pb(p: pb::PutRequest) -> Result<mvcc::PutRequest, Status> {
+pub fn put_from_pb(p: pb::PutRequest) -> Result<mvcc::PutRequest, StoreError> {
     if p.key.is_empty() {
         return Err(empty_key());
     }
     if p.key.len() + p.value.len() > MAX_REQUEST_BYTES {
-        return Err(Status::invalid_argument("etcdserver: request is too large"));
+        return Err(invalid("request is too large"));
     }
     Ok(mvcc::PutRequest {
         key: p.key,
@@ -137,7 +145,7 @@ pub fn put_from_pb(p: pb::PutRequest) -> Result<mvcc::PutRequest, Status> {
     })
 }
 
-pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRequest, Status> {
+pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRequest, StoreError> {
     if d.key.is_empty() {
         return Err(empty_key());
     }
@@ -147,23 +155,20 @@ pub fn delete_from_pb(d: pb::DeleteRangeRequest) -> Result<mvcc::DeleteRequest, 
     })
 }
 
-pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
+pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, StoreError> {
     if prost::Message::encoded_len(&t) > MAX_REQUEST_BYTES {
-        return Err(Status::invalid_argument("etcdserver: request is too large"));
+        return Err(invalid("request is too large"));
     }
     let mut compare = Vec::with_capacity(t.compare.len());
     for c in t.compare {
         use pb::compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
-        let result = match R::try_from(c.result)
-            .map_err(|_| Status::invalid_argument("etcdserver: invalid compare result"))?
-        {
+        let result = match R::try_from(c.result).map_err(|_| invalid("invalid compare result"))? {
             R::Equal => mvcc::CompareResult::Equal,
             R::Greater => mvcc::CompareResult::Greater,
             R::Less => mvcc::CompareResult::Less,
             R::NotEqual => mvcc::CompareResult::NotEqual,
         };
-        let declared = T::try_from(c.target)
-            .map_err(|_| Status::invalid_argument("etcdserver: invalid compare target"))?;
+        let declared = T::try_from(c.target).map_err(|_| invalid("invalid compare target"))?;
         // The oneof is authoritative; an absent one means the zero value of the declared target.
         let target = match (c.target_union, declared) {
             (Some(U::Version(v)), _) => mvcc::CompareTarget::Version(v),
@@ -186,7 +191,7 @@ pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
             target,
         });
     }
-    let ops = |ops: Vec<pb::RequestOp>| -> Result<Vec<mvcc::Op>, Status> {
+    let ops = |ops: Vec<pb::RequestOp>| -> Result<Vec<mvcc::Op>, StoreError> {
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
             use pb::request_op::Request as Q;
@@ -195,7 +200,7 @@ pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
                 Some(Q::RequestPut(p)) => mvcc::Op::Put(put_from_pb(p)?),
                 Some(Q::RequestDeleteRange(d)) => mvcc::Op::Delete(delete_from_pb(d)?),
                 Some(Q::RequestTxn(t)) => mvcc::Op::Txn(txn_from_pb(t)?),
-                None => return Err(Status::invalid_argument("etcdserver: request op is empty")),
+                None => return Err(invalid("request op is empty")),
             });
         }
         Ok(out)
@@ -205,7 +210,7 @@ pub fn txn_from_pb(t: pb::TxnRequest) -> Result<mvcc::TxnRequest, Status> {
         success: ops(t.success)?,
         failure: ops(t.failure)?,
     };
-    mvcc::validate_txn(&txn).map_err(|e| status(e.into()))?;
+    mvcc::validate_txn(&txn)?;
     Ok(txn)
 }
 

@@ -32,10 +32,11 @@ impl Node {
                 // see) the write as soon as they may.
                 _ = self.wal.released() => {}
             }
-            if self.is_leader() && !self.transferring.load(Ordering::Acquire) {
-                if self.raft.trigger().heartbeat().await.is_err() {
-                    return;
-                }
+            if self.is_leader()
+                && !self.transferring.load(Ordering::Acquire)
+                && self.raft.trigger().heartbeat().await.is_err()
+            {
+                return;
             }
         }
     }

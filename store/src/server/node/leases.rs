@@ -115,7 +115,7 @@ impl Node {
                 let retry = clock
                     .revoking
                     .get(&lease.id)
-                    .map_or(true, |at| now.duration_since(*at) > Duration::from_secs(5));
+                    .is_none_or(|at| now.duration_since(*at) > Duration::from_secs(5));
                 if deadline <= now && retry {
                     clock.revoking.insert(lease.id, now);
                     expired.push(lease.id);
