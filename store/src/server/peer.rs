@@ -103,9 +103,6 @@ async fn serve_stream(
 
 /// openraft's bincode-encoded result for one request, or why the request was not taken.
 async fn answer(node: &Node, tag: u8, payload: &[u8]) -> Result<Vec<u8>, String> {
-    let undecodable = |e: bincode::Error| {
-        format!("undecodable peer message (is the peer running the same rkube version?): {e}")
-    };
     let result = match Kind::from_tag(tag) {
         Some(Kind::Append) => {
             let req = bincode::deserialize(payload).map_err(undecodable)?;
@@ -130,18 +127,13 @@ fn decode<T: DeserializeOwned>(req: Request<Payload>) -> Result<T, bincode::Erro
     bincode::deserialize(&req.into_inner().data)
 }
 
-fn undecodable(e: bincode::Error) -> Status {
-    Status::invalid_argument(format!(
-        "undecodable peer message (is the peer running the same rkube version?): {e}"
-    ))
+/// Why a peer's message, on the Raft stream or over gRPC, could not be read.
+fn undecodable(e: bincode::Error) -> String {
+    format!("undecodable peer message (is the peer running the same rkube version?): {e}")
 }
 
 fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, bincode::Error> {
     bincode::serialize(value).map(|data| Response::new(Payload { data }))
-}
-
-fn unencodable(e: bincode::Error) -> Status {
-    Status::internal(e.to_string())
 }
 
 #[tonic::async_trait]
@@ -150,12 +142,12 @@ impl Peer for PeerService {
         &self,
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
-        let req = decode(request).map_err(undecodable)?;
-        reply(&self.0.raft.install_snapshot(req).await).map_err(unencodable)
+        let req = decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
+        reply(&self.0.raft.install_snapshot(req).await).map_err(|e| Status::internal(e.to_string()))
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
-        let req: Forward = decode(request).map_err(undecodable)?;
-        reply(&self.0.serve_forward(req).await).map_err(unencodable)
+        let req: Forward = decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
+        reply(&self.0.serve_forward(req).await).map_err(|e| Status::internal(e.to_string()))
     }
 }
