@@ -26,11 +26,11 @@ fn milli(q: &str) -> Option<i64> {
 }
 
 /// A failed metric: the condition reason and the error.
-struct Failure {
-    reason: &'static str,
-    error: String,
+pub(super) struct Failure {
+    pub(super) reason: &'static str,
+    pub(super) error: String,
     /// The error as the count of invalid metrics quotes it.
-    outer: String,
+    pub(super) outer: String,
 }
 
 /// What a metric proposes.

@@ -8,7 +8,7 @@
 use k8s_openapi::api::autoscaling::v2::{MetricSpec, MetricTarget};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::Failure;
+use super::metrics::Failure;
 
 /// The custom metrics client's answer when no custom metrics API is registered.
 const NO_CUSTOM_METRICS: &str =
