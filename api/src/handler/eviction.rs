@@ -6,6 +6,13 @@
 //! `disruptedPods` until the disruption controller sees it go. An unready pod that the
 //! budget's unhealthyPodEvictionPolicy lets go is deleted only if it has not changed since it
 //! was read. A dry run decides and writes nothing.
+//!
+//! Before it deletes the pod, an eviction writes the pod's `DisruptionTarget` condition
+//! (reason `EvictionByEvictionAPI`), as kube-apiserver 1.32 does, so that the pod's owner (a
+//! Job's podFailurePolicy, for one) can tell an eviction from a failure. A pod that is already
+//! being deleted is not marked: an update of it would end it at once here. Nor is one whose
+//! eviction carries the client's own resourceVersion precondition: the deletion checks that
+//! against the pod as the client read it, which marking it would move.
 
 use rkube_core::selector::LabelSelector;
 use serde_json::{json, Map, Value};
@@ -30,6 +37,53 @@ pub(crate) enum Decision {
     /// Store the budget with this new status, then delete the pod.
     Decrement(Value),
     Refuse(ApiError),
+}
+
+/// `pod` with the condition kube-apiserver's eviction writes, as `UpdatePodCondition` sets one:
+/// an existing condition of the type is replaced, keeping its transition time while its
+/// status holds.
+fn with_disruption_target(pod: &Value, now: &str) -> Value {
+    let mut pod = pod.clone();
+    let mut condition = json!({
+        "type": "DisruptionTarget",
+        "status": "True",
+        "lastProbeTime": null,
+        "lastTransitionTime": now,
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    });
+    let Some(pod_map) = pod.as_object_mut() else {
+        return pod;
+    };
+    let status = pod_map
+        .entry("status")
+        .or_insert_with(|| json!({}))
+        .as_object_mut();
+    let Some(status) = status else {
+        return pod;
+    };
+    let conditions = status.entry("conditions").or_insert_with(|| json!([]));
+    if !conditions.is_array() {
+        *conditions = json!([]);
+    }
+    let Some(list) = conditions.as_array_mut() else {
+        return pod;
+    };
+    match list
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some("DisruptionTarget"))
+    {
+        Some(old) => {
+            if old.get("status").and_then(Value::as_str) == Some("True") {
+                if let Some(t) = old.get("lastTransitionTime") {
+                    condition["lastTransitionTime"] = t.clone();
+                }
+            }
+            *old = condition;
+        }
+        None => list.push(condition),
+    }
+    pod
 }
 
 fn pod_ready(pod: &Value) -> bool {
@@ -224,13 +278,17 @@ impl Api {
                 Decision::Delete => {}
                 Decision::DeleteUnchanged => {
                     // The pod as read is the precondition (unless the client set its own);
-                    // a pod that changed meanwhile is decided again.
+                    // a pod that changed meanwhile is decided again. Marking it moves its
+                    // resourceVersion, and the deletion's precondition with it.
                     let mut pinned = opts.clone().unwrap_or_else(|| json!({}));
                     if !client_rv {
+                        let Some(revision) = self.mark_evicted(t, &pod, fence).await? else {
+                            continue;
+                        };
                         crate::value::set(
                             &mut pinned,
                             &["preconditions", "resourceVersion"],
-                            json!(pod.revision.to_string()),
+                            json!(revision.to_string()),
                         );
                     }
                     match self.delete(t, q, Some(&pinned), fence).await {
@@ -248,6 +306,18 @@ impl Api {
                     }
                 }
             }
+            // The budget is taken (or none was needed): the pod goes now. Marking it is retried
+            // on the pod as it is, as kube-apiserver's update of the condition is, so that a
+            // disruption taken is not taken twice.
+            if !client_rv {
+                let mut pod = pod;
+                for _ in 0..UPDATE_RETRIES {
+                    if self.mark_evicted(t, &pod, fence).await?.is_some() {
+                        break;
+                    }
+                    pod = self.get(t, &Query::default()).await?;
+                }
+            }
             self.delete(t, q, opts.as_ref(), fence).await?;
             return Ok(success_status());
         }
@@ -255,6 +325,25 @@ impl Api {
             "Too many concurrent evictions; try again".into(),
             Vec::new(),
         ))
+    }
+
+    /// Writes the `DisruptionTarget` condition onto `pod` if it has not changed since it was
+    /// read, and answers its new resourceVersion (`None`: it changed). A pod already being
+    /// deleted is left as it is (its revision is answered).
+    async fn mark_evicted(
+        &self,
+        t: &Target,
+        pod: &Stored,
+        fence: super::Fence,
+    ) -> Result<Option<i64>, ApiError> {
+        if pod.object.pointer("/metadata/deletionTimestamp").is_some() {
+            return Ok(Some(pod.revision));
+        }
+        let marked = with_disruption_target(&pod.object, &now());
+        Ok(self
+            .commit(t, pod, marked, false, fence)
+            .await?
+            .map(|s| s.revision))
     }
 
     /// Stores the budget `read` as `new` if it has not changed since it was read. Answers
@@ -415,6 +504,34 @@ mod tests {
             status["details"]["causes"],
             json!([{"reason": "DisruptionBudget",
                     "message": "The disruption budget web needs 1 healthy pods and has 1 currently"}])
+        );
+    }
+
+    #[test]
+    fn the_disruption_target_condition_is_written_as_kubernetes_writes_it() {
+        let fresh = with_disruption_target(&pod("Running", true), "2026-12-06T02:00:00Z");
+        let conditions = fresh["status"]["conditions"]
+            .as_array()
+            .expect("conditions");
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(
+            conditions[1],
+            json!({"type": "DisruptionTarget", "status": "True", "lastProbeTime": null,
+                   "lastTransitionTime": "2026-12-06T02:00:00Z",
+                   "reason": "EvictionByEvictionAPI", "message": "Eviction API: evicting"})
+        );
+        // Marked again (a retried eviction): replaced in place, the transition time kept.
+        let again = with_disruption_target(&fresh, "2026-12-06T03:00:00Z");
+        let conditions = again["status"]["conditions"]
+            .as_array()
+            .expect("conditions");
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(conditions[1]["lastTransitionTime"], "2026-12-06T02:00:00Z");
+        // A pod without a status gets one.
+        let bare = with_disruption_target(&json!({"metadata": {"name": "p"}}), "t");
+        assert_eq!(
+            bare["status"]["conditions"][0]["reason"],
+            "EvictionByEvictionAPI"
         );
     }
 

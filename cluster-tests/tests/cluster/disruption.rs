@@ -227,7 +227,48 @@ async fn a_budget_follows_its_pods_and_refuses_evictions_that_would_break_it() {
         invalid.contains("minAvailable and maxUnavailable cannot be both set"),
         "{invalid}"
     );
+
+    // An evicted pod carries the condition kube-apiserver writes before it deletes it (a
+    // finalizer keeps this one to be read).
+    k.run_with_input(&["apply", "-f", "-"], HELD).await.ok();
+    let out = evict(&k, "held").await.ok();
+    assert!(out.contains("Success"), "{out}");
+    let condition =
+        |field: &str| format!("{{.status.conditions[?(@.type==\"DisruptionTarget\")].{field}}}");
+    let jsonpath = format!(
+        "jsonpath={{.metadata.finalizers[0]}} {} {} {}",
+        condition("status"),
+        condition("reason"),
+        condition("message")
+    );
+    let marked = k.run(&["get", "pod", "held", "-o", &jsonpath]).await.ok();
+    assert_eq!(
+        marked,
+        "example.com/hold True EvictionByEvictionAPI Eviction API: evicting"
+    );
+    k.run(&[
+        "patch",
+        "pod",
+        "held",
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/metadata/finalizers"}]"#,
+    ])
+    .await
+    .ok();
 }
+
+const HELD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: held
+  finalizers: [example.com/hold]
+spec:
+  containers:
+  - name: app
+    image: rkube.local/busybox:1
+"#;
 
 #[tokio::test]
 async fn drain_evicts_within_the_budget_and_leaves_daemon_pods() {
