@@ -4,7 +4,9 @@
 //! gets `node.kubernetes.io/not-ready`; the taints go when it is Ready again. Pods on a node
 //! with a NoExecute taint they do not tolerate are deleted at once, and those that tolerate it
 //! for tolerationSeconds (300 s by default, from admission) when that runs out, so their owners
-//! recreate them elsewhere. New NoExecute taints are rate-limited (`--node-eviction-rate`).
+//! recreate them elsewhere; each is first marked with the DisruptionTarget condition (reason
+//! DeletionByTaintManager), as Kubernetes' taint eviction controller marks it. New NoExecute
+//! taints are rate-limited (`--node-eviction-rate`).
 //!
 //! Heartbeats are timed by when this controller saw them change, not by the agent's clock, and
 //! a new leader starts every node's grace period afresh, so a failover never marks live nodes
@@ -15,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, PodCondition, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use rkube_api::client::LocalClient;
@@ -347,10 +349,28 @@ impl Controller {
                 continue;
             }
             let (ns, pod_name) = (namespace(&pod.metadata), name(&pod.metadata));
-            match Objects::<Pod>::namespaced(&self.client, ns)
-                .delete(pod_name)
-                .await
-            {
+            let pods = Objects::<Pod>::namespaced(&self.client, ns);
+            let mut marked = (*pod).clone();
+            let condition = PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("DeletionByTaintManager".into()),
+                message: Some("Taint manager: deleting due to NoExecute taint".into()),
+                ..Default::default()
+            };
+            if crate::pods::set_condition(
+                marked.status.get_or_insert_with(Default::default),
+                condition,
+            ) {
+                // The cached resourceVersion is the precondition: a pod changed meanwhile is
+                // looked at again at the next pass.
+                match pods.replace_status(pod_name, &marked).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == 404 || e.code == 409 => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            match pods.delete(pod_name).await {
                 Ok(()) => {
                     self.recorder
                         .event_for(

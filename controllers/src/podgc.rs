@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, Preconditions};
 use rkube_api::client::LocalClient;
 use rkube_api::error::ApiError;
 use rkube_core::meta::{name, namespace};
@@ -170,24 +170,8 @@ fn failed_status(pod: &Pod, condition: Option<PodCondition>) -> Pod {
     let mut pod = pod.clone();
     let status = pod.status.get_or_insert_with(Default::default);
     status.phase = Some("Failed".into());
-    if let Some(mut c) = condition {
-        let now = Time(crate::pods::now());
-        c.last_probe_time = Some(now.clone());
-        let conditions = status.conditions.get_or_insert_with(Vec::new);
-        match conditions.iter_mut().find(|o| o.type_ == c.type_) {
-            Some(old) => {
-                c.last_transition_time = if old.status == c.status {
-                    old.last_transition_time.clone()
-                } else {
-                    Some(now)
-                };
-                *old = c;
-            }
-            None => {
-                c.last_transition_time = Some(now);
-                conditions.push(c);
-            }
-        }
+    if let Some(c) = condition {
+        crate::pods::set_condition(status, c);
     }
     pod
 }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector as LabelSelectorSpec, OwnerReference,
+    LabelSelector as LabelSelectorSpec, OwnerReference, Time,
 };
 use k8s_openapi::jiff::Timestamp;
 use rkube_api::client::LocalClient;
@@ -200,6 +200,30 @@ pub fn is_available(pod: &Pod, min_ready: i64, now: Timestamp) -> bool {
         .is_some_and(|t| now.as_second() - t.0.as_second() >= min_ready)
 }
 
+/// Sets `condition` in `status` as Kubernetes' `UpdatePodCondition` does: a condition of its
+/// type is replaced, keeping its transition time while its status holds (a new one, or a new
+/// status, is stamped now). Answers whether the status changed.
+pub fn set_condition(status: &mut PodStatus, mut condition: PodCondition) -> bool {
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    match conditions.iter_mut().find(|o| o.type_ == condition.type_) {
+        Some(old) => {
+            condition.last_transition_time = if old.status == condition.status {
+                old.last_transition_time.clone()
+            } else {
+                Some(Time(now()))
+            };
+            let changed = *old != condition;
+            *old = condition;
+            changed
+        }
+        None => {
+            condition.last_transition_time = Some(Time(now()));
+            conditions.push(condition);
+            true
+        }
+    }
+}
+
 /// Now, to the second, as the API writes times (a finer time would never equal one read back).
 pub fn now() -> Timestamp {
     Timestamp::from_second(chrono::Utc::now().timestamp()).unwrap_or_default()
@@ -209,6 +233,44 @@ pub fn now() -> Timestamp {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn conditions_are_set_as_update_pod_condition_sets_them() {
+        let disruption = |reason: &str| PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some(reason.into()),
+            ..Default::default()
+        };
+        let mut status = PodStatus::default();
+        assert!(
+            set_condition(&mut status, disruption("A")),
+            "a new condition"
+        );
+        let conditions = status.conditions.clone().expect("conditions");
+        assert_eq!(conditions.len(), 1);
+        let stamped = conditions[0].last_transition_time.clone();
+        assert!(stamped.is_some(), "a new condition is stamped");
+        assert!(
+            !set_condition(&mut status, disruption("A")),
+            "the same condition again changes nothing"
+        );
+        assert!(set_condition(&mut status, disruption("B")), "a new reason");
+        let conditions = status.conditions.clone().expect("conditions");
+        assert_eq!(conditions.len(), 1, "replaced, not appended");
+        assert_eq!(conditions[0].reason.as_deref(), Some("B"));
+        assert_eq!(
+            conditions[0].last_transition_time, stamped,
+            "the transition time holds while the status does"
+        );
+        let ready = PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            ..Default::default()
+        };
+        assert!(set_condition(&mut status, ready));
+        assert_eq!(status.conditions.map(|c| c.len()), Some(2));
+    }
 
     #[test]
     fn active_ready_and_available() {

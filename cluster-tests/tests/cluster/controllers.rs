@@ -532,6 +532,21 @@ async fn a_silent_node_goes_unknown_is_tainted_and_its_pods_are_evicted() {
     })
     .await;
     assert_eq!(deleting("patient").await, "", "the patient pod stays");
+    // Marked before its deletion, as Kubernetes' taint eviction controller marks it.
+    let marked = k
+        .run(&[
+            "get",
+            "pod",
+            "brief",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"DisruptionTarget\")].reason}: {.status.conditions[?(@.type==\"DisruptionTarget\")].message}",
+        ])
+        .await
+        .ok();
+    assert_eq!(
+        marked,
+        "DeletionByTaintManager: Taint manager: deleting due to NoExecute taint"
+    );
     // The ReplicaSet's pod, evicted with it, is made again and placed on the healthy node.
     wait_for("the mover's pod recreated on node-a", BOUND, || async {
         (mover_nodes().await == "node-a").then_some(())
