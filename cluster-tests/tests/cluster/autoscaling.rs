@@ -545,6 +545,79 @@ async fn an_autoscaler_scales_a_statefulset_through_its_scale_subresource() {
         },
     )
     .await;
+
+    // A ContainerResource metric counts the named container only; a container the pods do not
+    // have fails as kube-controller-manager reports it.
+    k.run(&["delete", "hpa", "db"]).await.ok();
+    let by_container = |container: &str| {
+        json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+               "metadata": {"name": "db"},
+               "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                           "name": "db"},
+                        "minReplicas": 1, "maxReplicas": 3,
+                        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+                        "metrics": [{"type": "ContainerResource",
+                                     "containerResource": {"name": "cpu", "container": container,
+                                       "target": {"type": "Utilization",
+                                                  "averageUtilization": 300}}}]}})
+        .to_string()
+    };
+    k.run_with_input(&["apply", "-f", "-"], &by_container("nope"))
+        .await
+        .ok();
+    wait_for(
+        "the autoscaler failing on a container the pods lack",
+        Duration::from_secs(60),
+        || async {
+            (condition(&k, "db", "ScalingActive").await == "False FailedGetContainerResourceMetric")
+                .then_some(())
+        },
+    )
+    .await;
+    let message = jsonpath(
+        &k,
+        &["hpa", "db"],
+        "{.status.conditions[?(@.type==\"ScalingActive\")].message}",
+    )
+    .await;
+    assert!(
+        message.contains("failed to get container metrics: container nope not present in metrics for pod default/db-"),
+        "{message}"
+    );
+    // 150m of the container's 100m request is half of a 300% target: down to one replica.
+    k.run_with_input(&["apply", "-f", "-"], &by_container("db"))
+        .await
+        .ok();
+    wait_for(
+        "statefulset db scaled down to 1 on its container's usage",
+        Duration::from_secs(120),
+        || async {
+            let got = jsonpath(&k, &["statefulset", "db"], "{.spec.replicas}").await;
+            (got == "1").then_some(())
+        },
+    )
+    .await;
+    let current = jsonpath(
+        &k,
+        &["hpa", "db"],
+        "{.status.currentMetrics[0].type} {.status.currentMetrics[0].containerResource.container} {.status.currentMetrics[0].containerResource.current.averageUtilization}",
+    )
+    .await;
+    // The modelled usage is 150m of a 100m request, give or take its sampling.
+    let utilization = current
+        .strip_prefix("ContainerResource db ")
+        .and_then(|u| u.parse::<i64>().ok());
+    assert!(
+        utilization.is_some_and(|u| (140..=160).contains(&u)),
+        "{current}"
+    );
+    let rescaled = event_messages(&k, "db", "SuccessfulRescale").await;
+    assert!(
+        rescaled
+            .iter()
+            .any(|m| m.ends_with("reason: All metrics below target")),
+        "{rescaled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::autoscaling::v2::{
-    HorizontalPodAutoscaler, HorizontalPodAutoscalerCondition, MetricSpec, MetricStatus,
-    MetricValueStatus, ResourceMetricStatus,
+    ContainerResourceMetricStatus, HorizontalPodAutoscaler, HorizontalPodAutoscalerCondition,
+    MetricSpec, MetricStatus, MetricTarget, MetricValueStatus, ResourceMetricStatus,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -160,37 +160,46 @@ impl Autoscalers {
         if let Some(f) = super::unserved::failure(metric, ns) {
             return Err(f);
         }
-        let Some(source) = metric
-            .resource
-            .as_ref()
-            .filter(|_| metric.type_ == "Resource")
-        else {
-            let (reason, error) = match metric.type_.as_str() {
-                "ContainerResource" => (
-                    "FailedGetContainerResourceMetric",
-                    "unable to get container resource metric: only Resource metrics are computed here".to_string(),
-                ),
-                other => (
-                    "InvalidMetricSourceType",
-                    format!("unknown metric source type {other:?}"),
-                ),
-            };
-            return Err(Failure {
-                reason,
-                outer: error.clone(),
-                error,
-            });
+        // A Resource metric counts every container of a pod; a ContainerResource one the
+        // named container only.
+        let (resource, container, source_target): (&str, Option<&str>, &MetricTarget) = match (
+            metric.type_.as_str(),
+            &metric.resource,
+            &metric.container_resource,
+        ) {
+            ("Resource", Some(r), _) => (r.name.as_str(), None, &r.target),
+            ("ContainerResource", _, Some(c)) => {
+                (c.name.as_str(), Some(c.container.as_str()), &c.target)
+            }
+            (other, _, _) => {
+                let error = format!("unknown metric source type {other:?}");
+                return Err(Failure {
+                    reason: "InvalidMetricSourceType",
+                    outer: error.clone(),
+                    error,
+                });
+            }
         };
-        let resource = source.name.as_str();
-        let target = if let Some(v) = &source.target.average_value {
+        // kube-controller-manager's reason and outer wording for each kind of source.
+        let (reason, outer) = match container {
+            None => (
+                "FailedGetResourceMetric",
+                format!("failed to get {resource} resource metric value"),
+            ),
+            Some(c) => (
+                "FailedGetContainerResourceMetric",
+                format!("failed to get {c} container metric value"),
+            ),
+        };
+        let target = if let Some(v) = &source_target.average_value {
             Target::AverageValue(milli(&v.0).unwrap_or(0))
-        } else if let Some(u) = source.target.average_utilization {
+        } else if let Some(u) = source_target.average_utilization {
             Target::Utilization(u.into())
         } else {
             let error = "invalid resource metric source: neither an average utilization target nor an average value (usage) target was set".to_string();
             return Err(Failure {
-                reason: "FailedGetResourceMetric",
-                outer: format!("failed to get {resource} resource metric value: {error}"),
+                reason,
+                outer: format!("{outer}: {error}"),
                 error,
             });
         };
@@ -201,20 +210,23 @@ impl Autoscalers {
         let fail = |e: String| {
             let error = format!("failed to get {resource} {what}: {e}");
             Failure {
-                reason: "FailedGetResourceMetric",
-                outer: format!("failed to get {resource} resource metric value: {error}"),
+                reason,
+                outer: format!("{outer}: {error}"),
                 error,
             }
         };
         let samples = self
-            .pod_samples(ns, selector, resource)
+            .pod_samples(ns, selector, resource, container)
             .await
             .map_err(|e| {
                 fail(format!(
                     "unable to get metrics for resource {resource}: {e}"
                 ))
             })?;
-        let infos: Vec<PodInfo> = pods.iter().map(|p| pod_info(p, resource)).collect();
+        let infos: Vec<PodInfo> = pods
+            .iter()
+            .map(|p| pod_info(p, resource, container))
+            .collect();
         let p = replicas::resource_replicas(
             &self.calc,
             current,
@@ -225,11 +237,14 @@ impl Autoscalers {
             now_ms(),
         )
         .map_err(fail)?;
-        let name = match target {
-            Target::Utilization(_) => {
+        let name = match (target, container) {
+            (Target::Utilization(_), None) => {
                 format!("{resource} resource utilization (percentage of request)")
             }
-            Target::AverageValue(_) => format!("{resource} resource"),
+            (Target::Utilization(_), Some(_)) => {
+                format!("{resource} container resource utilization (percentage of request)")
+            }
+            (Target::AverageValue(_), _) => format!("{resource} resource"),
         };
         let current_value = MetricValueStatus {
             average_utilization: p.utilization.map(|u| u as i32),
@@ -240,10 +255,8 @@ impl Autoscalers {
             ))),
             value: None,
         };
-        Ok(Proposed {
-            replicas: p.replicas,
-            name,
-            status: MetricStatus {
+        let status = match container {
+            None => MetricStatus {
                 type_: "Resource".into(),
                 resource: Some(ResourceMetricStatus {
                     name: resource.to_string(),
@@ -251,15 +264,31 @@ impl Autoscalers {
                 }),
                 ..Default::default()
             },
+            Some(c) => MetricStatus {
+                type_: "ContainerResource".into(),
+                container_resource: Some(ContainerResourceMetricStatus {
+                    name: resource.to_string(),
+                    container: c.to_string(),
+                    current: current_value,
+                }),
+                ..Default::default()
+            },
+        };
+        Ok(Proposed {
+            replicas: p.replicas,
+            name,
+            status,
         })
     }
 
-    /// The pods' usage of `resource` from metrics.k8s.io (milli-units), by pod name.
+    /// The pods' usage of `resource` from metrics.k8s.io (milli-units), by pod name: of every
+    /// container, or of `container` only.
     async fn pod_samples(
         &self,
         ns: &str,
         selector: &str,
         resource: &str,
+        container: Option<&str>,
     ) -> Result<BTreeMap<String, Sample>, String> {
         let query: String = form_urlencoded::Serializer::new(String::new())
             .append_pair("labelSelector", selector)
@@ -271,7 +300,8 @@ impl Autoscalers {
             ))
             .await
             .map_err(|e| e.message)?;
-        let samples = pod_samples(&list, resource);
+        let samples = pod_samples(&list, resource, container)
+            .map_err(|e| format!("failed to get container metrics: {e}"))?;
         if samples.is_empty() {
             return Err("no metrics returned from resource metrics API".into());
         }
@@ -279,9 +309,15 @@ impl Autoscalers {
     }
 }
 
-/// The samples of a PodMetricsList: each pod's containers' usage summed; a pod with a
-/// container that lacks the resource is left out.
-fn pod_samples(list: &Value, resource: &str) -> BTreeMap<String, Sample> {
+/// The samples of a PodMetricsList: each pod's containers' usage summed (a pod with no
+/// container, or with one that lacks the resource, is left out), or with `container` the usage
+/// of that container (a pod whose container lacks the resource is left out; one without the
+/// container is an error, as in Kubernetes).
+fn pod_samples(
+    list: &Value,
+    resource: &str,
+    container: Option<&str>,
+) -> Result<BTreeMap<String, Sample>, String> {
     let mut out = BTreeMap::new();
     for item in list
         .get("items")
@@ -305,22 +341,38 @@ fn pod_samples(list: &Value, resource: &str) -> BTreeMap<String, Sample> {
             .and_then(|w| w.parse::<f64>().ok())
             .map(|s| (s * 1000.0) as Ms)
             .unwrap_or(0);
-        let mut total = Some(0i64);
-        for c in item
+        let containers: Vec<&Value> = item
             .get("containers")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-        {
-            let v = c
-                .pointer(&format!("/usage/{resource}"))
+            .collect();
+        let usage = |c: &Value| {
+            c.pointer(&format!("/usage/{resource}"))
                 .and_then(Value::as_str)
-                .and_then(milli);
-            total = match (total, v) {
-                (Some(t), Some(v)) => Some(t + v),
-                _ => None,
-            };
-        }
+                .and_then(milli)
+        };
+        let total = match container {
+            Some(wanted) => {
+                let Some(c) = containers
+                    .iter()
+                    .find(|c| c.get("name").and_then(Value::as_str) == Some(wanted))
+                else {
+                    let ns = item
+                        .pointer("/metadata/namespace")
+                        .and_then(Value::as_str)
+                        .unwrap_or("");
+                    return Err(format!(
+                        "container {wanted} not present in metrics for pod {ns}/{pod}"
+                    ));
+                };
+                usage(c)
+            }
+            None if containers.is_empty() => None,
+            None => containers
+                .iter()
+                .try_fold(0i64, |sum, c| usage(c).map(|v| sum + v)),
+        };
         if let Some(value) = total {
             out.insert(
                 pod.to_string(),
@@ -332,11 +384,12 @@ fn pod_samples(list: &Value, resource: &str) -> BTreeMap<String, Sample> {
             );
         }
     }
-    out
+    Ok(out)
 }
 
-/// What the calculator needs of a pod, with its containers' requests of `resource`.
-fn pod_info(pod: &Pod, resource: &str) -> PodInfo {
+/// What the calculator needs of a pod, with its containers' requests of `resource` (of
+/// `container` only, when one is named).
+fn pod_info(pod: &Pod, resource: &str, container: Option<&str>) -> PodInfo {
     let status = pod.status.clone().unwrap_or_default();
     let ready = status
         .conditions
@@ -358,6 +411,7 @@ fn pod_info(pod: &Pod, resource: &str) -> PodInfo {
         .map(|s| &s.containers)
         .into_iter()
         .flatten()
+        .filter(|c| container.is_none_or(|wanted| c.name == wanted))
     {
         let r = c
             .resources
@@ -387,6 +441,53 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_container_resource_metric_counts_its_container_only() {
+        let list = json!({"items": [
+            {"metadata": {"name": "a", "namespace": "web"}, "timestamp": "2026-01-01T00:00:00Z",
+             "window": "15s",
+             "containers": [{"name": "app", "usage": {"cpu": "150m"}},
+                            {"name": "proxy", "usage": {"cpu": "50m"}}]},
+            {"metadata": {"name": "b", "namespace": "web"}, "timestamp": "2026-01-01T00:00:00Z",
+             "window": "15s",
+             "containers": [{"name": "app", "usage": {"memory": "1Mi"}},
+                            {"name": "proxy", "usage": {"cpu": "50m"}}]},
+            {"metadata": {"name": "c", "namespace": "web"}, "timestamp": "2026-01-01T00:00:00Z",
+             "window": "15s", "containers": []},
+        ]});
+        let s = pod_samples(&list, "cpu", Some("app")).err();
+        assert_eq!(
+            s.as_deref(),
+            Some("container app not present in metrics for pod web/c"),
+            "a pod without the container is an error, as in Kubernetes"
+        );
+        let items = list["items"].as_array().expect("items")[..2].to_vec();
+        let two = json!({ "items": items });
+        let s = pod_samples(&two, "cpu", Some("app")).expect("samples");
+        assert_eq!(s.len(), 1, "a container without CPU leaves its pod out");
+        assert_eq!(s["a"].value, 150, "the sidecar is not counted");
+        let all = pod_samples(&list, "cpu", None).expect("samples");
+        assert_eq!(
+            all.len(),
+            1,
+            "b lacks CPU in one container, c has none at all"
+        );
+        assert_eq!(all["a"].value, 200);
+
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "a"},
+            "spec": {"containers": [
+                {"name": "app", "resources": {"requests": {"cpu": "100m"}}},
+                {"name": "proxy"}]}}))
+        .expect("pod");
+        assert_eq!(pod_info(&pod, "cpu", Some("app")).request, Ok(100));
+        assert_eq!(
+            pod_info(&pod, "cpu", None).request,
+            Err("proxy".to_string()),
+            "a Resource metric needs every container's request"
+        );
+    }
+
+    #[test]
     fn pod_metrics_become_samples() {
         let list = json!({"items": [
             {"metadata": {"name": "a"}, "timestamp": "2026-01-01T00:00:00Z", "window": "15.5s",
@@ -395,7 +496,7 @@ mod tests {
             {"metadata": {"name": "b"}, "timestamp": "2026-01-01T00:00:00Z", "window": "15s",
              "containers": [{"name": "x", "usage": {"memory": "1Mi"}}]},
         ]});
-        let s = pod_samples(&list, "cpu");
+        let s = pod_samples(&list, "cpu", None).expect("samples");
         assert_eq!(s.len(), 1, "a pod with a container without CPU is left out");
         assert_eq!(s["a"].value, 200);
         assert_eq!(s["a"].window, 15_500);
