@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::resources::Resource;
 
-use rkube_core::quantity::{format_quantity, parse_quantity, Nanos, NANO};
+use rkube_core::quantity::{format_canonical, parse_quantity, Format, Nanos, NANO};
 
 fn add(usage: &mut BTreeMap<String, Nanos>, key: &str, v: Nanos) {
     *usage.entry(key.to_string()).or_insert(0) += v;
@@ -193,11 +193,11 @@ pub fn charge(
             .unwrap_or(0);
         let binary = is_binary(&hard, key);
         if d > 0 && after > limit {
-            req.push(format!("{key}={}", format_quantity(d, binary)));
-            usd.push(format!("{key}={}", format_quantity(before, binary)));
-            lim.push(format!("{key}={}", format_quantity(limit, binary)));
+            req.push(format!("{key}={}", shown(d, binary)));
+            usd.push(format!("{key}={}", shown(before, binary)));
+            lim.push(format!("{key}={}", shown(limit, binary)));
         }
-        used.insert((*key).clone(), json!(format_quantity(after, binary)));
+        used.insert((*key).clone(), json!(shown(after, binary)));
     }
     if !req.is_empty() {
         return Err(ApiError::forbidden(format!(
@@ -212,6 +212,17 @@ pub fn charge(
     crate::value::set(&mut out, &["status", "hard"], Value::Object(hard));
     crate::value::set(&mut out, &["status", "used"], Value::Object(used));
     Ok(Some(out))
+}
+
+/// A quantity as Kubernetes prints it (`Quantity.String()`: `1000` pods are `1k`), binary
+/// when the hard limit was written so.
+fn shown(n: Nanos, binary: bool) -> String {
+    let format = if binary {
+        Format::BinarySi
+    } else {
+        Format::DecimalSi
+    };
+    format_canonical(n, format)
 }
 
 /// The usage delta of a change from `old` to `new` (either may be absent).
@@ -231,7 +242,7 @@ pub fn status_from(hard: &Map<String, Value>, totals: &BTreeMap<String, Nanos>) 
         .map(|k| {
             (
                 k.clone(),
-                json!(format_quantity(
+                json!(shown(
                     totals.get(k).copied().unwrap_or(0),
                     is_binary(hard, k)
                 )),
@@ -258,6 +269,11 @@ mod tests {
         let e = charge(&quota, pods, "p2", Some(&pod), &d).unwrap_err();
         assert_eq!(e.code, 403);
         assert_eq!(e.message, "pods \"p2\" is forbidden: exceeded quota: compute-quota, requested: pods=1, used: pods=1, limited: pods=1");
+        // Quantities print as Kubernetes prints them.
+        assert_eq!(shown(1000 * NANO, false), "1k");
+        assert_eq!(shown(NANO / 2, false), "500m");
+        assert_eq!(shown(1536 * 1024 * 1024 * NANO, true), "1536Mi");
+        assert_eq!(shown(2 * 1024 * 1024 * 1024 * NANO, true), "2Gi");
 
         let roomy = json!({"metadata": {"name": "q"}, "spec": {"hard": {"pods": "10", "requests.cpu": "1"}},
                            "status": {"used": {"pods": "1", "requests.cpu": "500m"}}});
