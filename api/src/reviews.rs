@@ -347,13 +347,15 @@ impl Api {
             .unwrap_or(now)
             .format("%Y-%m-%dT%H:%M:%SZ")
             .to_string();
-        Ok(json!({
+        let mut answer = json!({
             "kind": "TokenRequest",
             "apiVersion": "authentication.k8s.io/v1",
             "metadata": {"name": name, "namespace": ns,
                          "creationTimestamp": now.format("%Y-%m-%dT%H:%M:%SZ").to_string()},
             "spec": spec,
             "status": {"token": token, "expirationTimestamp": expires},
-        }))
+        });
+        crate::order::normalise(&mut answer);
+        Ok(answer)
     }
 }

@@ -60,7 +60,15 @@ impl View {
                     // Items of a list may carry no kind of their own.
                     let kind = item.get("kind").and_then(Value::as_str);
                     if kind.is_none_or(|k| k == self.kind) {
+                        let typed = kind.is_some();
                         (self.from_stored)(item);
+                        if !typed {
+                            // The conversion names the served type; a list's items do not.
+                            if let Some(o) = item.as_object_mut() {
+                                o.remove("kind");
+                                o.remove("apiVersion");
+                            }
+                        }
                     }
                 }
             }

@@ -86,13 +86,21 @@ pub(super) fn render_list(t: &Target, listed: Listed, accept: &str, q: &Query) -
     }
 }
 
-/// A page as the list object of its kind (`PodList`).
+/// A page as the list object of its kind (`PodList`). Its items carry no `kind` or `apiVersion`:
+/// kube-apiserver writes a typed list's items without their type meta, which the list names once.
 pub(super) fn list_object(t: &Target, listed: Listed) -> Value {
+    let mut items = listed.items;
+    for item in &mut items {
+        if let Some(o) = item.as_object_mut() {
+            o.remove("kind");
+            o.remove("apiVersion");
+        }
+    }
     json!({
         "kind": format!("{}List", t.res.kind),
         "apiVersion": t.res.api_version(),
         "metadata": listed.meta,
-        "items": listed.items,
+        "items": items,
     })
 }
 

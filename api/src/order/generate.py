@@ -24,7 +24,7 @@ v1 Binding ComponentStatus ConfigMap Endpoints Event LimitRange Namespace Node P
    PersistentVolumeClaim Pod PodTemplate ReplicationController ResourceQuota Secret Service
    ServiceAccount
 apps/v1 ControllerRevision DaemonSet Deployment ReplicaSet StatefulSet
-authentication.k8s.io/v1 SelfSubjectReview TokenReview
+authentication.k8s.io/v1 SelfSubjectReview TokenRequest TokenReview
 authorization.k8s.io/v1 LocalSubjectAccessReview SelfSubjectAccessReview SelfSubjectRulesReview
    SubjectAccessReview
 autoscaling/v1 HorizontalPodAutoscaler Scale
@@ -80,6 +80,10 @@ def varint(b, i):
         shift += 7
         if c < 0x80:
             return result, i
+
+
+# Fields whose generated.proto name is not their JSON name (uid, apiGroup).
+PROTO_TO_JSON = {"uID": "uid", "aPIGroup": "apiGroup"}
 
 
 def fields(b):
@@ -184,6 +188,8 @@ def main():
             continue
         words = []
         for name, t in fs:
+            # generated.proto spells a few fields unlike their JSON tags.
+            name = PROTO_TO_JSON.get(name, name)
             if not t or t in OPAQUE:
                 words.append(name + ":-")
             elif msgs[t][1]:

@@ -343,6 +343,39 @@ mod tests {
         );
     }
 
+    /// A TokenRequest answer, and fields whose generated.proto name differs from their JSON
+    /// name (`uID`, `aPIGroup`), which the generator maps back.
+    #[test]
+    fn token_requests_and_renamed_fields_come_out_in_go_order() {
+        let mut token = json!({"status": {"expirationTimestamp": "t", "token": "x"},
+            "spec": {"boundObjectRef": {"uid": "u", "name": "p", "kind": "Pod", "apiVersion": "v1"},
+                     "expirationSeconds": 3600, "audiences": ["a"]},
+            "metadata": {"namespace": "default", "name": "default"},
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest"});
+        normalise(&mut token);
+        assert_eq!(
+            keys(&token),
+            ["kind", "apiVersion", "metadata", "spec", "status"]
+        );
+        assert_eq!(
+            keys(&token["spec"]),
+            ["audiences", "expirationSeconds", "boundObjectRef"]
+        );
+        assert_eq!(
+            keys(&token["spec"]["boundObjectRef"]),
+            ["kind", "apiVersion", "name", "uid"]
+        );
+        assert_eq!(keys(&token["status"]), ["token", "expirationTimestamp"]);
+        let mut class = json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": {"name": "c"}, "spec": {"parameters": {"name": "n", "kind": "K",
+            "apiGroup": "g", "scope": "Cluster"}, "controller": "x"}});
+        normalise(&mut class);
+        assert_eq!(
+            keys(&class["spec"]["parameters"]),
+            ["apiGroup", "kind", "name", "scope"]
+        );
+    }
+
     #[test]
     fn statuses_and_lists_come_out_in_go_order() {
         let mut status = json!({"code": 404, "details": {"kind": "pods", "name": "x"},
