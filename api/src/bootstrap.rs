@@ -85,6 +85,27 @@ impl Api {
         }
     }
 
+    /// Creates a Service the cluster needs unless one of that name exists (an operator's
+    /// edits to it stay).
+    async fn ensure_service(
+        &self,
+        namespace: &str,
+        name: &str,
+        object: Value,
+    ) -> Result<(), crate::error::ApiError> {
+        let svc = resources::find("", "v1", "services").expect("served");
+        if self
+            .store
+            .get(&svc.key(Some(namespace), name), Freshness::Any)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        self.create_if_missing(Target::new(svc, Some(namespace.into()), None), object)
+            .await
+    }
+
     async fn reconcile_namespaces(&self) -> Result<(), crate::error::ApiError> {
         let nsres = resources::find("", "v1", "namespaces").expect("namespaces are served");
         let sares =
@@ -186,17 +207,9 @@ impl Api {
 
     /// The `kubernetes` Service in default, on the first address of the service range.
     async fn ensure_kubernetes_service(&self) -> Result<(), crate::error::ApiError> {
-        let svc = resources::find("", "v1", "services").expect("served");
-        if self
-            .store
-            .get(&svc.key(Some("default"), "kubernetes"), Freshness::Any)
-            .await?
-            .is_some()
-        {
-            return Ok(());
-        }
-        self.create_if_missing(
-            Target::new(svc, Some("default".into()), None),
+        self.ensure_service(
+            "default",
+            "kubernetes",
             json!({
                 "metadata": {"name": "kubernetes", "namespace": "default",
                              "labels": {"component": "apiserver", "provider": "kubernetes"}},
@@ -343,17 +356,9 @@ impl Api {
     /// range (what pods' resolv.conf names). It has no selector: every member serving DNS
     /// publishes its own EndpointSlice for it.
     async fn ensure_dns_service(&self) -> Result<(), crate::error::ApiError> {
-        let svc = resources::find("", "v1", "services").expect("served");
-        if self
-            .store
-            .get(&svc.key(Some("kube-system"), "kube-dns"), Freshness::Any)
-            .await?
-            .is_some()
-        {
-            return Ok(());
-        }
-        self.create_if_missing(
-            Target::new(svc, Some("kube-system".into()), None),
+        self.ensure_service(
+            "kube-system",
+            "kube-dns",
             json!({
                 "metadata": {"name": "kube-dns", "namespace": "kube-system",
                              "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
