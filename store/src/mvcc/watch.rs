@@ -361,6 +361,7 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
 
     /// Hands a live revision to every watcher that follows the hub.
     async fn live(&mut self, batch: &RevisionBatch) -> bool {
+        let now = Instant::now();
         for (id, w) in self.watchers.iter_mut().filter(|(_, w)| w.live) {
             if batch.restored || batch.revision > w.next {
                 // A gap, or the state was replaced under the watcher: read what it missed.
@@ -393,7 +394,7 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
                 })
                 .collect();
             w.next = batch.revision + 1;
-            if !send_events(&mut self.sink, *id, w, batch.revision, events).await {
+            if !send_events(&mut self.sink, *id, w, now, batch.revision, events).await {
                 return false;
             }
         }
@@ -464,7 +465,16 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
                     })
                     .collect();
                 w.next = batch.revision + 1;
-                if !send_events(&mut self.sink, id, w, batch.revision, events).await {
+                if !send_events(
+                    &mut self.sink,
+                    id,
+                    w,
+                    Instant::now(),
+                    batch.revision,
+                    events,
+                )
+                .await
+                {
                     return false;
                 }
             }
@@ -541,13 +551,14 @@ async fn send_events<T, F: FnMut(i64, SetMessage) -> Option<T>>(
     sink: &mut Sink<T, F>,
     id: i64,
     w: &mut Watcher,
+    now: Instant,
     revision: i64,
     events: Vec<Event>,
 ) -> bool {
     if events.is_empty() {
         return true;
     }
-    w.last_sent = Instant::now();
+    w.last_sent = now;
     let message = WatchMessage::Events { revision, events };
     sink.send(id, SetMessage::Watch(message)).await
 }

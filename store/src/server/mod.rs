@@ -34,7 +34,7 @@ use tonic::transport::{
 use crate::mvcc::{Command, MemberAttrs, MvccStore};
 use crate::proto::etcdserverpb::{
     auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
-    lease_server::LeaseServer, maintenance_server::MaintenanceServer, watch_server::WatchServer,
+    lease_server::LeaseServer, maintenance_server::MaintenanceServer,
 };
 use crate::proto::peer::peer_server::PeerServer;
 use crate::raft::log_store::LogStore;
@@ -448,7 +448,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .add_service(
             KvServer::new(etcd::kv::KvService(node.clone())).max_decoding_message_size(max),
         )
-        .add_service(WatchServer::new(etcd::watch::WatchService {
+        .add_service(etcd::watch::WatchServer::new(etcd::watch::WatchService {
             node: node.clone(),
             progress_interval: cfg.progress_interval,
         }))

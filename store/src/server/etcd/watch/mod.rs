@@ -1,5 +1,9 @@
 //! etcd's Watch service: many watchers multiplexed on one bidirectional stream, run by one
-//! watcher set (`mvcc::watch`) per stream.
+//! watcher set (`mvcc::watch`) per stream. Each stream encodes a revision's header and events
+//! once for all its watchers ([`frame`]); [`server`] serves the frames on the wire.
+
+mod frame;
+mod server;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,12 +14,14 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::event_to_pb;
+use frame::FrameCache;
+pub use frame::WatchFrame;
+pub use server::WatchServer;
+
 use crate::mvcc::watch::{Refusal, SetMessage, WatchMessage, WatchSet, WatchSpec};
 use crate::mvcc::KeyRange;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::watch_request::RequestUnion;
-use crate::proto::etcdserverpb::watch_server::Watch;
 use crate::server::node::Node;
 
 pub struct WatchService {
@@ -27,24 +33,26 @@ pub struct WatchService {
 /// Responses a stream may have waiting for its client before its watchers wait too.
 const STREAM_BUFFER: usize = 256;
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+type FrameStream = Pin<Box<dyn Stream<Item = Result<WatchFrame, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl Watch for WatchService {
-    type WatchStream = WatchStream;
-
-    async fn watch(
-        &self,
-        request: Request<Streaming<pb::WatchRequest>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+impl WatchService {
+    /// Serves one Watch stream: its requests come in, its watchers' frames go out.
+    fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Response<FrameStream> {
         let mut incoming = request.into_inner();
-        let (out, rx) = mpsc::channel::<Result<pb::WatchResponse, Status>>(STREAM_BUFFER);
+        let (out, rx) = mpsc::channel::<Result<WatchFrame, Status>>(STREAM_BUFFER);
         let node = self.node.clone();
         let progress_interval = self.progress_interval;
         let set = {
             let node = node.clone();
+            let mut frames = FrameCache::default();
             WatchSet::start(node.mvcc.clone(), out, move |id, message| {
-                Some(Ok(response(&node, id, message)))
+                Some(Ok(match message {
+                    SetMessage::Watch(WatchMessage::Events { revision, events }) => {
+                        let header = || node.header(revision).unwrap_or_default();
+                        frames.events(header, id, revision, events)
+                    }
+                    other => WatchFrame::whole(&response(&node, id, other)),
+                }))
             })
         };
         tokio::spawn(async move {
@@ -82,11 +90,12 @@ impl Watch for WatchService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Response::new(Box::pin(ReceiverStream::new(rx)))
     }
 }
 
-/// The etcd response for one message of a stream's watcher set.
+/// The etcd response for one message of a stream's watcher set other than events (those are
+/// put together from the stream's [`FrameCache`]).
 fn response(node: &Node, id: i64, message: SetMessage) -> pb::WatchResponse {
     let now = || node.header(node.mvcc.revision());
     match message {
@@ -110,7 +119,7 @@ fn response(node: &Node, id: i64, message: SetMessage) -> pb::WatchResponse {
         SetMessage::Watch(WatchMessage::Events { revision, events }) => pb::WatchResponse {
             header: node.header(revision),
             watch_id: id,
-            events: events.into_iter().map(event_to_pb).collect(),
+            events: events.into_iter().map(super::event_to_pb).collect(),
             ..Default::default()
         },
         SetMessage::Watch(WatchMessage::Progress { revision })
