@@ -137,7 +137,7 @@ impl<'a> RecordRef<'a> {
 }
 
 /// All events of one revision, as the watch hub broadcasts them.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RevisionBatch {
     pub revision: i64,
     pub events: Vec<Event>,

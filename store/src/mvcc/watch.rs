@@ -80,6 +80,14 @@ pub enum SetMessage {
     InSync {
         revision: i64,
     },
+    /// Every event of a live revision, for a set started with [`WatchSet::start_sharing`]:
+    /// the same `Arc` for each of its watchers that wants all of them, so that the consumer
+    /// can prepare them once. With `prev_kv` the events carry the versions they replaced
+    /// (each delete has one); without, the consumer leaves those out.
+    Shared {
+        batch: Arc<RevisionBatch>,
+        prev_kv: bool,
+    },
 }
 
 /// The id a set's [`SetMessage::InSync`] comes with (etcd's for a stream-wide progress).
@@ -115,8 +123,28 @@ impl WatchSet {
         T: Send + 'static,
         F: FnMut(i64, SetMessage) -> Option<T> + Send + 'static,
     {
+        Self::spawn(store, out, wrap, false)
+    }
+
+    /// [`WatchSet::start`], where a live revision that a watcher wants whole comes as
+    /// [`SetMessage::Shared`] instead of a copy of its events.
+    pub fn start_sharing<T, F>(store: Arc<MvccStore>, out: mpsc::Sender<T>, wrap: F) -> WatchSet
+    where
+        T: Send + 'static,
+        F: FnMut(i64, SetMessage) -> Option<T> + Send + 'static,
+    {
+        Self::spawn(store, out, wrap, true)
+    }
+
+    fn spawn<T, F>(store: Arc<MvccStore>, out: mpsc::Sender<T>, wrap: F, shares: bool) -> WatchSet
+    where
+        T: Send + 'static,
+        F: FnMut(i64, SetMessage) -> Option<T> + Send + 'static,
+    {
         let (control, requests) = mpsc::channel(64);
-        tokio::spawn(Set::new(store.clone(), Sink { out, wrap }).run(requests));
+        let mut set = Set::new(store.clone(), Sink { out, wrap });
+        set.shares_batches = shares;
+        tokio::spawn(set.run(requests));
         WatchSet { store, control }
     }
 
@@ -228,6 +256,8 @@ struct Set<T, F> {
     in_sync_asks: VecDeque<(i64, Instant)>,
     /// A set of one ends when its watcher does, not when its handle goes (it has none).
     ends_with_its_watchers: bool,
+    /// Whole live revisions go out as [`SetMessage::Shared`].
+    shares_batches: bool,
 }
 
 /// What woke a set.
@@ -252,6 +282,7 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
             next_id: 0,
             in_sync_asks: VecDeque::new(),
             ends_with_its_watchers: false,
+            shares_batches: false,
         }
     }
 
@@ -283,7 +314,7 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
                     self.ends_with_its_watchers
                 }
                 Step::Control(Some(request)) => self.control(request).await,
-                Step::Live(Ok(batch)) => self.live(&batch).await,
+                Step::Live(Ok(batch)) => self.live(batch).await,
                 Step::Live(Err(broadcast::error::RecvError::Lagged(_))) => {
                     // The ring buffer overtook the set: every live watcher reads what it
                     // missed from history.
@@ -360,8 +391,13 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
     }
 
     /// Hands a live revision to every watcher that follows the hub.
-    async fn live(&mut self, batch: &RevisionBatch) -> bool {
+    async fn live(&mut self, batch: Arc<RevisionBatch>) -> bool {
         let now = Instant::now();
+        // Whether each delete carries the version it removed (a large DeleteRange's do not).
+        let prev_complete = batch
+            .events
+            .iter()
+            .all(|e| e.kind == EventKind::Put || e.prev_kv.is_some());
         for (id, w) in self.watchers.iter_mut().filter(|(_, w)| w.live) {
             if batch.restored || batch.revision > w.next {
                 // A gap, or the state was replaced under the watcher: read what it missed.
@@ -369,6 +405,24 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
                 continue;
             }
             if batch.revision < w.next {
+                continue;
+            }
+            if self.shares_batches
+                && (prev_complete || !w.spec.prev_kv)
+                && batch.events.iter().all(|e| wanted(&w.spec, e))
+            {
+                w.next = batch.revision + 1;
+                if batch.events.is_empty() {
+                    continue;
+                }
+                w.last_sent = now;
+                let shared = SetMessage::Shared {
+                    batch: batch.clone(),
+                    prev_kv: w.spec.prev_kv,
+                };
+                if !self.sink.send(*id, shared).await {
+                    return false;
+                }
                 continue;
             }
             // The batch is shared by every watcher: copy only the events this one wants. A

@@ -494,3 +494,86 @@ async fn a_large_delete_gives_watchers_the_deleted_versions_they_asked_for() {
         assert!(events.iter().all(|e| e.prev_kv.is_none()));
     }
 }
+
+/// A sharing set hands a watcher that wants a live revision whole the hub's batch itself (the
+/// same `Arc` for every such watcher), with or without previous versions as it asked; a watcher
+/// that wants part of a revision gets a copy of its events.
+#[tokio::test]
+async fn a_sharing_set_hands_whole_revisions_as_the_hubs_batch() {
+    use watch::SetMessage::*;
+    let s = new_store();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let set = watch::WatchSet::start_sharing(s.clone(), tx, |id, m| Some((id, m)));
+    let prefix = WatchSpec {
+        range: KeyRange::prefix("k"),
+        ..Default::default()
+    };
+    let one_with_prev = WatchSpec {
+        range: KeyRange::single("k1"),
+        prev_kv: true,
+        ..Default::default()
+    };
+    assert!(set.add(0, Ok(prefix.clone())).await);
+    assert!(set.add(0, Ok(prefix)).await);
+    assert!(set.add(0, Ok(one_with_prev)).await);
+    for id in 0..3 {
+        assert_eq!(next_of_set(&mut rx).await, (id, Created { revision: 0 }));
+    }
+    apply(
+        &s,
+        Txn::new()
+            .then(op_put("k1", "1"))
+            .then(op_put("k2", "1"))
+            .cmd(),
+    ); // 1
+    let (a, b) = match (next_of_set(&mut rx).await, next_of_set(&mut rx).await) {
+        (
+            (
+                0,
+                Shared {
+                    batch: a,
+                    prev_kv: false,
+                },
+            ),
+            (
+                1,
+                Shared {
+                    batch: b,
+                    prev_kv: false,
+                },
+            ),
+        ) => (a, b),
+        other => panic!("both prefix watchers share revision 1: {other:?}"),
+    };
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!((a.revision, a.events.len()), (1, 2));
+    assert_eq!(
+        next_of_set(&mut rx).await,
+        (
+            2,
+            Watch(WatchMessage::Events {
+                revision: 1,
+                events: vec![put_event("k1", "1", 1, 1, 1)]
+            })
+        ),
+        "k2 is not the third watcher's: it gets a copy of k1's event"
+    );
+    put(&s, "k1", "2"); // 2
+    for id in 0..2 {
+        assert!(
+            matches!(next_of_set(&mut rx).await, (i, Shared { prev_kv: false, .. }) if i == id)
+        );
+    }
+    match next_of_set(&mut rx).await {
+        (
+            2,
+            Shared {
+                batch,
+                prev_kv: true,
+            },
+        ) => {
+            assert_eq!(batch.events[0].prev_kv, Some(kv("k1", "1", 1, 1, 1)));
+        }
+        other => panic!("the third watcher wants revision 2 whole, with k1's prev: {other:?}"),
+    }
+}

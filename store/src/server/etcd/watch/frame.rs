@@ -1,16 +1,19 @@
 //! A Watch response as it goes on the wire, put together from parts that are encoded once and
 //! shared. Every watcher of a revision gets a response of its own (etcd's protocol names one
-//! `watch_id` per response), but the header and each event are the same bytes for all the
+//! `watch_id` per response), but the header and the events are the same bytes for all the
 //! watchers of a stream that want them: they are encoded once per stream and revision, and
-//! each watcher's response only adds its id around them.
+//! each watcher's response only adds its id between them. A revision that a watcher wants
+//! whole comes as the hub's own batch ([`SetMessage::Shared`]), encoded once for the stream;
+//! a watcher that wants part of one gets its events looked up one by one.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::{BufMut, Bytes};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
 use prost::Message;
 
 use super::super::event_to_pb;
+use crate::mvcc::store::RevisionBatch;
 use crate::mvcc::{Event, EventKind};
 use crate::proto::etcdserverpb as pb;
 
@@ -26,11 +29,11 @@ pub enum WatchFrame {
     /// A response encoded whole (created, canceled, progress: one per watcher, rare).
     Whole(Bytes),
     /// One revision's events for one watcher: the shared header field, the watcher's id, and
-    /// the shared field of each event it wants, in the order of the revision.
+    /// the fields of the events it wants, in the order of the revision.
     Events {
         header: Bytes,
         watch_id: i64,
-        events: Vec<Bytes>,
+        events: Bytes,
     },
 }
 
@@ -56,9 +59,7 @@ impl Message for WatchFrame {
                     encode_key(WATCH_ID_FIELD, WireType::Varint, buf);
                     encode_varint(*watch_id as u64, buf);
                 }
-                for e in events {
-                    buf.put_slice(e);
-                }
+                buf.put_slice(events);
             }
         }
     }
@@ -88,7 +89,7 @@ impl Message for WatchFrame {
                 } else {
                     0
                 };
-                header.len() + id + events.iter().map(Bytes::len).sum::<usize>()
+                header.len() + id + events.len()
             }
         }
     }
@@ -105,14 +106,27 @@ fn field<M: Message>(number: u32, message: &M) -> Bytes {
     buf.into()
 }
 
+/// A revision's events above this many are encoded for each watcher rather than looked up
+/// (the lookup is a scan, and such revisions are rare: a large DeleteRange or Txn).
+const SHARED_EVENTS: usize = 16;
+
 /// What makes one event's encoding: the same key, kind and version at the same revision, with
 /// or without the version it replaced.
-#[derive(Hash, PartialEq, Eq)]
-struct EventId {
+struct Encoded {
     key: Bytes,
     delete: bool,
     version: i64,
     with_prev: bool,
+    field: Bytes,
+}
+
+impl Encoded {
+    fn is(&self, e: &Event) -> bool {
+        self.version == e.kv.version
+            && self.delete == (e.kind == EventKind::Delete)
+            && self.with_prev == e.prev_kv.is_some()
+            && self.key == e.kv.key
+    }
 }
 
 /// The encoded header and events of the revision a stream is sending, shared by its watchers.
@@ -122,10 +136,61 @@ struct EventId {
 pub struct FrameCache {
     revision: i64,
     header: Bytes,
-    events: HashMap<EventId, Bytes>,
+    /// Events of the revision encoded one by one, for watchers that want some of them.
+    events: Vec<Encoded>,
+    /// The hub's batch of the revision, and its events encoded whole: without and with the
+    /// versions they replaced.
+    batch: Option<Arc<RevisionBatch>>,
+    whole: [Option<Bytes>; 2],
 }
 
 impl FrameCache {
+    /// Moves to `revision`, forgetting the previous one's encodings.
+    fn at(&mut self, revision: i64, header: impl FnOnce() -> pb::ResponseHeader) {
+        if self.revision != revision || self.header.is_empty() {
+            self.revision = revision;
+            self.header = field(HEADER_FIELD, &header());
+            self.events.clear();
+            self.batch = None;
+            self.whole = [None, None];
+        }
+    }
+
+    /// The response carrying all of `batch`'s events (with the versions they replaced when
+    /// `prev_kv`) to watcher `watch_id`; `header` gives the revision's response header when
+    /// the stream has not encoded it yet.
+    pub fn shared(
+        &mut self,
+        header: impl FnOnce() -> pb::ResponseHeader,
+        watch_id: i64,
+        batch: &Arc<RevisionBatch>,
+        prev_kv: bool,
+    ) -> WatchFrame {
+        self.at(batch.revision, header);
+        if !self.batch.as_ref().is_some_and(|b| Arc::ptr_eq(b, batch)) {
+            self.batch = Some(batch.clone());
+            self.whole = [None, None];
+        }
+        let events = self.whole[usize::from(prev_kv)]
+            .get_or_insert_with(|| {
+                let mut buf = Vec::new();
+                for e in &batch.events {
+                    let mut e = e.clone();
+                    if !prev_kv {
+                        e.prev_kv = None;
+                    }
+                    prost::encoding::message::encode(EVENTS_FIELD, &event_to_pb(e), &mut buf);
+                }
+                buf.into()
+            })
+            .clone();
+        WatchFrame::Events {
+            header: self.header.clone(),
+            watch_id,
+            events,
+        }
+    }
+
     /// The response carrying `events` of `revision` to watcher `watch_id`; `header` gives the
     /// revision's response header when the stream has not encoded it yet.
     pub fn events(
@@ -135,30 +200,32 @@ impl FrameCache {
         revision: i64,
         events: Vec<Event>,
     ) -> WatchFrame {
-        if self.revision != revision || self.header.is_empty() {
-            self.revision = revision;
-            self.header = field(HEADER_FIELD, &header());
-            self.events.clear();
+        self.at(revision, header);
+        let share = events.len() <= SHARED_EVENTS;
+        let mut buf = Vec::new();
+        for e in events {
+            if !share {
+                prost::encoding::message::encode(EVENTS_FIELD, &event_to_pb(e), &mut buf);
+                continue;
+            }
+            if let Some(known) = self.events.iter().find(|k| k.is(&e)) {
+                buf.extend_from_slice(&known.field);
+                continue;
+            }
+            let encoded = Encoded {
+                key: e.kv.key.clone(),
+                delete: e.kind == EventKind::Delete,
+                version: e.kv.version,
+                with_prev: e.prev_kv.is_some(),
+                field: field(EVENTS_FIELD, &event_to_pb(e)),
+            };
+            buf.extend_from_slice(&encoded.field);
+            self.events.push(encoded);
         }
-        let events = events
-            .into_iter()
-            .map(|e| {
-                let id = EventId {
-                    key: e.kv.key.clone(),
-                    delete: e.kind == EventKind::Delete,
-                    version: e.kv.version,
-                    with_prev: e.prev_kv.is_some(),
-                };
-                self.events
-                    .entry(id)
-                    .or_insert_with(|| field(EVENTS_FIELD, &event_to_pb(e)))
-                    .clone()
-            })
-            .collect();
         WatchFrame::Events {
             header: self.header.clone(),
             watch_id,
-            events,
+            events: buf.into(),
         }
     }
 }
@@ -184,7 +251,11 @@ mod tests {
         WatchFrame::Events {
             header: field(HEADER_FIELD, &header),
             watch_id,
-            events: events.iter().map(|e| field(EVENTS_FIELD, e)).collect(),
+            events: events
+                .iter()
+                .flat_map(|e| field(EVENTS_FIELD, e).to_vec())
+                .collect::<Vec<u8>>()
+                .into(),
         }
     }
 
@@ -242,47 +313,36 @@ mod tests {
         );
     }
 
-    /// Watchers of one revision share each event's bytes; one that asked for the previous
-    /// version gets an encoding of its own, and the next revision encodes afresh.
+    /// Watchers of one revision share its header, and a whole batch's encoded events; a
+    /// watcher that asked for the previous version gets an encoding of its own, and the next
+    /// revision encodes afresh.
     #[test]
     fn watchers_of_a_revision_share_its_encoded_events() {
         let header = |revision| pb::ResponseHeader {
             revision,
             ..Default::default()
         };
+        let once = || -> pb::ResponseHeader { panic!("the header is encoded once") };
         let put = |prev: bool| Event {
             kind: EventKind::Put,
             kv: kv("a", "1", 2),
             prev_kv: prev.then(|| kv("a", "0", 1)),
         };
-        let mut cache = FrameCache::default();
+        let decoded = |f: &WatchFrame| pb::WatchResponse::decode(&f.encode_to_vec()[..]).unwrap();
         let parts = |f: &WatchFrame| match f {
             WatchFrame::Events { header, events, .. } => (header.clone(), events.clone()),
             WatchFrame::Whole(_) => panic!("an event frame"),
         };
+        let mut cache = FrameCache::default();
+
+        // Events looked up one by one.
         let a = cache.events(|| header(7), 1, 7, vec![put(false)]);
-        let b = cache.events(
-            || panic!("the header is encoded once"),
-            2,
-            7,
-            vec![put(false)],
-        );
-        let c = cache.events(
-            || panic!("the header is encoded once"),
-            3,
-            7,
-            vec![put(true)],
-        );
-        let (ha, ea) = parts(&a);
-        let (hb, eb) = parts(&b);
-        let (_, ec) = parts(&c);
+        let b = cache.events(once, 2, 7, vec![put(false)]);
+        let c = cache.events(once, 3, 7, vec![put(true)]);
+        let ((ha, ea), (hb, eb), (_, ec)) = (parts(&a), parts(&b), parts(&c));
         assert_eq!(ha.as_ptr(), hb.as_ptr());
-        assert_eq!(
-            ea[0].as_ptr(),
-            eb[0].as_ptr(),
-            "one encoding for both watchers"
-        );
-        assert_ne!(ea[0], ec[0], "the previous version is in c's event only");
+        assert_eq!(ea, eb);
+        assert_ne!(ea, ec, "the previous version is in c's event only");
         for (f, id, prev) in [(&a, 1, false), (&b, 2, false), (&c, 3, true)] {
             let expected = pb::WatchResponse {
                 header: Some(header(7)),
@@ -290,17 +350,28 @@ mod tests {
                 events: vec![event_to_pb(put(prev))],
                 ..Default::default()
             };
-            assert_eq!(
-                pb::WatchResponse::decode(&f.encode_to_vec()[..]).unwrap(),
-                expected
-            );
+            assert_eq!(decoded(f), expected);
         }
-        let d = cache.events(|| header(8), 1, 8, vec![put(false)]);
-        assert_eq!(
-            pb::WatchResponse::decode(&d.encode_to_vec()[..])
-                .unwrap()
-                .header,
-            Some(header(8))
-        );
+
+        // A whole batch, encoded once for every watcher that wants it without previous
+        // versions, and once for those that want them.
+        let batch = Arc::new(RevisionBatch {
+            revision: 8,
+            events: vec![put(true), put(true)],
+            restored: false,
+        });
+        let d = cache.shared(|| header(8), 1, &batch, false);
+        let e = cache.shared(once, 2, &batch, false);
+        let f = cache.shared(once, 3, &batch, true);
+        assert_eq!(parts(&d).1.as_ptr(), parts(&e).1.as_ptr());
+        for (frame, id, prev) in [(&d, 1, false), (&e, 2, false), (&f, 3, true)] {
+            let expected = pb::WatchResponse {
+                header: Some(header(8)),
+                watch_id: id,
+                events: vec![event_to_pb(put(prev)), event_to_pb(put(prev))],
+                ..Default::default()
+            };
+            assert_eq!(decoded(frame), expected);
+        }
     }
 }

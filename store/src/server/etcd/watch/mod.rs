@@ -45,14 +45,8 @@ impl WatchService {
         let set = {
             let node = node.clone();
             let mut frames = FrameCache::default();
-            WatchSet::start(node.mvcc.clone(), out, move |id, message| {
-                Some(Ok(match message {
-                    SetMessage::Watch(WatchMessage::Events { revision, events }) => {
-                        let header = || node.header(revision).unwrap_or_default();
-                        frames.events(header, id, revision, events)
-                    }
-                    other => WatchFrame::whole(&response(&node, id, other)),
-                }))
+            WatchSet::start_sharing(node.mvcc.clone(), out, move |id, message| {
+                Some(Ok(frame(&node, &mut frames, id, message)))
             })
         };
         tokio::spawn(async move {
@@ -94,18 +88,27 @@ impl WatchService {
     }
 }
 
-/// The etcd response for one message of a stream's watcher set other than events (those are
-/// put together from the stream's [`FrameCache`]).
-fn response(node: &Node, id: i64, message: SetMessage) -> pb::WatchResponse {
+/// The etcd response for one message of a stream's watcher set; events come from the stream's
+/// [`FrameCache`].
+fn frame(node: &Node, frames: &mut FrameCache, id: i64, message: SetMessage) -> WatchFrame {
     let now = || node.header(node.mvcc.revision());
+    let whole = |r: pb::WatchResponse| WatchFrame::whole(&r);
     match message {
-        SetMessage::Created { revision } => pb::WatchResponse {
+        SetMessage::Shared { batch, prev_kv } => {
+            let header = || node.header(batch.revision).unwrap_or_default();
+            frames.shared(header, id, &batch, prev_kv)
+        }
+        SetMessage::Watch(WatchMessage::Events { revision, events }) => {
+            let header = || node.header(revision).unwrap_or_default();
+            frames.events(header, id, revision, events)
+        }
+        SetMessage::Created { revision } => whole(pb::WatchResponse {
             header: node.header(revision),
             watch_id: id,
             created: true,
             ..Default::default()
-        },
-        SetMessage::Refused(refusal) => pb::WatchResponse {
+        }),
+        SetMessage::Refused(refusal) => whole(pb::WatchResponse {
             header: now(),
             watch_id: id,
             created: true,
@@ -115,33 +118,29 @@ fn response(node: &Node, id: i64, message: SetMessage) -> pb::WatchResponse {
                 Refusal::Invalid(reason) => reason,
             },
             ..Default::default()
-        },
-        SetMessage::Watch(WatchMessage::Events { revision, events }) => pb::WatchResponse {
-            header: node.header(revision),
-            watch_id: id,
-            events: events.into_iter().map(super::event_to_pb).collect(),
-            ..Default::default()
-        },
+        }),
         SetMessage::Watch(WatchMessage::Progress { revision })
-        | SetMessage::InSync { revision } => pb::WatchResponse {
+        | SetMessage::InSync { revision } => whole(pb::WatchResponse {
             header: node.header(revision),
             watch_id: id,
             ..Default::default()
-        },
-        SetMessage::Watch(WatchMessage::Compacted { compact_revision }) => pb::WatchResponse {
-            header: now(),
-            watch_id: id,
-            canceled: true,
-            compact_revision,
-            cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
-            ..Default::default()
-        },
-        SetMessage::Canceled { reason } => pb::WatchResponse {
+        }),
+        SetMessage::Watch(WatchMessage::Compacted { compact_revision }) => {
+            whole(pb::WatchResponse {
+                header: now(),
+                watch_id: id,
+                canceled: true,
+                compact_revision,
+                cancel_reason: "etcdserver: mvcc: required revision has been compacted".into(),
+                ..Default::default()
+            })
+        }
+        SetMessage::Canceled { reason } => whole(pb::WatchResponse {
             header: now(),
             watch_id: id,
             canceled: true,
             cancel_reason: reason.unwrap_or_default(),
             ..Default::default()
-        },
+        }),
     }
 }
