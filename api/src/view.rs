@@ -65,8 +65,8 @@ impl View {
                         if !typed {
                             // The conversion names the served type; a list's items do not.
                             if let Some(o) = item.as_object_mut() {
-                                o.remove("kind");
-                                o.remove("apiVersion");
+                                o.shift_remove("kind");
+                                o.shift_remove("apiVersion");
                             }
                         }
                     }

@@ -92,8 +92,8 @@ pub(super) fn list_object(t: &Target, listed: Listed) -> Value {
     let mut items = listed.items;
     for item in &mut items {
         if let Some(o) = item.as_object_mut() {
-            o.remove("kind");
-            o.remove("apiVersion");
+            o.shift_remove("kind");
+            o.shift_remove("apiVersion");
         }
     }
     json!({
