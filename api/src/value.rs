@@ -1,5 +1,6 @@
 //! Writing into JSON objects that came from clients: `v["a"]["b"] = x` panics when `a` is not an
 //! object, so fields the server sets go through [`set`], which makes the path into objects.
+//! [`strip_type_meta`] takes an object's `kind` and `apiVersion` off, as a list's items go out.
 
 use serde_json::{Map, Value};
 
@@ -14,6 +15,15 @@ pub fn set(v: &mut Value, path: &[&str], value: Value) {
         cur = map.entry(key.to_string()).or_insert(Value::Null);
     }
     *cur = value;
+}
+
+/// Takes `kind` and `apiVersion` off an object, keeping the order of its other keys: a typed
+/// list's items go out without their type meta, which the list names once.
+pub fn strip_type_meta(v: &mut Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.shift_remove("kind");
+        o.shift_remove("apiVersion");
+    }
 }
 
 #[cfg(test)]

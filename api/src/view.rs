@@ -64,10 +64,7 @@ impl View {
                         (self.from_stored)(item);
                         if !typed {
                             // The conversion names the served type; a list's items do not.
-                            if let Some(o) = item.as_object_mut() {
-                                o.shift_remove("kind");
-                                o.shift_remove("apiVersion");
-                            }
+                            crate::value::strip_type_meta(item);
                         }
                     }
                 }

@@ -90,12 +90,7 @@ pub(super) fn render_list(t: &Target, listed: Listed, accept: &str, q: &Query) -
 /// kube-apiserver writes a typed list's items without their type meta, which the list names once.
 pub(super) fn list_object(t: &Target, listed: Listed) -> Value {
     let mut items = listed.items;
-    for item in &mut items {
-        if let Some(o) = item.as_object_mut() {
-            o.shift_remove("kind");
-            o.shift_remove("apiVersion");
-        }
-    }
+    items.iter_mut().for_each(crate::value::strip_type_meta);
     json!({
         "kind": format!("{}List", t.res.kind),
         "apiVersion": t.res.api_version(),

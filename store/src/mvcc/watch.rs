@@ -407,49 +407,50 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
             if batch.revision < w.next {
                 continue;
             }
-            if self.shares_batches
+            let whole = self.shares_batches
                 && (prev_complete || !w.spec.prev_kv)
-                && batch.events.iter().all(|e| wanted(&w.spec, e))
-            {
-                w.next = batch.revision + 1;
-                if batch.events.is_empty() {
-                    continue;
-                }
-                w.last_sent = now;
-                let shared = SetMessage::Shared {
+                && batch.events.iter().all(|e| wanted(&w.spec, e));
+            let message = if whole {
+                (!batch.events.is_empty()).then(|| SetMessage::Shared {
                     batch: batch.clone(),
                     prev_kv: w.spec.prev_kv,
-                };
-                if !self.sink.send(*id, shared).await {
+                })
+            } else {
+                // Copy only the events this watcher wants. A large DeleteRange's events do not
+                // carry the deleted versions (`DELETED_VERSIONS_IN_EVENTS`): a watcher that
+                // wants them reads them.
+                let events: Vec<Event> = batch
+                    .events
+                    .iter()
+                    .filter(|e| wanted(&w.spec, e))
+                    .map(|e| Event {
+                        kind: e.kind,
+                        kv: e.kv.clone(),
+                        prev_kv: match (&e.prev_kv, w.spec.prev_kv, e.kind) {
+                            (_, false, _) => None,
+                            (Some(prev), true, _) => Some(prev.clone()),
+                            (None, true, EventKind::Delete) => self
+                                .store
+                                .version_before_revision(&e.kv.key, batch.revision)
+                                .ok()
+                                .flatten(),
+                            (None, true, EventKind::Put) => None,
+                        },
+                    })
+                    .collect();
+                (!events.is_empty()).then(|| {
+                    SetMessage::Watch(WatchMessage::Events {
+                        revision: batch.revision,
+                        events,
+                    })
+                })
+            };
+            w.next = batch.revision + 1;
+            if let Some(message) = message {
+                w.last_sent = now;
+                if !self.sink.send(*id, message).await {
                     return false;
                 }
-                continue;
-            }
-            // The batch is shared by every watcher: copy only the events this one wants. A
-            // large DeleteRange's events do not carry the deleted versions
-            // (`DELETED_VERSIONS_IN_EVENTS`): a watcher that wants them reads them.
-            let events: Vec<Event> = batch
-                .events
-                .iter()
-                .filter(|e| wanted(&w.spec, e))
-                .map(|e| Event {
-                    kind: e.kind,
-                    kv: e.kv.clone(),
-                    prev_kv: match (&e.prev_kv, w.spec.prev_kv, e.kind) {
-                        (_, false, _) => None,
-                        (Some(prev), true, _) => Some(prev.clone()),
-                        (None, true, EventKind::Delete) => self
-                            .store
-                            .version_before_revision(&e.kv.key, batch.revision)
-                            .ok()
-                            .flatten(),
-                        (None, true, EventKind::Put) => None,
-                    },
-                })
-                .collect();
-            w.next = batch.revision + 1;
-            if !send_events(&mut self.sink, *id, w, now, batch.revision, events).await {
-                return false;
             }
         }
         true
@@ -519,16 +520,7 @@ impl<T, F: FnMut(i64, SetMessage) -> Option<T>> Set<T, F> {
                     })
                     .collect();
                 w.next = batch.revision + 1;
-                if !send_events(
-                    &mut self.sink,
-                    id,
-                    w,
-                    Instant::now(),
-                    batch.revision,
-                    events,
-                )
-                .await
-                {
+                if !send_events(&mut self.sink, id, w, batch.revision, events).await {
                     return false;
                 }
             }
@@ -605,14 +597,13 @@ async fn send_events<T, F: FnMut(i64, SetMessage) -> Option<T>>(
     sink: &mut Sink<T, F>,
     id: i64,
     w: &mut Watcher,
-    now: Instant,
     revision: i64,
     events: Vec<Event>,
 ) -> bool {
     if events.is_empty() {
         return true;
     }
-    w.last_sent = now;
+    w.last_sent = Instant::now();
     let message = WatchMessage::Events { revision, events };
     sink.send(id, SetMessage::Watch(message)).await
 }

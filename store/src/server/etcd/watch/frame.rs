@@ -3,8 +3,9 @@
 //! `watch_id` per response), but the header and the events are the same bytes for all the
 //! watchers of a stream that want them: they are encoded once per stream and revision, and
 //! each watcher's response only adds its id between them. A revision that a watcher wants
-//! whole comes as the hub's own batch ([`SetMessage::Shared`]), encoded once for the stream;
-//! a watcher that wants part of one gets its events looked up one by one.
+//! whole comes as the hub's own batch ([`crate::mvcc::watch::SetMessage::Shared`]), encoded once for the stream;
+//! a watcher that wants part of one gets those events encoded for it alone. (Sharing the
+//! encoding of single events as well saved no CPU: BENCHMARKS.md, 2026-12-06.)
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use prost::Message;
 
 use super::super::event_to_pb;
 use crate::mvcc::store::RevisionBatch;
-use crate::mvcc::{Event, EventKind};
+use crate::mvcc::Event;
 use crate::proto::etcdserverpb as pb;
 
 /// `WatchResponse.header`, `WatchResponse.watch_id` and `WatchResponse.events` (rpc.proto).
@@ -106,29 +107,6 @@ fn field<M: Message>(number: u32, message: &M) -> Bytes {
     buf.into()
 }
 
-/// A revision's events above this many are encoded for each watcher rather than looked up
-/// (the lookup is a scan, and such revisions are rare: a large DeleteRange or Txn).
-const SHARED_EVENTS: usize = 16;
-
-/// What makes one event's encoding: the same key, kind and version at the same revision, with
-/// or without the version it replaced.
-struct Encoded {
-    key: Bytes,
-    delete: bool,
-    version: i64,
-    with_prev: bool,
-    field: Bytes,
-}
-
-impl Encoded {
-    fn is(&self, e: &Event) -> bool {
-        self.version == e.kv.version
-            && self.delete == (e.kind == EventKind::Delete)
-            && self.with_prev == e.prev_kv.is_some()
-            && self.key == e.kv.key
-    }
-}
-
 /// The encoded header and events of the revision a stream is sending, shared by its watchers.
 /// It holds one revision at a time: a watcher catching up from history sends older ones, and
 /// those are encoded again when the live revision comes back.
@@ -136,8 +114,6 @@ impl Encoded {
 pub struct FrameCache {
     revision: i64,
     header: Bytes,
-    /// Events of the revision encoded one by one, for watchers that want some of them.
-    events: Vec<Encoded>,
     /// The hub's batch of the revision, and its events encoded whole: without and with the
     /// versions they replaced.
     batch: Option<Arc<RevisionBatch>>,
@@ -150,7 +126,6 @@ impl FrameCache {
         if self.revision != revision || self.header.is_empty() {
             self.revision = revision;
             self.header = field(HEADER_FIELD, &header());
-            self.events.clear();
             self.batch = None;
             self.whole = [None, None];
         }
@@ -191,7 +166,8 @@ impl FrameCache {
         }
     }
 
-    /// The response carrying `events` of `revision` to watcher `watch_id`; `header` gives the
+    /// The response carrying `events` of `revision` to watcher `watch_id` (the part of a
+    /// revision it wants, or one read from history), encoded for it alone; `header` gives the
     /// revision's response header when the stream has not encoded it yet.
     pub fn events(
         &mut self,
@@ -201,26 +177,9 @@ impl FrameCache {
         events: Vec<Event>,
     ) -> WatchFrame {
         self.at(revision, header);
-        let share = events.len() <= SHARED_EVENTS;
         let mut buf = Vec::new();
         for e in events {
-            if !share {
-                prost::encoding::message::encode(EVENTS_FIELD, &event_to_pb(e), &mut buf);
-                continue;
-            }
-            if let Some(known) = self.events.iter().find(|k| k.is(&e)) {
-                buf.extend_from_slice(&known.field);
-                continue;
-            }
-            let encoded = Encoded {
-                key: e.kv.key.clone(),
-                delete: e.kind == EventKind::Delete,
-                version: e.kv.version,
-                with_prev: e.prev_kv.is_some(),
-                field: field(EVENTS_FIELD, &event_to_pb(e)),
-            };
-            buf.extend_from_slice(&encoded.field);
-            self.events.push(encoded);
+            prost::encoding::message::encode(EVENTS_FIELD, &event_to_pb(e), &mut buf);
         }
         WatchFrame::Events {
             header: self.header.clone(),
@@ -233,7 +192,7 @@ impl FrameCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mvcc::KeyValue;
+    use crate::mvcc::{EventKind, KeyValue};
     use crate::proto::mvccpb;
 
     fn kv(key: &str, value: &str, version: i64) -> KeyValue {
