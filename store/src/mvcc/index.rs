@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use bytes::Bytes;
+
 use super::keys::Revision;
 
 /// Where one version of a key is in the history, and what a delete of it needs to know
@@ -26,7 +28,8 @@ type Versions = Vec<Version>;
 
 #[derive(Default)]
 pub(super) struct KeyIndex {
-    keys: BTreeMap<Vec<u8>, Versions>,
+    /// Each key once, shared with the events and staged changes that name it.
+    keys: BTreeMap<Bytes, Versions>,
 }
 
 /// The version live at main revision `at`: the newest at or before it, unless that one is a
@@ -43,11 +46,20 @@ impl KeyIndex {
     }
 
     /// Adds a history record of `key`, newer than every record of it so far.
-    pub(super) fn record(&mut self, key: &[u8], version: Version) {
+    pub(super) fn record(&mut self, key: &Bytes, version: Version) {
+        self.record_with(key, version, || key.clone());
+    }
+
+    /// [`KeyIndex::record`] for a key read from the history, copied only when it is new.
+    pub(super) fn record_read(&mut self, key: &[u8], version: Version) {
+        self.record_with(key, version, || Bytes::copy_from_slice(key));
+    }
+
+    fn record_with(&mut self, key: &[u8], version: Version, owned: impl FnOnce() -> Bytes) {
         match self.keys.get_mut(key) {
             Some(versions) => versions.push(version),
             None => {
-                self.keys.insert(key.to_vec(), vec![version]);
+                self.keys.insert(owned(), vec![version]);
             }
         }
     }
@@ -72,14 +84,14 @@ impl KeyIndex {
         start: &[u8],
         end: Option<&[u8]>,
         at: i64,
-    ) -> impl Iterator<Item = (&'a [u8], Version)> + 'a {
+    ) -> impl Iterator<Item = (&'a Bytes, Version)> + 'a {
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         // BTreeMap::range panics on an end before its start.
         let empty = end.is_some_and(|end| end <= start);
         let iter = (!empty).then(|| self.keys.range::<[u8], _>((Bound::Included(start), upper)));
         iter.into_iter()
             .flatten()
-            .filter_map(move |(key, versions)| Some((key.as_slice(), live_at(versions, at)?)))
+            .filter_map(move |(key, versions)| Some((key, live_at(versions, at)?)))
     }
 
     /// Forgets what a compaction at `revision` drops from the history, and returns the
@@ -127,7 +139,7 @@ mod tests {
                 tombstone: *tombstone,
                 lease: 0,
             };
-            index.record(key.as_bytes(), version);
+            index.record_read(key.as_bytes(), version);
         }
         index
     }

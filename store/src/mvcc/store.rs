@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
@@ -45,7 +46,7 @@ mod validate;
 
 use apply::stageable_after_others;
 pub use commit::Changes;
-use commit::WriteSet;
+use commit::{StagedKeys, WriteSet};
 pub use interchange::HistoryRecord;
 use reads::{live_in, Live};
 pub use validate::validate_txn;
@@ -345,7 +346,7 @@ impl MvccStore {
                 .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
             let (key, lease, tombstone) = Record::indexed(&v)
                 .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
-            index.record(
+            index.record_read(
                 key,
                 Version {
                     rev,

@@ -91,7 +91,7 @@ impl MvccStore {
         &self,
         index: &KeyIndex,
         cmp: &Compare,
-        staged: &BTreeMap<Vec<u8>, Option<KeyValue>>,
+        staged: &StagedKeys,
     ) -> Result<bool, MvccError> {
         let kvs = self
             .scan_current(index, &cmp.range, &[staged])
@@ -163,7 +163,7 @@ impl MvccStore {
                 if lease != 0 {
                     ws.own.lkeys.push((lease, req.key.clone(), true));
                 }
-                ws.own.overlay.insert(req.key.clone(), Some(kv.clone()));
+                ws.own.overlay.insert(kv.key.clone(), Some(kv.clone()));
                 let result = PutResult {
                     prev_kv: if req.prev_kv { prev.clone() } else { None },
                 };
@@ -183,7 +183,7 @@ impl MvccStore {
                     if lease != 0 {
                         ws.detach(lease, &key);
                     }
-                    ws.own.overlay.insert(key.to_vec(), None);
+                    ws.own.overlay.insert(key.clone(), None);
                     if req.prev_kv {
                         prev_kvs.extend(prev.clone());
                     }
@@ -207,9 +207,7 @@ impl MvccStore {
                     for live in live {
                         match live {
                             Live::Staged(prev) => delete(prev.key.clone(), prev.lease, Some(prev)),
-                            Live::Stored(key, version) => {
-                                delete(Bytes::copy_from_slice(key), version.lease, None)
-                            }
+                            Live::Stored(key, version) => delete(key.clone(), version.lease, None),
                         }
                     }
                 }

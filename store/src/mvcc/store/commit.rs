@@ -14,16 +14,20 @@ pub(super) fn redo_chunk_key(i: usize) -> Vec<u8> {
     format!("redo/{i}").into_bytes()
 }
 
+/// Keys changed by staged commands: the new version, or `None` for a deletion. A key is the
+/// same shared buffer as in the index and the events.
+pub(super) type StagedKeys = BTreeMap<Bytes, Option<KeyValue>>;
+
 /// What one command changes, over the changes of the commands staged before it in the same
 /// [`Changes`].
 pub(super) struct WriteSet<'a> {
     /// Keys changed by the commands staged before this one.
-    pub(super) base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>,
+    pub(super) base: &'a StagedKeys,
     pub(super) own: Staged,
 }
 
 impl<'a> WriteSet<'a> {
-    pub(super) fn new(main: i64, base: &'a BTreeMap<Vec<u8>, Option<KeyValue>>) -> Self {
+    pub(super) fn new(main: i64, base: &'a StagedKeys) -> Self {
         Self {
             base,
             own: Staged {
@@ -49,7 +53,7 @@ pub(super) struct Staged {
     /// The revision its changes get.
     pub(super) main: i64,
     /// Keys it changed, over the earlier commands' keys.
-    pub(super) overlay: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    pub(super) overlay: StagedKeys,
     /// Its changes in order: the `n`th has revision (`main`, `n`) and is the history record
     /// the commit writes (a put, or a delete's tombstone) as well as what watchers get.
     pub(super) events: Vec<Event>,
@@ -75,7 +79,7 @@ pub struct Changes {
     /// The newest revision, staged changes included.
     revision: i64,
     /// Keys changed by the staged commands.
-    keys: BTreeMap<Vec<u8>, Option<KeyValue>>,
+    keys: StagedKeys,
     /// The changes of each staged revision, in revision order: the history records to
     /// write (see [`Staged::events`]), then the events to publish.
     batches: Vec<RevisionBatch>,

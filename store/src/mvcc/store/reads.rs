@@ -7,7 +7,7 @@ use super::*;
 /// stored version is.
 pub(super) enum Live<'a> {
     Staged(KeyValue),
-    Stored(&'a [u8], Version),
+    Stored(&'a Bytes, Version),
 }
 
 /// The live keys in `range` in key order: the staged ones (`layers`, later ones over earlier
@@ -15,7 +15,7 @@ pub(super) enum Live<'a> {
 pub(super) fn live_in<'a>(
     index: &'a KeyIndex,
     range: &KeyRange,
-    layers: &[&BTreeMap<Vec<u8>, Option<KeyValue>>],
+    layers: &[&StagedKeys],
 ) -> Vec<Live<'a>> {
     use std::ops::Bound;
     let single_end;
@@ -36,7 +36,7 @@ pub(super) fn live_in<'a>(
     let mut staged: BTreeMap<&[u8], Option<&KeyValue>> = BTreeMap::new();
     for layer in layers {
         for (k, v) in layer.range::<[u8], _>(bounds) {
-            staged.insert(k, v.as_ref());
+            staged.insert(k.as_ref(), v.as_ref());
         }
     }
     let mut staged = staged.into_iter().peekable();
@@ -59,7 +59,7 @@ pub(super) fn live_in<'a>(
         false
     };
     for (k, version) in index.range(start, end, i64::MAX) {
-        if !take_staged(&mut out, Some(k)) {
+        if !take_staged(&mut out, Some(k.as_ref())) {
             out.push(Live::Stored(k, version));
         }
     }
@@ -160,10 +160,13 @@ impl MvccStore {
         &self,
         index: &KeyIndex,
         range: &KeyRange,
-        layers: &[&BTreeMap<Vec<u8>, Option<KeyValue>>],
+        layers: &[&StagedKeys],
     ) -> Result<Vec<KeyValue>, StorageError> {
         if range.is_single() {
-            let staged = layers.iter().rev().find_map(|l| l.get(&range.key));
+            let staged = layers
+                .iter()
+                .rev()
+                .find_map(|l| l.get(range.key.as_slice()));
             return Ok(match staged {
                 Some(kv) => kv.iter().cloned().collect(),
                 None => match index.at(&range.key, i64::MAX) {
