@@ -143,8 +143,9 @@ pub struct ServerArgs {
     /// this campaigns (each member draws its factor once, at start).
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
-    /// Take a Raft snapshot after this many applied entries.
-    #[arg(long, default_value_t = 10_000)]
+    /// Take a Raft snapshot after this many applied entries (etcd 3.4's default). A snapshot
+    /// dumps the whole store; the log keeps up to this many entries plus the catch-up ones.
+    #[arg(long, default_value_t = 100_000)]
     snapshot_count: u64,
     /// Entries kept in the log behind a snapshot for slow followers.
     #[arg(long, default_value_t = 5_000)]

@@ -57,8 +57,9 @@ pub struct UpArgs {
     /// Start the cluster in the background and return once it has a leader.
     #[arg(long)]
     pub detach: bool,
-    /// Raft snapshot after this many applied entries (passed to every server).
-    #[arg(long, default_value_t = 10_000)]
+    /// Raft snapshot after this many applied entries (passed to every server); etcd 3.4's
+    /// default.
+    #[arg(long, default_value_t = 100_000)]
     pub snapshot_count: u64,
     /// Entries kept behind a snapshot for slow followers.
     #[arg(long, default_value_t = 5_000)]
