@@ -53,6 +53,7 @@ const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta<NodeId, Member>,
+    #[serde(with = "crate::mvcc::types::byte_vec")]
     data: Vec<u8>,
 }
 
