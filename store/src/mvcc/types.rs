@@ -479,17 +479,9 @@ mod tests {
         }
     }
 
-    /// `PutRequest` and `KeyRange` as they were before their byte strings were encoded as one
-    /// run ([`byte_vec`]).
-    #[derive(Debug, PartialEq, Serialize, Deserialize)]
-    struct VecPut {
-        key: Vec<u8>,
-        value: Vec<u8>,
-        lease: i64,
-        prev_kv: bool,
-        ignore_value: bool,
-        ignore_lease: bool,
-    }
+    /// `PutRequest` (bincode writes a struct as the tuple of its fields) and `KeyRange` as they
+    /// were before their byte strings were encoded as one run ([`byte_vec`]).
+    type VecPut = (Vec<u8>, Vec<u8>, i64, bool, bool, bool);
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct VecRange {
@@ -535,15 +527,20 @@ mod tests {
                 ignore_value: false,
                 ignore_lease: true,
             };
-            let old = VecPut {
-                key: key.to_vec(),
-                value: value.to_vec(),
-                lease: 3,
-                prev_kv: true,
-                ignore_value: false,
-                ignore_lease: true,
-            };
-            same(&put, &old);
+            let old: VecPut = (key.to_vec(), value.to_vec(), 3, true, false, true);
+            let bytes = bincode::serialize(&old).expect("encode");
+            assert_eq!(bincode::serialize(&put).expect("encode"), bytes);
+            assert_eq!(
+                bincode::deserialize::<PutRequest>(&bytes).expect("decode"),
+                put
+            );
+            let json = serde_json::to_value(&put).expect("json");
+            assert_eq!(json["key"], serde_json::json!(key));
+            assert_eq!(json["value"], serde_json::json!(value));
+            assert_eq!(
+                serde_json::from_value::<PutRequest>(json).expect("json"),
+                put
+            );
             let range = KeyRange {
                 key: key.to_vec(),
                 range_end: value.to_vec(),
