@@ -42,6 +42,9 @@ pub enum StorageError {
     Sled(#[from] sled::Error),
     #[error("storage: corrupt record: {0}")]
     Corrupt(String),
+    /// Data in a format this build does not read (a snapshot of a newer build).
+    #[error("storage: {0}")]
+    Unsupported(String),
     #[error("storage: {0}")]
     Io(#[from] std::io::Error),
 }

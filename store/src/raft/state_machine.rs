@@ -36,6 +36,7 @@ use crate::failpoints::{
     crash_point, APPLY_AFTER, APPLY_BEFORE, SNAPSHOT_BUILD_AFTER_SAVE, SNAPSHOT_BUILD_BEFORE_SAVE,
     SNAPSHOT_INSTALL_AFTER, SNAPSHOT_INSTALL_BEFORE,
 };
+use crate::mvcc::store::Dump;
 use crate::mvcc::{Applied, Changes, Command, MvccStore, Output};
 
 /// The last applied log id (what a backup in etcd's format carries as its consistent index).
@@ -114,7 +115,7 @@ impl StateMachine {
         }
         if interrupted || behind {
             if let Some(file) = sm.read_snapshot_file()? {
-                sm.mvcc.restore(bincode::deserialize(&file.data)?)?;
+                sm.mvcc.restore(Dump::decode(&file.data)?)?;
             }
         }
         // What the trees hold now is made durable, so the log may be purged up to it (openraft
@@ -490,7 +491,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             data: snapshot.into_inner(),
         };
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
-            let dump = bincode::deserialize(&file.data)?;
+            let dump = Dump::decode(&file.data)?;
             crash_point(SNAPSHOT_INSTALL_BEFORE);
             sm.write_snapshot_file(&file)?;
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;

@@ -4,6 +4,38 @@ use std::io::{Seek, SeekFrom, Write};
 
 use super::*;
 
+/// What a Raft snapshot's dump starts with: its format's mark and version (u16, little-endian).
+/// A dump of a build before the mark starts with its tree count, a small little-endian u64,
+/// which the mark's bytes never are; it reads as version 0.
+const DUMP_MARK: &[u8; 6] = b"RKDUMP";
+/// The version [`MvccStore::write_dump`] writes and the highest [`Dump::decode`] reads.
+pub const DUMP_VERSION: u16 = 1;
+
+impl Dump {
+    /// A dump as [`MvccStore::write_dump`] writes it (or as builds before the version mark
+    /// did). A newer version is refused by name, so a member of an older build that is sent a
+    /// snapshot it cannot read says so instead of failing to decode it.
+    pub fn decode(bytes: &[u8]) -> Result<Dump, StorageError> {
+        let body = match bytes.strip_prefix(DUMP_MARK) {
+            Some(rest) => {
+                let (version, body) = rest.split_at_checked(2).ok_or_else(|| {
+                    StorageError::Corrupt("a snapshot cut short in its format version".into())
+                })?;
+                let version = u16::from_le_bytes([version[0], version[1]]);
+                if version != DUMP_VERSION {
+                    return Err(StorageError::Unsupported(format!(
+                        "snapshot format version {version} is not supported by this rkube \
+                         (it reads versions 0 to {DUMP_VERSION}); upgrade this member"
+                    )));
+                }
+                body
+            }
+            None => bytes,
+        };
+        Ok(bincode::deserialize(body)?)
+    }
+}
+
 /// What [`DumpView::rows`] gives: a tree's name, then its rows.
 pub(super) enum DumpRow<'a> {
     Tree(&'static str),
@@ -146,6 +178,8 @@ impl MvccStore {
             .map(|k| view.meta(k).map(<[u8]>::to_vec))
             .collect();
         header(out, &values)?;
+        out.write_all(DUMP_MARK)?;
+        out.write_all(&DUMP_VERSION.to_le_bytes())?;
         put_len(out, self.trees.all().len())?;
         // Where the row count of the tree being written goes, and its rows so far: the count
         // goes before the rows and is known once they are written.
@@ -295,8 +329,9 @@ mod tests {
     fn an_encoded_dump_is_the_dump_encoded() {
         let db = sled::Config::new().temporary(true).open().expect("db");
         let store = MvccStore::open(&db).expect("store");
+        let marked = |dump: &Dump| [&b"RKDUMP\x01\x00"[..], &encode(dump)].concat();
         let empty = store.dump_encoded(&[META_REVISION]).expect("encoded dump");
-        assert_eq!(empty.0, encode(&store.dump().expect("dump")));
+        assert_eq!(empty.0, marked(&store.dump().expect("dump")));
         assert_eq!(empty.1, vec![None]);
         let put = |key: &str, value: &[u8], lease| {
             let cmd = Command::Txn(TxnRequest {
@@ -325,7 +360,21 @@ mod tests {
             .dump_encoded(&[b"raft_applied", META_REVISION, b"absent"])
             .expect("encoded dump");
         let dump = store.dump().expect("dump");
-        assert_eq!(bytes, encode(&dump));
+        assert_eq!(bytes, marked(&dump));
+        // Read back as written, and as a build before the mark wrote it.
+        for bytes in [&bytes[..], &encode(&dump)[..]] {
+            let decoded = Dump::decode(bytes).expect("decodes");
+            assert_eq!(encode(&decoded), encode(&dump));
+        }
+        let newer = [&b"RKDUMP\x02\x00"[..], &encode(&dump)].concat();
+        let refused = Dump::decode(&newer).err().map(|e| e.to_string());
+        assert_eq!(
+            refused.as_deref(),
+            Some(
+                "storage: snapshot format version 2 is not supported by this rkube (it reads \
+                 versions 0 to 1); upgrade this member"
+            )
+        );
         assert_eq!(
             values,
             vec![
