@@ -464,19 +464,22 @@ mod tests {
                 value: value.to_vec(),
                 lease: -7,
             };
-            let bytes = bincode::serialize(&old).expect("encode");
-            assert_eq!(bincode::serialize(&shared).expect("encode"), bytes);
-            assert_eq!(
-                bincode::deserialize::<KeyValue>(&bytes).expect("decode"),
-                shared
-            );
-            let json = serde_json::to_string(&old).expect("json");
-            assert_eq!(serde_json::to_string(&shared).expect("json"), json);
-            assert_eq!(
-                serde_json::from_str::<KeyValue>(&json).expect("json"),
-                shared
-            );
+            same(&shared, &old);
         }
+    }
+
+    /// `new` encodes as `old` does in bincode and JSON, and reads back from `old`'s encodings.
+    fn same<A, B>(new: &A, old: &B)
+    where
+        A: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
+        B: Serialize,
+    {
+        let bytes = bincode::serialize(old).expect("encode");
+        assert_eq!(bincode::serialize(new).expect("encode"), bytes);
+        assert_eq!(&bincode::deserialize::<A>(&bytes).expect("decode"), new);
+        let json = serde_json::to_string(old).expect("json");
+        assert_eq!(serde_json::to_string(new).expect("json"), json);
+        assert_eq!(&serde_json::from_str::<A>(&json).expect("json"), new);
     }
 
     /// `PutRequest` (bincode writes a struct as the tuple of its fields) and `KeyRange` as they
@@ -502,18 +505,6 @@ mod tests {
     /// same, and the other way round, in bincode and in JSON.
     #[test]
     fn byte_strings_in_commands_encode_as_vec_fields_did() {
-        fn same<A, B>(new: &A, old: &B)
-        where
-            A: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
-            B: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug,
-        {
-            let bytes = bincode::serialize(old).expect("encode");
-            assert_eq!(bincode::serialize(new).expect("encode"), bytes);
-            assert_eq!(&bincode::deserialize::<A>(&bytes).expect("decode"), new);
-            let json = serde_json::to_string(old).expect("json");
-            assert_eq!(serde_json::to_string(new).expect("json"), json);
-            assert_eq!(&serde_json::from_str::<A>(&json).expect("json"), new);
-        }
         for (key, value) in [
             (&b""[..], &b""[..]),
             (b"/registry/pods/default/web", &[0u8, 255, 7][..]),

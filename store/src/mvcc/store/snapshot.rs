@@ -9,7 +9,7 @@ use super::*;
 /// which the mark's bytes never are; it reads as version 0.
 const DUMP_MARK: &[u8; 6] = b"RKDUMP";
 /// The version [`MvccStore::write_dump`] writes and the highest [`Dump::decode`] reads.
-pub const DUMP_VERSION: u16 = 1;
+const DUMP_VERSION: u16 = 1;
 
 impl Dump {
     /// A dump as [`MvccStore::write_dump`] writes it (or as builds before the version mark
@@ -22,7 +22,7 @@ impl Dump {
                     StorageError::Corrupt("a snapshot cut short in its format version".into())
                 })?;
                 let version = u16::from_le_bytes([version[0], version[1]]);
-                if version != DUMP_VERSION {
+                if version > DUMP_VERSION {
                     return Err(StorageError::Unsupported(format!(
                         "snapshot format version {version} is not supported by this rkube \
                          (it reads versions 0 to {DUMP_VERSION}); upgrade this member"

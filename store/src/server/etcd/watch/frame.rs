@@ -3,9 +3,10 @@
 //! `watch_id` per response), but the header and the events are the same bytes for all the
 //! watchers of a stream that want them: they are encoded once per stream and revision, and
 //! each watcher's response only adds its id between them. A revision that a watcher wants
-//! whole comes as the hub's own batch ([`crate::mvcc::watch::SetMessage::Shared`]), encoded once for the stream;
-//! a watcher that wants part of one gets those events encoded for it alone. (Sharing the
-//! encoding of single events as well saved no CPU: BENCHMARKS.md, 2026-12-06.)
+//! whole comes as the hub's own batch ([`crate::mvcc::watch::SetMessage::Shared`]), encoded
+//! once for the stream; a watcher that wants part of one gets those events encoded for it
+//! alone. (Sharing the encoding of single events as well saved no CPU: BENCHMARKS.md,
+//! 2026-12-06.)
 
 use std::sync::Arc;
 
