@@ -2,11 +2,13 @@
 # Two rkube binaries against each other (for example two allocators): put with 1, 16 and 256
 # clients on a fresh three-member `rkube up --store-only` cluster of each, alternating which goes
 # first, ROUNDS rounds (5). One line per round, binary and workload: throughput, p99 and the
-# largest member's peak RSS (VmHWM, reset before each workload).
+# largest member's peak RSS (VmHWM, reset before each workload). WORKLOADS picks them ("1 16
+# 256" by default; "checkperf" runs `etcdctl check perf --load=l`).
 #
 #   cluster-tests/bench/put-ab.sh NAME_A=BINARY_A NAME_B=BINARY_B [WORKDIR] > results.txt
 set -u
 A=$1 B=$2 WORK=${3:-$(mktemp -d)} ROUNDS=${ROUNDS:-5} PORT=${PORT:-56379}
+WORKLOADS=${WORKLOADS:-1 16 256}
 for r in $(seq 1 "$ROUNDS"); do
   order="$A $B"; [ $((r % 2)) = 0 ] && order="$B $A"
   for v in $order; do
@@ -18,9 +20,17 @@ for r in $(seq 1 "$ROUNDS"); do
     fi
     # shellcheck disable=SC1091
     . "$d/env"
-    for w in 1 16 256; do
-      total=20000; [ "$w" = 1 ] && total=2000
+    # The members themselves, as vs-etcd.sh uses them (the env file names the endpoint proxy).
+    export ETCDCTL_ENDPOINTS=https://127.0.0.1:$base,https://127.0.0.1:$((base + 10)),https://127.0.0.1:$((base + 20))
+    for w in $WORKLOADS; do
       for n in 1 2 3; do echo 5 >"/proc/$(cat "$d/n$n.pid")/clear_refs"; done
+      if [ "$w" = checkperf ]; then
+        out=$(ETCDCTL_API=3 timeout 300 etcdctl check perf --load=l 2>&1)
+        hwm=$(for n in 1 2 3; do awk '/VmHWM/{print $2}' "/proc/$(cat "$d/n$n.pid")/status"; done | sort -n | tail -1)
+        echo "round=$r variant=$name workload=checkperf writes_per_s=$(grep -o '[0-9.]* writes/s' <<<"$out" | cut -d' ' -f1) slowest_s=$(grep -o 'Slowest request took [0-9.]*' <<<"$out" | grep -o '[0-9.]*$') errors=$(grep -ci 'error' <<<"$out") hwm_kib=$hwm"
+        continue
+      fi
+      total=20000; [ "$w" = 1 ] && total=2000
       out=$("$bin" bench --endpoints "$ETCDCTL_ENDPOINTS" --cacert "$ETCDCTL_CACERT" --cert "$ETCDCTL_CERT" \
         --key "$ETCDCTL_KEY" put --clients "$w" --total "$total" 2>&1 | grep -v BENCH_JSON | tail -1)
       hwm=$(for n in 1 2 3; do awk '/VmHWM/{print $2}' "/proc/$(cat "$d/n$n.pid")/status"; done | sort -n | tail -1)
