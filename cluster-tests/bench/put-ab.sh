@@ -45,17 +45,19 @@ for r in $(seq 1 "$ROUNDS"); do
       t0=$(cpu_ticks "$d") rev0=$(revision)
       if [ "$w" = checkperf ]; then
         out=$(ETCDCTL_API=3 timeout 300 etcdctl check perf --load=l 2>&1)
-        hwm=$(for n in 1 2 3; do awk '/VmHWM/{print $2}' "/proc/$(cat "$d/n$n.pid")/status"; done | sort -n | tail -1)
         # Its writes, without the final DeleteRange (one revision); the CPU includes it.
-        writes=$(($(revision) - rev0 - 1))
-        echo "round=$r variant=$name workload=checkperf writes_per_s=$(grep -o '[0-9.]* writes/s' <<<"$out" | cut -d' ' -f1) slowest_s=$(grep -o 'Slowest request took [0-9.]*' <<<"$out" | grep -o '[0-9.]*$') errors=$(grep -ci 'error' <<<"$out") hwm_kib=$hwm cpu_us_per_write=$(cpu_per_write "$t0" "$(cpu_ticks "$d")" "$writes")"
-        continue
+        deletes=1
+        fields="workload=checkperf writes_per_s=$(grep -o '[0-9.]* writes/s' <<<"$out" | cut -d' ' -f1) slowest_s=$(grep -o 'Slowest request took [0-9.]*' <<<"$out" | grep -o '[0-9.]*$') errors=$(grep -ci 'error' <<<"$out")"
+      else
+        total=20000; [ "$w" = 1 ] && total=2000
+        out=$("$bin" bench --endpoints "$ETCDCTL_ENDPOINTS" --cacert "$ETCDCTL_CACERT" --cert "$ETCDCTL_CERT" \
+          --key "$ETCDCTL_KEY" put --clients "$w" --total "$total" 2>&1 | grep -v BENCH_JSON | tail -1)
+        deletes=0
+        fields="clients=$w $(grep -o 'throughput=[0-9.]*' <<<"$out") $(grep -o 'p99_ms=[0-9.]*' <<<"$out")"
       fi
-      total=20000; [ "$w" = 1 ] && total=2000
-      out=$("$bin" bench --endpoints "$ETCDCTL_ENDPOINTS" --cacert "$ETCDCTL_CACERT" --cert "$ETCDCTL_CERT" \
-        --key "$ETCDCTL_KEY" put --clients "$w" --total "$total" 2>&1 | grep -v BENCH_JSON | tail -1)
       hwm=$(for n in 1 2 3; do awk '/VmHWM/{print $2}' "/proc/$(cat "$d/n$n.pid")/status"; done | sort -n | tail -1)
-      echo "round=$r variant=$name clients=$w $(grep -o 'throughput=[0-9.]*' <<<"$out") $(grep -o 'p99_ms=[0-9.]*' <<<"$out") hwm_kib=$hwm cpu_us_per_write=$(cpu_per_write "$t0" "$(cpu_ticks "$d")" "$(($(revision) - rev0))")"
+      cpu=$(cpu_per_write "$t0" "$(cpu_ticks "$d")" "$(($(revision) - rev0 - deletes))")
+      echo "round=$r variant=$name $fields hwm_kib=$hwm cpu_us_per_write=$cpu"
     done
     timeout 60 "$bin" down --dir "$d" >/dev/null 2>&1
   done
