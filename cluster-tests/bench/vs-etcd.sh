@@ -4,7 +4,9 @@
 # first, even rounds etcd first), each on fresh data dirs every round, so that noise on the
 # machine falls on both. Both get the same clients, the same certificates (mutual TLS on client
 # and peer ports, from the CA the first `rkube up` makes), the same --heartbeat-interval and
-# --election-timeout, and data on the same filesystem (WORKDIR). Durability is what each does as
+# --election-timeout, the same threads (`rkube up` gives each member --worker-threads = CPUs / 3,
+# at least 1; each etcd member gets GOMAXPROCS of the same number, ETCD_GOMAXPROCS to change it),
+# and data on the same filesystem (WORKDIR). Durability is what each does as
 # run: the report shows every member's command line, etcd's effective settings from its log, and
 # the log fsyncs each system's metrics counted per write.
 #
@@ -65,6 +67,8 @@ ROUNDS=${ROUNDS:-5}
 HEARTBEAT_MS=${HEARTBEAT_MS:-100}
 ELECTION_MS=${ELECTION_MS:-1000}
 CHECKPERF_LOAD=${CHECKPERF_LOAD:-l}
+# The threads `rkube up` gives each of its three members (up/members.rs, worker_share).
+ETCD_GOMAXPROCS=${ETCD_GOMAXPROCS:-$(n=$(($(nproc) / 3)); echo $((n > 0 ? n : 1)))}
 PUT1_TOTAL=${PUT1_TOTAL:-2000}
 PUT_TOTAL=${PUT_TOTAL:-20000}
 RANGE1_TOTAL=${RANGE1_TOTAL:-5000}
@@ -263,7 +267,7 @@ start_system() {
       # A start script per member, also used by `bench failover --restart`.
       cat >"$ET/e$i.start" <<EOF
 #!/bin/sh
-"$ETCD" --name e$i --data-dir "$ET/e$i" \\
+GOMAXPROCS=$ETCD_GOMAXPROCS "$ETCD" --name e$i --data-dir "$ET/e$i" \\
   --listen-client-urls https://127.0.0.1:$c --advertise-client-urls https://127.0.0.1:$c \\
   --listen-peer-urls https://127.0.0.1:$((c + 1)) --initial-advertise-peer-urls https://127.0.0.1:$((c + 1)) \\
   --listen-metrics-urls http://127.0.0.1:$((c + 2)) \\

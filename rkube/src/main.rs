@@ -110,8 +110,7 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RKUBE_LOG").unwrap_or_else(|_| {
@@ -124,7 +123,19 @@ async fn main() {
         // Colours only on a terminal, not in log files.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    if let Err(e) = run(Cli::parse()).await {
+    let cli = Cli::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Command::Server(args) = &cli.command {
+        if let Some(n) = args.worker_threads() {
+            runtime.worker_threads(n);
+        }
+    }
+    let result = match runtime.build() {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => Err(anyhow::anyhow!("cannot start the async runtime: {e}")),
+    };
+    if let Err(e) = result {
         eprintln!("Error: {e:#}");
         std::process::exit(1);
     }

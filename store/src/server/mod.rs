@@ -347,18 +347,21 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         election_timeout: cfg.election_timeout,
         request_timeout: cfg.request_timeout,
     };
-    let node = Arc::new(Node::new(
-        identity,
-        raft.clone(),
-        mvcc,
-        db,
-        metrics,
-        committed,
-        timing,
-        network,
-        wal,
-        cfg.quota_backend_bytes,
-    ));
+    let node = Arc::new_cyclic(|me| {
+        Node::new(
+            identity,
+            raft.clone(),
+            mvcc,
+            db,
+            metrics,
+            committed,
+            timing,
+            network,
+            wal,
+            cfg.quota_backend_bytes,
+            me.clone(),
+        )
+    });
 
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let stop_watch = stop_rx.clone();

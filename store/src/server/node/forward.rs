@@ -38,6 +38,9 @@ pub enum Forward {
     PreVote {
         last_log: Option<LogId>,
     },
+    /// Commands proposed on a follower at the same time, in one message
+    /// ([`crate::server::batcher`]); answered with one result each, in order.
+    ProposeMany(Vec<Command>),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -49,6 +52,7 @@ pub enum ForwardReply {
     Membership,
     Done,
     PreVote { granted: bool },
+    AppliedMany(Vec<Applied>),
 }
 
 /// Errors as they travel between members.
@@ -170,7 +174,10 @@ impl Node {
         let ttl = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(50));
-        let propose = matches!(req, Forward::Propose(_) | Forward::Membership(_));
+        let propose = matches!(
+            req,
+            Forward::Propose(_) | Forward::ProposeMany(_) | Forward::Membership(_)
+        );
         match self
             .network
             .link(&addr)
@@ -222,6 +229,10 @@ impl Node {
         self.check_quorum_contact()?;
         match req {
             Forward::Propose(cmd) => self.propose_local(cmd).await.map(ForwardReply::Applied),
+            Forward::ProposeMany(cmds) => self
+                .propose_local_many(cmds)
+                .await
+                .map(ForwardReply::AppliedMany),
             Forward::ReadIndex => self.read_index().await.map(ForwardReply::ReadIndex),
             Forward::LeaseKeepAlive(id) => self
                 .keep_alive_local(id)

@@ -16,7 +16,7 @@ mod propose;
 mod read_index;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -30,6 +30,12 @@ use crate::raft::network::PeerNetwork;
 use crate::raft::wal::Wal;
 use crate::raft::{NodeId, Raft};
 use leases::LeaseClock;
+
+/// Group-commit batches a leader has proposed and not yet applied at once (four did worse
+/// than two under 256 clients; BENCHMARKS.md).
+const BATCHES_IN_FLIGHT: usize = 2;
+/// Batches of forwarded proposals a follower has out at once.
+const FORWARDS_IN_FLIGHT: usize = 2;
 
 pub use forward::{Forward, ForwardError, ForwardReply};
 pub use membership::MembershipChange;
@@ -80,6 +86,10 @@ pub struct Node {
     pub(super) elections: Arc<AtomicBool>,
     /// Group commit of this member's proposals while it leads.
     batcher: Batcher,
+    /// This member's proposals while it follows, sent to the leader together.
+    forwarder: Batcher,
+    /// This member, for the forwarder's task (which outlives no member).
+    me: Weak<Node>,
     /// Read-index rounds shared by concurrent linearizable reads on this member.
     read_rounds: ReadRounds,
 }
@@ -97,9 +107,9 @@ impl Node {
         network: PeerNetwork,
         wal: Arc<Wal>,
         quota_bytes: u64,
+        me: Weak<Node>,
     ) -> Self {
         let db_size = AtomicU64::new(db_size_on_disk(&db));
-        let batcher = Batcher::start(raft.clone(), timing.request_timeout);
         Self {
             id: identity.id,
             name: identity.name.clone(),
@@ -118,7 +128,9 @@ impl Node {
             db_size,
             transferring: AtomicBool::new(false),
             elections: Arc::new(AtomicBool::new(true)),
-            batcher,
+            batcher: Batcher::new(BATCHES_IN_FLIGHT),
+            forwarder: Batcher::new(FORWARDS_IN_FLIGHT),
+            me,
             read_rounds: ReadRounds::default(),
         }
     }

@@ -1,17 +1,32 @@
 //! Proposing commands: through the leader, or only as the leader of a given term (fenced),
-//! after etcd's space-quota check; a leader's proposals go through its batcher.
+//! after etcd's space-quota check. A leader's proposals go through its batcher to Raft; a
+//! follower's through its forwarder, which sends the commands proposed at the same time to the
+//! leader in one message.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Forward, ForwardError, ForwardReply, Node};
+use crate::server::batcher;
 use crate::error::{MvccError, StoreError};
 use crate::mvcc::{AlarmKind, Applied, Command};
 
 impl Node {
     pub(super) async fn propose_local(&self, cmd: Command) -> Result<Applied, ForwardError> {
+        let mut applied = self.propose_local_many(vec![cmd]).await?;
+        applied
+            .pop()
+            .ok_or_else(|| ForwardError::Unavailable("a proposal produced no result".into()))
+    }
+
+    /// Proposes commands as the leader, in one log entry with those proposed at the same time.
+    pub(super) async fn propose_local_many(
+        &self,
+        cmds: Vec<Command>,
+    ) -> Result<Vec<Applied>, ForwardError> {
         let started = Instant::now();
-        let result = self.batcher.propose(cmd).await;
+        let send = batcher::to_raft(self.raft.clone(), self.timing.request_timeout);
+        let result = self.batcher.propose(cmds, send).await;
         self.metrics
             .proposal_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -83,11 +98,41 @@ impl Node {
     }
 
     async fn propose_unchecked(&self, cmd: Command) -> Result<Applied, StoreError> {
-        match self.to_leader(Forward::Propose(cmd)).await? {
-            ForwardReply::Applied(a) => Ok(a),
-            other => Err(StoreError::Unavailable(format!(
-                "unexpected reply from leader: {other:?}"
-            ))),
+        if self.is_leader() {
+            return match self.to_leader(Forward::Propose(cmd)).await? {
+                ForwardReply::Applied(a) => Ok(a),
+                other => Err(unexpected(&other)),
+            };
+        }
+        // A follower: with the commands proposed here at the same time, in one message.
+        let me = self.me.clone();
+        let send = move |cmds: Vec<Command>| {
+            let me = me.clone();
+            async move {
+                let node = me.upgrade().ok_or_else(|| ForwardError::Unavailable("server stopped".into()))?;
+                node.forward_many(cmds).await.map_err(ForwardError::from)
+            }
+        };
+        let mut applied = self.forwarder.propose(vec![cmd], send).await?;
+        applied
+            .pop()
+            .ok_or_else(|| StoreError::Unavailable("a proposal produced no result".into()))
+    }
+
+    /// Sends commands to the leader (this member, if it leads by now) as one request.
+    async fn forward_many(&self, mut cmds: Vec<Command>) -> Result<Vec<Applied>, StoreError> {
+        let req = match cmds.len() {
+            1 => Forward::Propose(cmds.remove(0)),
+            _ => Forward::ProposeMany(cmds),
+        };
+        match self.to_leader(req).await? {
+            ForwardReply::Applied(a) => Ok(vec![a]),
+            ForwardReply::AppliedMany(a) => Ok(a),
+            other => Err(unexpected(&other)),
         }
     }
+}
+
+fn unexpected(reply: &ForwardReply) -> StoreError {
+    StoreError::Unavailable(format!("unexpected reply from leader: {reply:?}"))
 }
