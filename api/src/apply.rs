@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, Cause};
 use crate::openapi::schemas::schemas;
-use crate::strategic::Walker;
+use crate::strategic::{has_key, ListKey, Walker};
 
 /// The parts of a configuration that are not fields anybody manages.
 fn strip_identity(config: &Value) -> Value {
@@ -50,22 +50,22 @@ fn field_set(w: &Walker<'_>, schema: Option<&Value>, v: &Value) -> Value {
         let ps = w.property(schema, k);
         let child = match x {
             Value::Object(_) => field_set(w, ps, x),
-            Value::Array(items) => match w.merge_key(ps) {
-                Some(key) if !key.is_empty() => {
+            Value::Array(items) => match w.list_key(ps) {
+                Some(key @ ListKey::Fields(_)) => {
                     let item_schema = w.items(ps);
                     let mut m = Map::new();
                     for item in items {
-                        if let Some(id) = item.get(&key) {
+                        if let Some(id) = key.id(item) {
                             let mut inner = field_set(w, item_schema, item);
                             if let Some(io) = inner.as_object_mut() {
                                 io.insert(".".into(), json!({}));
                             }
-                            m.insert(format!("k:{}", json!({ key.clone(): id })), inner);
+                            m.insert(format!("k:{id}"), inner);
                         }
                     }
                     Value::Object(m)
                 }
-                Some(_) => Value::Object(
+                Some(ListKey::Set) => Value::Object(
                     items
                         .iter()
                         .map(|i| (format!("v:{i}"), json!({})))
@@ -192,10 +192,7 @@ fn value_at<'v>(v: &'v Value, path: &[String]) -> Option<&'v Value> {
             cur = cur.get(name)?;
         } else if let Some(key) = t.strip_prefix("k:") {
             let want: Map<String, Value> = serde_json::from_str(key).ok()?;
-            cur = cur
-                .as_array()?
-                .iter()
-                .find(|x| want.iter().all(|(k, v)| x.get(k) == Some(v)))?;
+            cur = cur.as_array()?.iter().find(|x| has_key(x, &want))?;
         } else if let Some(val) = t.strip_prefix("v:") {
             let want: Value = serde_json::from_str(val).ok()?;
             cur = cur.as_array()?.iter().find(|x| **x == want)?;
@@ -219,10 +216,8 @@ fn remove_at(v: &mut Value, path: &[String]) {
             let Ok(want) = serde_json::from_str::<Map<String, Value>>(key) else {
                 return;
             };
-            cur.as_array_mut().and_then(|a| {
-                a.iter_mut()
-                    .find(|x| want.iter().all(|(k, v)| x.get(k) == Some(v)))
-            })
+            cur.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|x| has_key(x, &want)))
         } else {
             None
         };
@@ -240,7 +235,7 @@ fn remove_at(v: &mut Value, path: &[String]) {
             serde_json::from_str::<Map<String, Value>>(key),
             cur.as_array_mut(),
         ) {
-            a.retain(|x| !want.iter().all(|(k, v)| x.get(k) == Some(v)));
+            a.retain(|x| !has_key(x, &want));
         }
     } else if let Some(val) = last.strip_prefix("v:") {
         if let (Ok(want), Some(a)) = (serde_json::from_str::<Value>(val), cur.as_array_mut()) {
@@ -301,7 +296,10 @@ pub fn apply(
     now: &str,
 ) -> Result<Value, ApiError> {
     let s = schemas();
-    let w = Walker { schemas: s };
+    let w = Walker {
+        schemas: s,
+        list_map_keys: true,
+    };
     let root = def.map(|d| json!({"$ref": format!("#/definitions/{d}")}));
     let applied = strip_identity(config);
     let ours = field_set(&w, root.as_ref(), &applied);
@@ -391,13 +389,23 @@ pub fn apply(
         .flat_map(set_of)
         .collect();
     let mut object = live.clone();
+    let kept = || our_leaves.iter().chain(&others);
     for p in previous
         .iter()
         .filter(|p| !our_leaves.contains(p) && !others.contains(p))
     {
-        remove_at(&mut object, p);
+        // A list element that no kept field lies in goes whole (removing its key fields one
+        // by one would leave the rest of it behind, no longer found by its key).
+        let cut = p
+            .iter()
+            .enumerate()
+            .position(|(i, t)| {
+                t.starts_with("k:") && !kept().any(|q| q.len() > i && q[..=i] == p[..=i])
+            })
+            .map_or(p.len(), |i| i + 1);
+        remove_at(&mut object, &p[..cut]);
     }
-    crate::strategic::apply(def, &mut object, &applied)?;
+    crate::strategic::merge_applied(def, &mut object, &applied)?;
     managed.retain(|e| !is_ours(e));
     managed.retain(|e| {
         e.get("fieldsV1")
@@ -459,7 +467,10 @@ mod tests {
     fn containers_are_keyed() {
         let d =
             json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}});
-        let w = Walker { schemas: schemas() };
+        let w = Walker {
+            schemas: schemas(),
+            list_map_keys: true,
+        };
         let fs = field_set(
             &w,
             Some(&json!({"$ref": "#/definitions/io.k8s.api.apps.v1.Deployment"})),
@@ -470,6 +481,80 @@ mod tests {
                 .get("k:{\"name\":\"c\"}")
                 .is_some(),
             "{fs}"
+        );
+    }
+
+    const SVC: &str = "io.k8s.api.core.v1.Service";
+
+    /// A Service serving port 53 over UDP and TCP has two ports, keyed by port and protocol as
+    /// Kubernetes keys them (a port without a protocol is TCP's); dropping one from the
+    /// configuration removes that one only.
+    #[test]
+    fn ports_are_told_apart_by_number_and_protocol() {
+        let config = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "dns"},
+            "spec": {"ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53}]}});
+        let live = apply(Some(SVC), None, &config, "kubectl", false, "v1", "t").unwrap();
+        let ports = &live["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:ports"];
+        assert_eq!(
+            keys(ports),
+            [
+                r#"k:{"port":53,"protocol":"TCP"}"#,
+                r#"k:{"port":53,"protocol":"UDP"}"#
+            ]
+        );
+        // Applied again over what the server stored (protocols defaulted), then without UDP.
+        let mut stored = live.clone();
+        stored["spec"]["ports"][1]["protocol"] = json!("TCP");
+        let again = apply(
+            Some(SVC),
+            Some(&stored),
+            &config,
+            "kubectl",
+            false,
+            "v1",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(again["spec"]["ports"], stored["spec"]["ports"], "{again}");
+        let tcp_only = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "dns"},
+            "spec": {"ports": [{"name": "dns-tcp", "port": 53}]}});
+        let after = apply(
+            Some(SVC),
+            Some(&again),
+            &tcp_only,
+            "kubectl",
+            false,
+            "v1",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            after["spec"]["ports"],
+            json!([{"name": "dns-tcp", "port": 53, "protocol": "TCP"}]),
+            "{after}"
+        );
+        // A container's ports likewise.
+        let w = Walker {
+            schemas: schemas(),
+            list_map_keys: true,
+        };
+        let pod = json!({"spec": {"containers": [{"name": "c",
+            "ports": [{"containerPort": 53, "protocol": "UDP"}, {"containerPort": 53}]}]}});
+        let fs = field_set(
+            &w,
+            Some(&json!({"$ref": "#/definitions/io.k8s.api.core.v1.Pod"})),
+            &pod,
+        );
+        let mut ports = keys(&fs["f:spec"]["f:containers"][r#"k:{"name":"c"}"#]["f:ports"]);
+        ports.sort();
+        assert_eq!(
+            ports,
+            [
+                r#"k:{"containerPort":53,"protocol":"TCP"}"#,
+                r#"k:{"containerPort":53,"protocol":"UDP"}"#
+            ]
         );
     }
 
@@ -526,7 +611,10 @@ mod tests {
         assert_eq!(keys(web), [".", "f:image", "f:name", "f:ports"]);
         assert_eq!(
             keys(&web["f:ports"]),
-            [r#"k:{"containerPort":9}"#, r#"k:{"containerPort":10}"#]
+            [
+                r#"k:{"containerPort":9,"protocol":"TCP"}"#,
+                r#"k:{"containerPort":10,"protocol":"TCP"}"#
+            ]
         );
     }
 

@@ -188,8 +188,87 @@ pub static PATCH_META: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-/// Adds the patch extensions of [`PATCH_META`] to the definitions.
+/// A list-map key: a field, and the default of it that an element may leave out.
+type MapKey = (&'static str, Option<&'static str>);
+
+/// A port's keys: its number and its protocol, which Kubernetes defaults to TCP.
+const PORT_KEYS: &[MapKey] = &[("containerPort", None), ("protocol", Some("TCP"))];
+
+/// Lists whose elements server-side apply tells apart by more fields than the strategic merge
+/// key (Kubernetes' `+listMapKey` markers): (definition, property, keys, in name order). A
+/// Service may serve port 53 over both UDP and TCP, two elements where the merge key (`port`)
+/// sees one.
+pub static LIST_MAP_KEYS: &[(&str, &str, &[MapKey])] = &[
+    ("io.k8s.api.core.v1.Container", "ports", PORT_KEYS),
+    ("io.k8s.api.core.v1.EphemeralContainer", "ports", PORT_KEYS),
+    (
+        "io.k8s.api.core.v1.ServiceSpec",
+        "ports",
+        &[("port", None), ("protocol", Some("TCP"))],
+    ),
+    (
+        "io.k8s.api.core.v1.PodSpec",
+        "topologySpreadConstraints",
+        &[("topologyKey", None), ("whenUnsatisfiable", None)],
+    ),
+];
+
+/// The default of a list-map key an element may leave out (a port's protocol).
+pub(crate) fn key_default(field: &str) -> Option<Value> {
+    LIST_MAP_KEYS
+        .iter()
+        .flat_map(|(_, _, keys)| keys.iter())
+        .find(|(f, _)| *f == field)
+        .and_then(|(_, d)| d.map(Value::from))
+}
+
+/// Whether list element `x` is the one a field-set key (`k:{...}`) names, defaults counted.
+pub(crate) fn has_key(x: &Value, want: &Map<String, Value>) -> bool {
+    want.iter()
+        .all(|(k, v)| x.get(k).cloned().or_else(|| key_default(k)).as_ref() == Some(v))
+}
+
+/// How the elements of a merged list are told apart.
+pub(crate) enum ListKey {
+    /// A list of scalars, merged as a set.
+    Set,
+    /// By these fields, in name order: the strategic merge key, or server-side apply's
+    /// list-map keys.
+    Fields(Vec<String>),
+}
+
+impl ListKey {
+    /// An element's identity: its key fields (defaults filled in) as an object, or None when
+    /// it lacks one.
+    pub(crate) fn id(&self, x: &Value) -> Option<Value> {
+        match self {
+            ListKey::Set => Some(x.clone()),
+            ListKey::Fields(fields) => {
+                let mut m = Map::new();
+                for f in fields {
+                    m.insert(f.clone(), x.get(f).cloned().or_else(|| key_default(f))?);
+                }
+                Some(Value::Object(m))
+            }
+        }
+    }
+}
+
+/// Adds the patch extensions of [`PATCH_META`] and the list-map keys of [`LIST_MAP_KEYS`] to
+/// the definitions.
 pub fn annotate(defs: &mut std::collections::BTreeMap<String, Value>) {
+    for (def, prop, keys) in LIST_MAP_KEYS {
+        if let Some(p) = defs
+            .get_mut(*def)
+            .and_then(|d| d.get_mut("properties"))
+            .and_then(|p| p.get_mut(*prop))
+            .and_then(Value::as_object_mut)
+        {
+            p.insert("x-kubernetes-list-type".into(), Value::from("map"));
+            let names: Vec<Value> = keys.iter().map(|(k, _)| Value::from(*k)).collect();
+            p.insert("x-kubernetes-list-map-keys".into(), Value::Array(names));
+        }
+    }
     for (def, prop, key, strategy) in PATCH_META {
         let Some(p) = defs
             .get_mut(*def)
@@ -218,6 +297,9 @@ fn invalid(message: String) -> ApiError {
 
 pub(crate) struct Walker<'a> {
     pub(crate) schemas: &'a Schemas,
+    /// Server-side apply: list elements are told apart by their list-map keys where a list
+    /// has them (a strategic merge patch uses the merge key alone, as Kubernetes' does).
+    pub(crate) list_map_keys: bool,
 }
 
 impl<'a> Walker<'a> {
@@ -342,13 +424,36 @@ impl<'a> Walker<'a> {
         )
     }
 
+    /// How the elements of a list property are told apart, None when the list is replaced
+    /// whole.
+    pub(crate) fn list_key(&self, prop: Option<&Value>) -> Option<ListKey> {
+        let key = self.merge_key(prop)?;
+        let map_keys = prop
+            .and_then(|p| p.get("x-kubernetes-list-map-keys"))
+            .and_then(Value::as_array)
+            .filter(|_| self.list_map_keys);
+        if let Some(keys) = map_keys {
+            let mut fields: Vec<String> = keys
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect();
+            fields.sort();
+            return Some(ListKey::Fields(fields));
+        }
+        Some(match key.is_empty() {
+            true => ListKey::Set,
+            false => ListKey::Fields(vec![key]),
+        })
+    }
+
     fn merge_list(
         &self,
         prop: Option<&'a Value>,
         target: &mut Value,
         patch: &[Value],
     ) -> Result<(), ApiError> {
-        let key = self.merge_key(prop);
+        let key = self.list_key(prop);
         // A {"$patch": "replace"} element replaces the list with the other elements.
         let replace = patch
             .iter()
@@ -367,28 +472,29 @@ impl<'a> Walker<'a> {
             *target = Value::Array(vec![]);
         }
         let list = target.as_array_mut().expect("made a list above");
-        if key.is_empty() {
+        let ListKey::Fields(fields) = &key else {
             for x in patch {
                 if !list.contains(x) {
                     list.push(x.clone());
                 }
             }
             return Ok(());
-        }
+        };
+        let named = fields.join(", ");
         let item_schema = self.items(prop);
-        let server_order: Vec<Value> = list.iter().filter_map(|x| x.get(&key).cloned()).collect();
+        let server_order: Vec<Value> = list.iter().filter_map(|x| key.id(x)).collect();
         for item in patch {
             let Some(obj) = item.as_object() else {
                 return Err(invalid(format!(
-                    "an element of a list merged by {key:?} is not an object: {item}"
+                    "an element of a list merged by {named:?} is not an object: {item}"
                 )));
             };
-            let id = obj.get(&key).ok_or_else(|| {
+            let id = key.id(item).ok_or_else(|| {
                 invalid(format!(
-                    "an element of a list merged by {key:?} has no {key:?}: {item}"
+                    "an element of a list merged by {named:?} has no {named:?}: {item}"
                 ))
             })?;
-            let pos = list.iter().position(|x| x.get(&key) == Some(id));
+            let pos = list.iter().position(|x| key.id(x).as_ref() == Some(&id));
             match (obj.get("$patch").and_then(Value::as_str), pos) {
                 (Some("delete"), Some(i)) => {
                     list.remove(i);
@@ -412,16 +518,16 @@ impl<'a> Walker<'a> {
 /// Kubernetes' element order after a merge by key: the patch's elements in patch order and
 /// the others in their old order, interleaved so that two elements that both existed keep
 /// their old relative order, and a new element comes before an old one it meets.
-fn normalize_order(list: &mut Vec<Value>, patch: &[Value], server_order: &[Value], key: &str) {
-    let patch_ids: Vec<&Value> = patch
+fn normalize_order(list: &mut Vec<Value>, patch: &[Value], server_order: &[Value], key: &ListKey) {
+    let patch_ids: Vec<Value> = patch
         .iter()
         .filter(|x| x.get("$patch").is_none())
-        .filter_map(|x| x.get(key))
+        .filter_map(|x| key.id(x))
         .collect();
-    let id = |x: &Value| x.get(key).cloned().unwrap_or(Value::Null);
+    let id = |x: &Value| key.id(x).unwrap_or(Value::Null);
     let mut patched = Vec::new();
     for pid in &patch_ids {
-        if let Some(i) = list.iter().position(|x| id(x) == **pid) {
+        if let Some(i) = list.iter().position(|x| id(x) == *pid) {
             patched.push(list.remove(i));
         }
     }
@@ -473,12 +579,34 @@ fn reorder(list: &mut Vec<Value>, order: &[Value], key: Option<&str>) {
 
 /// Applies a strategic merge patch to an object of definition `def`.
 pub fn apply(def: Option<&str>, target: &mut Value, patch: &Value) -> Result<(), ApiError> {
+    merge(def, target, patch, false)
+}
+
+/// Merges a server-side apply configuration into the live object of definition `def`: as a
+/// strategic merge patch, but with list elements told apart by their list-map keys.
+pub(crate) fn merge_applied(
+    def: Option<&str>,
+    target: &mut Value,
+    config: &Value,
+) -> Result<(), ApiError> {
+    merge(def, target, config, true)
+}
+
+fn merge(
+    def: Option<&str>,
+    target: &mut Value,
+    patch: &Value,
+    list_map_keys: bool,
+) -> Result<(), ApiError> {
     let schemas = schemas();
     let root = def.map(|d| serde_json::json!({"$ref": format!("#/definitions/{d}")}));
     let patch = patch
         .as_object()
         .ok_or_else(|| invalid("the patch must be a JSON object".into()))?;
-    let walker = Walker { schemas };
+    let walker = Walker {
+        schemas,
+        list_map_keys,
+    };
     walker.merge_object(root.as_ref(), target, patch)?;
     if target.is_null() {
         return Err(invalid("the patch deletes the whole object".into()));
@@ -492,6 +620,31 @@ mod tests {
     use serde_json::json;
 
     const DEPLOYMENT: &str = "io.k8s.api.apps.v1.Deployment";
+
+    /// A strategic merge patch merges a Service's ports by their number alone, as Kubernetes'
+    /// does (its merge key); only server-side apply tells UDP and TCP apart. The OpenAPI
+    /// document carries both.
+    #[test]
+    fn a_patch_merges_ports_by_number_and_the_schema_names_the_list_map_keys() {
+        let mut live = json!({"spec": {"ports": [{"port": 53, "protocol": "UDP", "name": "dns"}]}});
+        let patch = json!({"spec": {"ports": [{"port": 53, "protocol": "TCP"}]}});
+        apply(Some("io.k8s.api.core.v1.Service"), &mut live, &patch).unwrap();
+        assert_eq!(
+            live["spec"]["ports"],
+            json!([{"port": 53, "protocol": "TCP", "name": "dns"}])
+        );
+        let ports = schemas()
+            .resolve(&json!({"$ref": "#/definitions/io.k8s.api.core.v1.ServiceSpec"}))
+            .and_then(|s| s.pointer("/properties/ports"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(ports["x-kubernetes-patch-merge-key"], "port");
+        assert_eq!(
+            ports["x-kubernetes-list-map-keys"],
+            json!(["port", "protocol"])
+        );
+        assert_eq!(ports["x-kubernetes-list-type"], "map");
+    }
 
     fn deployment() -> Value {
         json!({"metadata": {"name": "web", "labels": {"app": "web"}, "finalizers": ["a"]},

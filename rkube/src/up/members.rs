@@ -83,7 +83,10 @@ pub(crate) fn spawn_member(
             "--quota-backend-bytes",
             &cluster.quota_backend_bytes.to_string(),
         ])
-        .args(["--worker-threads", &worker_share(cluster.members.len()).to_string()])
+        .args([
+            "--worker-threads",
+            &worker_share(cluster.members.len()).to_string(),
+        ])
         .args(cluster.unsafe_no_fsync.then_some("--unsafe-no-fsync"))
         .args(extra);
     if cluster.snapshot_interval_ms > 0 {

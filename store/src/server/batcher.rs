@@ -171,11 +171,8 @@ fn next_batch(s: &mut State) -> Option<Batch> {
 }
 
 /// Sends queued batches until nobody is queued.
-async fn send_queued<S, F>(
-    state: Arc<Mutex<State>>,
-    send: Arc<S>,
-    mut batch: Batch,
-) where
+async fn send_queued<S, F>(state: Arc<Mutex<State>>, send: Arc<S>, mut batch: Batch)
+where
     S: Fn(Vec<Command>) -> F + Send + Sync + 'static,
     F: Future<Output = Results> + Send + 'static,
 {
@@ -199,10 +196,9 @@ async fn send_queued<S, F>(
             other => {
                 let e = match other {
                     Err(e) => e,
-                    Ok(r) => ForwardError::Unavailable(format!(
-                        "{} results for {n} commands",
-                        r.len()
-                    )),
+                    Ok(r) => {
+                        ForwardError::Unavailable(format!("{} results for {n} commands", r.len()))
+                    }
                 };
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
@@ -332,7 +328,10 @@ mod tests {
             let (b, send) = (b.clone(), send());
             async move { b.propose(vec![grant(1)], send).await }
         });
-        until("the first batch is out", || calls.lock().unwrap().len() == 1).await;
+        until("the first batch is out", || {
+            calls.lock().unwrap().len() == 1
+        })
+        .await;
         // Five callers (one of them with two commands) while the only place is taken.
         let mut rest = Vec::new();
         for ids in [vec![2], vec![3, 4], vec![5], vec![6], vec![7]] {
@@ -357,7 +356,11 @@ mod tests {
             );
         }
         assert_eq!(got, [vec![2], vec![3, 4], vec![5], vec![6], vec![7]]);
-        assert_eq!(*calls.lock().unwrap(), [1, 6], "one send for everything queued");
+        assert_eq!(
+            *calls.lock().unwrap(),
+            [1, 6],
+            "one send for everything queued"
+        );
         assert_eq!(lock(&b.state).sending, 0, "every place given back");
     }
 
@@ -370,7 +373,10 @@ mod tests {
             let (b, send) = (b.clone(), gated(gate.clone(), calls.clone()));
             async move { b.propose(vec![grant(1)], send).await }
         });
-        until("the first batch is out", || calls.lock().unwrap().len() == 1).await;
+        until("the first batch is out", || {
+            calls.lock().unwrap().len() == 1
+        })
+        .await;
         let second = tokio::spawn({
             let (b, send) = (b.clone(), gated(gate.clone(), calls.clone()));
             async move { b.propose(vec![grant(2)], send).await }
@@ -405,15 +411,23 @@ mod tests {
             let (b, send) = (b.clone(), send());
             async move { b.propose(vec![grant(1)], send).await }
         });
-        until("the first batch is out", || sends.load(Ordering::SeqCst) == 1).await;
+        until("the first batch is out", || {
+            sends.load(Ordering::SeqCst) == 1
+        })
+        .await;
         let mut rest = Vec::new();
         for id in 2..5 {
             let (b, send) = (b.clone(), send());
-            rest.push(tokio::spawn(async move { b.propose(vec![grant(id)], send).await }));
+            rest.push(tokio::spawn(async move {
+                b.propose(vec![grant(id)], send).await
+            }));
         }
         until("three callers are queued", || queued(&b) == 3).await;
         gate.add_permits(2);
-        assert!(matches!(first.await.expect("join"), Err(ForwardError::Timeout)));
+        assert!(matches!(
+            first.await.expect("join"),
+            Err(ForwardError::Timeout)
+        ));
         for r in rest {
             assert!(matches!(r.await.expect("join"), Err(ForwardError::Timeout)));
         }

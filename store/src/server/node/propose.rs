@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Forward, ForwardError, ForwardReply, Node};
-use crate::server::batcher;
 use crate::error::{MvccError, StoreError};
 use crate::mvcc::{AlarmKind, Applied, Command};
+use crate::server::batcher;
 
 impl Node {
     pub(super) async fn propose_local(&self, cmd: Command) -> Result<Applied, ForwardError> {
@@ -109,7 +109,9 @@ impl Node {
         let send = move |cmds: Vec<Command>| {
             let me = me.clone();
             async move {
-                let node = me.upgrade().ok_or_else(|| ForwardError::Unavailable("server stopped".into()))?;
+                let node = me
+                    .upgrade()
+                    .ok_or_else(|| ForwardError::Unavailable("server stopped".into()))?;
                 node.forward_many(cmds).await.map_err(ForwardError::from)
             }
         };
