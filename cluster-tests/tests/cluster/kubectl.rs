@@ -1195,11 +1195,42 @@ spec:
     );
     let web = &containers[r#"k:{"name":"web"}"#];
     assert_eq!(keys_of(web), [".", "f:image", "f:name", "f:ports"], "{raw}");
+    // Keyed by number and protocol (TCP when left out), as kube-apiserver keys ports.
     assert_eq!(
         keys_of(&web["f:ports"]),
-        [r#"k:{"containerPort":9}"#, r#"k:{"containerPort":10}"#],
+        [
+            r#"k:{"containerPort":9,"protocol":"TCP"}"#,
+            r#"k:{"containerPort":10,"protocol":"TCP"}"#
+        ],
         "{raw}"
     );
+
+    // A Service serving port 53 over UDP and TCP keeps both ports, and dropping one from the
+    // applied manifest removes that one alone.
+    let dns = |ports: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: dns\nspec:\n  selector: {{app: dns}}\n  ports:\n{ports}"
+        )
+    };
+    let both = "  - {name: dns, port: 53, protocol: UDP}\n  - {name: dns-tcp, port: 53}\n";
+    k.run_with_input(&["apply", "--server-side", "-f", "-"], &dns(both))
+        .await
+        .ok();
+    let ports = [
+        "get",
+        "svc",
+        "dns",
+        "-o",
+        "jsonpath={range .spec.ports[*]}{.name}/{.port}/{.protocol} {end}",
+    ];
+    assert_eq!(k.run(&ports).await.ok().trim(), "dns/53/UDP dns-tcp/53/TCP");
+    k.run_with_input(
+        &["apply", "--server-side", "-f", "-"],
+        &dns("  - {name: dns-tcp, port: 53}\n"),
+    )
+    .await
+    .ok();
+    assert_eq!(k.run(&ports).await.ok().trim(), "dns-tcp/53/TCP");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,13 +25,16 @@ impl Node {
         cmds: Vec<Command>,
     ) -> Result<Vec<Applied>, ForwardError> {
         let started = Instant::now();
+        let n = cmds.len();
         let send = batcher::to_raft(self.raft.clone(), self.timing.request_timeout);
         let result = self.batcher.propose(cmds, send).await;
-        self.metrics
-            .proposal_seconds
-            .observe(started.elapsed().as_secs_f64());
+        // Per command, as etcd counts proposals, however many came in one message.
+        let took = started.elapsed().as_secs_f64();
+        for _ in 0..n {
+            self.metrics.proposal_seconds.observe(took);
+        }
         if matches!(result, Err(ForwardError::Timeout)) {
-            self.metrics.proposals_failed.inc();
+            self.metrics.proposals_failed.inc_by(n as u64);
         }
         result
     }
