@@ -386,7 +386,11 @@ mod tests {
         first.abort();
         assert!(first.await.expect_err("aborted").is_cancelled());
         gate.add_permits(1);
-        let second = second.await.expect("join").expect("answered");
+        let second = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the queued caller is sent without the caller that held the place")
+            .expect("join")
+            .expect("answered");
         assert_eq!(second[0].revision, 2);
         assert_eq!(lock(&b.state).sending, 0);
     }
