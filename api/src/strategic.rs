@@ -195,7 +195,7 @@ type MapKey = (&'static str, Option<&'static str>);
 const PORT_KEYS: &[MapKey] = &[("containerPort", None), ("protocol", Some("TCP"))];
 
 /// Lists whose elements server-side apply tells apart by more fields than the strategic merge
-/// key (Kubernetes' `+listMapKey` markers): (definition, property, keys, in name order). A
+/// key (Kubernetes' `+listMapKey` markers): (definition, property, keys). A
 /// Service may serve port 53 over both UDP and TCP, two elements where the merge key (`port`)
 /// sees one.
 pub static LIST_MAP_KEYS: &[(&str, &str, &[MapKey])] = &[

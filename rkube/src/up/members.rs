@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use super::layout::{LocalCluster, LocalMember};
 use super::process::pid_path;
 
-/// Starts member `m` of the local cluster with its recorded flags and `extra` ones.
 /// Each of `members` members on this machine gets its share of the CPUs (at least one), so
 /// that together they run about one thread per CPU: with a thread per CPU each, three members
 /// on two CPUs wake each other's threads for every request (check perf's CPU per write fell
@@ -19,6 +18,7 @@ pub(crate) fn worker_share(members: usize) -> usize {
     (cpus / members.max(1)).max(1)
 }
 
+/// Starts member `m` of the local cluster with its recorded flags and `extra` ones.
 pub(crate) fn spawn_member(
     dir: &Path,
     cluster: &LocalCluster,

@@ -10,6 +10,7 @@
 //! drop the answers of the others in its batch.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -82,21 +83,27 @@ impl Batcher {
             Turn::Queued(rx) => return rx.await.unwrap_or_else(|_| Err(stopped())),
             Turn::Send(cmds) => cmds,
         };
-        let send = Arc::new(send);
+        let n = cmds.len();
+        let sent = send(cmds);
         let place = Place {
             state: self.state.clone(),
-            resume: Some(resume(self.state.clone(), send.clone())),
+            send: Some(send),
+            sends: PhantomData,
         };
-        let n = cmds.len();
-        let results = send(cmds).await;
+        let results = sent.await;
         drop(place);
-        match results {
-            Ok(r) if r.len() != n => Err(ForwardError::Unavailable(format!(
-                "{} results for {n} commands",
-                r.len()
-            ))),
-            other => other,
-        }
+        counted(results, n)
+    }
+}
+
+/// `results`, or an error when they are not one per command of the `n` sent.
+fn counted(results: Results, n: usize) -> Results {
+    match results {
+        Ok(r) if r.len() != n => Err(ForwardError::Unavailable(format!(
+            "{} results for {n} commands",
+            r.len()
+        ))),
+        other => other,
     }
 }
 
@@ -109,39 +116,37 @@ enum Turn {
 
 type Batch = Vec<(Vec<Command>, Reply)>;
 
-/// Sends a batch of queued callers' commands, and those queued after it, in a task of its own.
-type Resume = Box<dyn FnOnce(Batch) + Send>;
-
-fn resume<S, F>(state: Arc<Mutex<State>>, send: Arc<S>) -> Resume
+/// A batch's place among those out. Given up when dropped (its batch came back, or its caller
+/// went away): if callers queued meanwhile, a task of its own sends their batch in this place,
+/// and those queued after it; it keeps going whoever stops waiting.
+struct Place<S, F>
 where
     S: Fn(Vec<Command>) -> F + Send + Sync + 'static,
     F: Future<Output = Results> + Send + 'static,
 {
-    Box::new(move |batch| match tokio::runtime::Handle::try_current() {
-        // Sent by a task in its own right: it keeps going whoever stops waiting.
-        Ok(rt) => drop(rt.spawn(send_queued(state, send, batch))),
-        // No runtime to send on (shutting down): the queued callers are told so.
-        Err(_) => {
-            lock(&state).sending -= 1;
-            for (_, reply) in batch {
-                let _ = reply.send(Err(stopped()));
-            }
-        }
-    })
-}
-
-/// A batch's place among those out. Given up when dropped (its batch came back, or its caller
-/// went away): if callers queued meanwhile, their batch is sent in this place.
-struct Place {
     state: Arc<Mutex<State>>,
-    resume: Option<Resume>,
+    send: Option<S>,
+    sends: PhantomData<fn() -> F>,
 }
 
-impl Drop for Place {
+impl<S, F> Drop for Place<S, F>
+where
+    S: Fn(Vec<Command>) -> F + Send + Sync + 'static,
+    F: Future<Output = Results> + Send + 'static,
+{
     fn drop(&mut self) {
-        let batch = next_batch(&mut lock(&self.state));
-        if let (Some(batch), Some(resume)) = (batch, self.resume.take()) {
-            resume(batch);
+        let Some(batch) = next_batch(&mut lock(&self.state)) else {
+            return;
+        };
+        match (self.send.take(), tokio::runtime::Handle::try_current()) {
+            (Some(send), Ok(rt)) => drop(rt.spawn(send_queued(self.state.clone(), send, batch))),
+            // No runtime to send on (shutting down): the queued callers are told so.
+            _ => {
+                lock(&self.state).sending -= 1;
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(stopped()));
+                }
+            }
         }
     }
 }
@@ -171,7 +176,7 @@ fn next_batch(s: &mut State) -> Option<Batch> {
 }
 
 /// Sends queued batches until nobody is queued.
-async fn send_queued<S, F>(state: Arc<Mutex<State>>, send: Arc<S>, mut batch: Batch)
+async fn send_queued<S, F>(state: Arc<Mutex<State>>, send: S, mut batch: Batch)
 where
     S: Fn(Vec<Command>) -> F + Send + Sync + 'static,
     F: Future<Output = Results> + Send + 'static,
@@ -186,20 +191,14 @@ where
             replies.push(reply);
         }
         let n = cmds.len();
-        match send(cmds).await {
-            Ok(results) if results.len() == n => {
+        match counted(send(cmds).await, n) {
+            Ok(results) => {
                 let mut results = results.into_iter();
                 for (size, reply) in sizes.into_iter().zip(replies) {
                     let _ = reply.send(Ok(results.by_ref().take(size).collect()));
                 }
             }
-            other => {
-                let e = match other {
-                    Err(e) => e,
-                    Ok(r) => {
-                        ForwardError::Unavailable(format!("{} results for {n} commands", r.len()))
-                    }
-                };
+            Err(e) => {
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
