@@ -92,14 +92,44 @@ async fn client(server: &str, ca_pem: Option<&str>, auth: Auth<'_>) -> Result<ku
         "current-context": "x"});
     let text = serde_yaml::to_string(&doc)?;
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&text)?;
-    let mut config = kube::Config::from_custom_kubeconfig(
+    let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await?;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    config.read_timeout = None;
-    Ok(kube::Client::try_from(config)?)
+    with_keepalive(config)
+}
+
+/// TCP keepalive on the agent's connections: idle this long, a connection is probed.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+/// Between unanswered probes; after `KEEPALIVE_PROBES` of them the connection is dead.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// A client whose connections are probed when idle. A watch only reads: when its server's host
+/// goes away without closing it (a partition, a control-plane endpoint that moved on), only a
+/// probe finds out, and the agent lists and watches again instead of waiting for events that
+/// never come (client-go's dialer probes too).
+fn with_keepalive(config: kube::Config) -> Result<kube::Client> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use kube::client::ConfigExt;
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.set_keepalive(Some(KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    let service = tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> { Box::new(e) })
+        .service(hyper);
+    Ok(kube::Client::new(service, config.default_namespace))
 }
 
 /// A discovery failure that may pass (the server not ready yet, the token not signed yet).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use rkube_pki::TlsMaterial;
+use rkube_store::server::endpoint::Connection;
 use rkube_store::server::node::Node;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -96,7 +97,7 @@ fn tls_config(tls: &TlsMaterial) -> Result<rustls::ServerConfig, ApiServerError>
 /// The next connection accepted at the control-plane endpoint; never without one.
 async fn endpoint_connection(
     endpoint: &mut Option<rkube_store::server::endpoint::Connections>,
-) -> Option<tokio::net::TcpStream> {
+) -> Option<Connection> {
     match endpoint {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -143,7 +144,10 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
         loop {
             let tcp = tokio::select! {
                 c = listener.accept() => match c {
-                    Ok((tcp, _)) => tcp,
+                    Ok((tcp, _)) => {
+                        let _ = tcp.set_nodelay(true);
+                        Connection::own(tcp)
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "accepting an API connection failed");
                         continue;
@@ -152,10 +156,11 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
                 Some(tcp) = endpoint_connection(&mut endpoint) => tcp,
                 _ = stopped.changed() => break,
             };
-            let _ = tcp.set_nodelay(true);
             let acceptor = acceptor.clone();
             let api = api.clone();
             let mut stopped = stopped.clone();
+            // Served until this member lets go of the endpoint it arrived at, if it did.
+            let released = tcp.released();
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {
                     Ok(t) => t,
@@ -187,6 +192,7 @@ pub async fn start(node: Arc<Node>, cfg: ApiConfig) -> Result<ApiServer, ApiServ
                         tracing::debug!(error = %e, "API connection ended");
                     },
                     _ = stopped.changed() => {}
+                    _ = released => {}
                 }
             });
         }

@@ -49,6 +49,8 @@ struct Deployment {
 #[derive(Debug, Clone)]
 struct Member {
     name: String,
+    /// The member ID, in hex.
+    id: String,
     role: String,
     term: u64,
     applied_index: u64,
@@ -58,6 +60,7 @@ impl Member {
     fn from_json(row: &serde_json::Value) -> Option<Self> {
         Some(Member {
             name: row["name"].as_str()?.to_string(),
+            id: row["id"].as_str()?.to_string(),
             role: row["role"].as_str()?.to_string(),
             term: row["term"].as_u64()?,
             applied_index: row["applied_index"].as_u64()?,
@@ -207,6 +210,45 @@ impl Deployment {
                     "timed out after {BOUND:?} waiting for {members:?} voting and caught up; \
                      last answer from {from}: {rows:?}\n{}",
                     logs.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until `n` pods of the `web` deployment are Running, as `k` sees them. On timeout
+    /// the failure shows what the cluster and every container said, for the next engineer.
+    async fn wait_running(&self, k: &Kubectl, n: usize, what: &str) {
+        let deadline = std::time::Instant::now() + BOUND;
+        while running(k, n).await.is_none() {
+            if std::time::Instant::now() >= deadline {
+                let mut seen = Vec::new();
+                for args in [
+                    &["get", "pods", "-o", "wide"][..],
+                    &["get", "nodes", "-o", "wide"],
+                    &["get", "replicasets", "-o", "wide"],
+                    &["get", "events", "--sort-by=.lastTimestamp"],
+                ] {
+                    let out = k.run(args).await;
+                    seen.push(format!(
+                        "--- kubectl {} ---\n{}{}",
+                        args.join(" "),
+                        out.stdout,
+                        out.stderr
+                    ));
+                }
+                for c in SERVERS.iter().chain(&["a1", "a2"]) {
+                    let c = self.container(c);
+                    let out = Command::new("docker")
+                        .args(["logs", "--tail", "40", &c])
+                        .output()
+                        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+                        .unwrap_or_default();
+                    seen.push(format!("--- docker logs {c} ---\n{out}"));
+                }
+                panic!(
+                    "timed out after {BOUND:?} waiting for {what}\n{}",
+                    seen.join("\n")
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -395,7 +437,7 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     k.run(&["create", "configmap", "settings", "--from-literal=mode=ha"])
         .await
         .ok();
-    wait_for("3 pods Running", BOUND, || running(&k, 3)).await;
+    d.wait_running(&k, 3, "3 pods Running").await;
     // A service account token, signed with the cluster's sa.key: the restored cluster must
     // still accept it.
     let token = k
@@ -469,7 +511,57 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
         must(Command::new("docker").args(["start", &d.container(victim)]));
     }
     assert_eq!(std::fs::read_to_string(&kc.path).unwrap(), kc.original);
-    d.wait_caught_up(from, &SERVERS).await;
+    let rows = d.wait_caught_up(from, &SERVERS).await;
+
+    // Leadership handed to another server while the leader lives (etcdctl move-leader): the
+    // endpoint moves with it, and the agents, whose watches went through it, keep starting
+    // pods: the old holder cuts the connections it accepted there before its address comes off.
+    let leader = rows.iter().find(|m| m.role == "leader").unwrap();
+    let next = rows.iter().find(|m| m.role == "follower").unwrap();
+    for file in ["admin.crt", "admin.key"] {
+        must(
+            Command::new("docker")
+                .args([
+                    "cp",
+                    &format!("{}:/data/pki/{file}", d.container(&leader.name)),
+                ])
+                .arg(home.path().join(file)),
+        );
+    }
+    let moved = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=https://{}:2379", d.ip(&leader.name)))
+        .arg(format!("--cacert={}", ca.display()))
+        .arg(format!(
+            "--cert={}",
+            home.path().join("admin.crt").display()
+        ))
+        .arg(format!("--key={}", home.path().join("admin.key").display()))
+        .args(["move-leader", &next.id])
+        .output()
+        .expect("etcdctl runs");
+    assert!(
+        moved.status.success(),
+        "move-leader: {}",
+        text(&moved.stderr)
+    );
+    wait_for("the new leader", BOUND, || async {
+        let rows = d.status(&next.name, &SERVERS)?;
+        rows.iter()
+            .any(|m| m.name == next.name && m.role == "leader")
+            .then_some(())
+    })
+    .await;
+    let since = std::time::Instant::now();
+    kubectl_until_ok(&k, &["scale", "deployment", "web", "--replicas=4"]).await;
+    d.wait_running(&k, 4, "4 pods Running after the leader moved")
+        .await;
+    eprintln!(
+        "leader moved from {} to {}: 4 pods Running after {:?}",
+        leader.name,
+        next.name,
+        since.elapsed()
+    );
 
     // The first server stopped and removed: the others elect a leader and keep serving
     // (kubectl now through the second server).
@@ -486,7 +578,7 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
         ],
     )
     .await;
-    wait_for("5 pods Running", BOUND, || running(&k, 5)).await;
+    d.wait_running(&k, 5, "5 pods Running").await;
     // Started again, it comes back from its volume and catches up.
     d.must_compose(&["up", "-d", "s1"]);
     let members = d.wait_caught_up("s2", &SERVERS).await;
@@ -711,7 +803,7 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     .await;
     assert!(held.is_ok(), "the restored cluster lacks {missing:?}");
     k2.wait_nodes_ready(&["a1", "a2"]).await;
-    wait_for("the restored 5 pods Running", BOUND, || running(&k2, 5)).await;
+    d2.wait_running(&k2, 5, "the restored 5 pods Running").await;
     let mode = k2
         .run(&[
             "get",
@@ -735,10 +827,8 @@ async fn the_compose_deployment_survives_losing_a_server_and_a_partition_and_res
     k2.run(&["scale", "deployment", "web", "--replicas=2"])
         .await
         .ok();
-    wait_for("the restored cluster scaled down to 2 pods", BOUND, || {
-        running(&k2, 2)
-    })
-    .await;
+    d2.wait_running(&k2, 2, "the restored cluster scaled down to 2 pods")
+        .await;
 }
 
 /// deploy/systemd/install.sh staged into a temp root as a packager would (`--destdir`): the

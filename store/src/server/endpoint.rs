@@ -9,16 +9,25 @@
 //! it closes those listeners; a member killed outright closes them with its process. The next
 //! leader takes them up.
 //!
+//! Letting go of an address on an interface also cuts the connections accepted at it, before the
+//! address comes off: a connection closed after that sends its FIN from an address the host no
+//! longer has, which never leaves it, and a client that only reads (a watch) would wait on it
+//! forever. (Without an interface the address stays local, and so do its connections.)
+//!
 //! With an interface (`--vip-interface`), the holder also puts the address on it and announces
 //! it with gratuitous ARP, so that the other hosts of the network send to the new holder at
 //! once; it takes the address off again when it lets go. Without one the address must already
 //! be local (as a loopback or bridge address is for members sharing one host in `rkube up`).
 
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -50,11 +59,163 @@ impl EndpointConfig {
 }
 
 /// Connections accepted at the endpoint, for the server of the port they arrived on.
-pub type Connections = mpsc::Receiver<TcpStream>;
+pub type Connections = mpsc::Receiver<Connection>;
 
-/// The listeners of a held endpoint; dropping it closes them.
+/// How long letting go waits for the servers to close the endpoint's connections before the
+/// address comes off.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// A TCP connection a server accepted: on the member's own port, or at the endpoint. One at
+/// an endpoint on an interface fails its reads and writes once the member lets go of the
+/// endpoint, so that the server serving it closes it while the address is still there to send
+/// the FIN from.
+pub struct Connection {
+    stream: TcpStream,
+    /// Resolves when the member lets go of the endpoint the connection arrived at.
+    released: Option<watch::Receiver<bool>>,
+    /// `released`, as polled by reads and writes.
+    cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    gone: bool,
+    /// Counts the endpoint's open connections, for letting go.
+    _open: Option<Arc<()>>,
+}
+
+impl Connection {
+    /// A connection to the member's own port: never cut.
+    pub fn own(stream: TcpStream) -> Self {
+        Connection {
+            stream,
+            released: None,
+            cut: None,
+            gone: false,
+            _open: None,
+        }
+    }
+
+    fn at_endpoint(stream: TcpStream, released: watch::Receiver<bool>, open: Arc<()>) -> Self {
+        Connection {
+            stream,
+            cut: Some(Box::pin(until_released(released.clone()))),
+            released: Some(released),
+            gone: false,
+            _open: Some(open),
+        }
+    }
+
+    /// Resolves when the member lets go of the endpoint this connection arrived at; never for
+    /// a connection to the member's own port.
+    pub fn released(&self) -> impl Future<Output = ()> + Send + 'static {
+        let released = self.released.clone();
+        async move {
+            match released {
+                Some(r) => until_released(r).await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// An error once the connection is cut; registers the task to be woken when it is.
+    fn poll_cut(&mut self, cx: &mut Context<'_>) -> Option<io::Error> {
+        if !self.gone {
+            if let Some(cut) = &mut self.cut {
+                self.gone = cut.as_mut().poll(cx).is_ready();
+            }
+        }
+        self.gone.then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "this member let go of the control-plane endpoint",
+            )
+        })
+    }
+}
+
+/// Until the holder lets go: the sender says so, or is dropped with its hold.
+async fn until_released(mut released: watch::Receiver<bool>) {
+    let _ = released.wait_for(|r| *r).await;
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Connection {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+/// The listeners of a held endpoint; dropping it closes them and cuts the connections they
+/// accepted.
 struct Held {
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Dropped with the hold: every connection accepted at the endpoint is cut.
+    _release: watch::Sender<bool>,
+    /// One count per open connection accepted at the endpoint, and this one.
+    open: Arc<()>,
+}
+
+impl Held {
+    /// Lets go: closes the listeners, cuts the connections, and waits (at most `CLOSE_WAIT`)
+    /// until the servers have closed them.
+    async fn let_go(self) {
+        let open = self.open.clone();
+        drop(self);
+        let deadline = Instant::now() + CLOSE_WAIT;
+        while Arc::strong_count(&open) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
 
 impl Drop for Held {
@@ -82,8 +243,8 @@ fn should_hold(node: &Node) -> bool {
 pub async fn run(
     node: Arc<Node>,
     cfg: EndpointConfig,
-    api: Option<mpsc::Sender<TcpStream>>,
-    client: Option<mpsc::Sender<TcpStream>>,
+    api: Option<mpsc::Sender<Connection>>,
+    client: Option<mpsc::Sender<Connection>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let Ok(Some(ip)) = cfg.address() else {
@@ -110,18 +271,21 @@ pub async fn run(
                 }
                 Err(_) => {}
             }
-        } else if !hold && held.is_some() {
-            held = None;
-            release(&cfg, ip);
-            node.metrics.endpoint_held.set(0);
-            tracing::info!(address = %ip, "let go of the control-plane endpoint");
+        } else if !hold {
+            if let Some(h) = held.take() {
+                h.let_go().await;
+                release(&cfg, ip);
+                node.metrics.endpoint_held.set(0);
+                tracing::info!(address = %ip, "let go of the control-plane endpoint");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
             _ = stop.changed() => break,
         }
     }
-    if held.take().is_some() {
+    if let Some(h) = held.take() {
+        h.let_go().await;
         release(&cfg, ip);
         node.metrics.endpoint_held.set(0);
     }
@@ -130,8 +294,8 @@ pub async fn run(
 async fn acquire(
     cfg: &EndpointConfig,
     ip: IpAddr,
-    api: Option<mpsc::Sender<TcpStream>>,
-    client: Option<mpsc::Sender<TcpStream>>,
+    api: Option<mpsc::Sender<Connection>>,
+    client: Option<mpsc::Sender<Connection>>,
 ) -> io::Result<Held> {
     if let (Some(iface), IpAddr::V4(v4)) = (&cfg.interface, ip) {
         net::add_address(iface, v4)?;
@@ -147,15 +311,23 @@ async fn acquire(
             }
         });
     }
+    let (release, released) = watch::channel(false);
+    let open = Arc::new(());
     let mut tasks = Vec::new();
     for (addr, to) in [(cfg.api, api), (cfg.client, client)] {
         let (Some(addr), Some(to)) = (addr, to) else {
             continue;
         };
         let listener = listen(addr)?;
-        tasks.push(tokio::spawn(accept(listener, to)));
+        let cut = cfg.interface.is_some() && ip.is_ipv4();
+        let (released, open) = (released.clone(), open.clone());
+        tasks.push(tokio::spawn(accept(listener, to, cut, released, open)));
     }
-    Ok(Held { tasks })
+    Ok(Held {
+        tasks,
+        _release: release,
+        open,
+    })
 }
 
 fn release(cfg: &EndpointConfig, ip: IpAddr) {
@@ -177,11 +349,21 @@ fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-async fn accept(listener: TcpListener, to: mpsc::Sender<TcpStream>) {
+async fn accept(
+    listener: TcpListener,
+    to: mpsc::Sender<Connection>,
+    cut: bool,
+    released: watch::Receiver<bool>,
+    open: Arc<()>,
+) {
     loop {
         match listener.accept().await {
             Ok((conn, _)) => {
                 let _ = conn.set_nodelay(true);
+                let conn = match cut {
+                    true => Connection::at_endpoint(conn, released.clone(), open.clone()),
+                    false => Connection::own(conn),
+                };
                 if to.send(conn).await.is_err() {
                     return;
                 }
@@ -369,6 +551,49 @@ mod tests {
             .address()
             .unwrap_err()
             .contains("one address"));
+    }
+
+    #[tokio::test]
+    async fn letting_go_cuts_the_connections_accepted_at_the_endpoint() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (to, mut accepted) = mpsc::channel(4);
+        let (release, released) = watch::channel(false);
+        let open = Arc::new(());
+        let task = tokio::spawn(accept(listener, to, true, released, open.clone()));
+        let held = Held {
+            tasks: vec![task],
+            _release: release,
+            open,
+        };
+        // A client that only reads, as a watch does, and a server that answers one request
+        // and then waits for the next, as an idle HTTP/1.1 connection does.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = accepted.recv().await.expect("a connection at the endpoint");
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            conn.write_all(b"hello").await.unwrap();
+            // Ends only when the connection is cut; dropping `conn` closes it.
+            let read = conn.read(&mut buf).await;
+            assert!(read.is_err(), "the cut connection reads an error: {read:?}");
+        });
+        let mut buf = [0u8; 5];
+        client.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+        assert!(!server.is_finished());
+        held.let_go().await;
+        // The server closed the connection: the client reads its end.
+        let eof = tokio::time::timeout(Duration::from_secs(30), client.read(&mut buf)).await;
+        assert!(
+            matches!(eof, Ok(Ok(0))),
+            "the client sees the close: {eof:?}"
+        );
+        server.await.expect("the server saw the cut");
+        // A connection to the member's own port is never cut.
+        let own = Connection::own(client);
+        let never = tokio::time::timeout(Duration::from_millis(50), own.released()).await;
+        assert!(never.is_err());
     }
 
     /// Whether `ip` is on some interface of this thread's network namespace.

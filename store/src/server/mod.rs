@@ -177,21 +177,21 @@ impl RunningServer {
 /// latency-bound, and with it on a lone client waits on delayed ACKs (tens of milliseconds).
 fn incoming(
     listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<endpoint::Connection>> {
     use tokio_stream::StreamExt;
     TcpListenerStream::new(listener).map(|conn| {
         let conn = conn?;
         conn.set_nodelay(true)?;
-        Ok(conn)
+        Ok(endpoint::Connection::own(conn))
     })
 }
 
 /// `conns` and the connections accepted at the control-plane endpoint (none when its sender
 /// is dropped).
 fn with_endpoint(
-    conns: impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>>,
+    conns: impl tokio_stream::Stream<Item = std::io::Result<endpoint::Connection>>,
     endpoint: endpoint::Connections,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+) -> impl tokio_stream::Stream<Item = std::io::Result<endpoint::Connection>> {
     use tokio_stream::StreamExt;
     conns.merge(tokio_stream::wrappers::ReceiverStream::new(endpoint).map(Ok))
 }
