@@ -12,10 +12,22 @@ pub fn replace(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// [`replace`] with the file's bytes in parts, written one after the other (so that a large
 /// file need not be copied into one buffer first).
 pub fn replace_parts(path: &Path, tmp: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
+    replace_with(path, tmp, |f| {
+        for part in parts {
+            f.write_all(part)?;
+        }
+        Ok(())
+    })
+}
+
+/// [`replace`] with the file's bytes written by `write` (from another file, say).
+pub fn replace_with(
+    path: &Path,
+    tmp: &Path,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut f = std::fs::File::create(tmp)?;
-    for part in parts {
-        f.write_all(part)?;
-    }
+    write(&mut f)?;
     f.sync_all()?;
     drop(f);
     std::fs::rename(tmp, path)?;

@@ -284,6 +284,64 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
 }
 
 #[tokio::test]
+async fn a_damaged_snapshot_is_refused_before_it_changes_anything() {
+    use tokio::io::AsyncWriteExt;
+    let leader_dir = tempfile::tempdir().expect("tempdir");
+    let follower_dir = tempfile::tempdir().expect("tempdir");
+    let mut leader = Member::open(leader_dir.path()).expect("open");
+    let mut follower = Member::open(follower_dir.path()).expect("open");
+    for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
+        let e = entry(1, i as u64 + 1, EntryPayload::Normal(put_cmd(k, "1", 0)));
+        leader.sm.apply([e]).await.expect("apply");
+    }
+    follower
+        .sm
+        .apply([entry(1, 1, EntryPayload::Normal(put_cmd("mine", "x", 0)))])
+        .await
+        .expect("apply");
+    let built = leader
+        .sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build");
+    // The data as received, its last byte lost.
+    let file = std::fs::read(leader_dir.path().join("snapshot.bin")).expect("snapshot file");
+    let data = &file[bincode::serialized_size(&built.meta).expect("size") as usize + 8..];
+    let mut received = follower
+        .sm
+        .begin_receiving_snapshot()
+        .await
+        .expect("receive");
+    received
+        .write_all(&data[..data.len() - 1])
+        .await
+        .expect("write");
+    received.shutdown().await.expect("shutdown");
+    let err = follower
+        .sm
+        .install_snapshot(&built.meta, received)
+        .await
+        .expect_err("a damaged snapshot is refused");
+    assert!(err.to_string().contains("cut short"), "{err}");
+    assert_eq!(
+        all_keys(&follower.sm)
+            .iter()
+            .map(|kv| kv.key.clone())
+            .collect::<Vec<_>>(),
+        [b"mine".to_vec()]
+    );
+    assert!(!follower_dir.path().join("snapshot.bin").exists());
+    assert!(follower
+        .sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .is_none());
+}
+
+#[tokio::test]
 async fn an_interrupted_snapshot_install_finishes_at_the_next_start() {
     let dir = tempfile::tempdir().expect("tempdir");
     {

@@ -4,6 +4,7 @@
 
 pub mod log_store;
 pub mod network;
+pub mod snapshot_data;
 pub mod state_machine;
 pub mod stream;
 pub mod wal;
@@ -12,7 +13,6 @@ pub mod wal;
 mod conformance;
 
 use std::fmt;
-use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +39,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = Member,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -2,7 +2,9 @@
 //!
 //! A snapshot is a raw dump of every MVCC tree (history included, so watches can still resume
 //! from any retained revision after a member was caught up by snapshot). The newest snapshot is
-//! kept as a file in the data dir, written to a temporary name and renamed into place.
+//! kept as a file in the data dir, written to a temporary name and renamed into place. A
+//! snapshot is never in memory whole: it is written as the trees are read, sent and received
+//! through files ([`SnapshotData`]), and restored as it is read.
 //!
 //! # Correctness
 //! The entries openraft hands over in one call are applied as one commit (split only
@@ -17,15 +19,15 @@
 //! marker; the marker is removed once the trees hold the snapshot and are synced, and a member
 //! that finds the marker at start-up installs again.
 
-use std::io::{Cursor, Seek, SeekFrom, Write};
+use std::io::{BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
-use serde::{Deserialize, Serialize};
 
+use super::snapshot_data::{self, SnapshotData};
 use super::wal::Wal;
 use super::{
     sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId,
@@ -46,17 +48,15 @@ pub(crate) const META_MEMBERSHIP: &[u8] = b"raft_membership";
 /// How many commands of a batch entry are applied: (its log id, count). Committed with each
 /// command, so a crash in the middle of a batch resumes after the last applied command.
 pub(super) const META_BATCH_PROGRESS: &[u8] = b"raft_batch_progress";
+type SnapshotMetadata = SnapshotMeta<NodeId, Member>;
+
 const SNAPSHOT_FILE: &str = "snapshot.bin";
+/// What an install writes the snapshot file under before it renames it into place (not the
+/// build's name: a build may run meanwhile).
+const INSTALL_TMP: &str = "snapshot.bin.install.tmp";
 const INSTALL_MARKER: &str = "snapshot.installing";
 /// How long applying entries may take before a member warns (etcd's expected duration).
 const SLOW_APPLY: std::time::Duration = std::time::Duration::from_millis(100);
-
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta<NodeId, Member>,
-    #[serde(with = "crate::mvcc::types::byte_vec")]
-    data: Vec<u8>,
-}
 
 #[derive(Clone)]
 pub struct StateMachine {
@@ -101,6 +101,13 @@ impl StateMachine {
         // synced lazily) while the snapshot on disk, which the log may be purged behind, did
         // not: both start from the snapshot, and openraft applies the log again from there.
         let interrupted = dir.join(INSTALL_MARKER).exists();
+        // What a crash left half written: a snapshot being received or copied into place.
+        for left in [snapshot_data::receiving_path(dir), dir.join(INSTALL_TMP)] {
+            match std::fs::remove_file(left) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
         let meta = sm.read_snapshot_meta()?;
         let applied = sm.applied()?;
         let behind = meta.as_ref().is_some_and(|m| m.last_log_id > applied);
@@ -114,8 +121,12 @@ impl StateMachine {
             );
         }
         if interrupted || behind {
-            if let Some(file) = sm.read_snapshot_file()? {
-                sm.mvcc.restore(Dump::decode(&file.data)?)?;
+            if let Some((_, start)) = sm.read_snapshot_head()? {
+                let mut file = std::fs::File::open(dir.join(SNAPSHOT_FILE))?;
+                file.seek(SeekFrom::Start(start))?;
+                Dump::check(&mut BufReader::new(&mut file))?;
+                file.seek(SeekFrom::Start(start))?;
+                sm.mvcc.restore_from(&mut BufReader::new(file))?;
             }
         }
         // What the trees hold now is made durable, so the log may be purged up to it (openraft
@@ -135,19 +146,29 @@ impl StateMachine {
 
     /// The snapshot file's metadata only: it comes first in the file, so the data (which may be
     /// large) is not read.
-    fn read_snapshot_meta(&self) -> Result<Option<SnapshotMeta<NodeId, Member>>, StorageError> {
-        #[derive(Deserialize)]
-        struct Head {
-            meta: SnapshotMeta<NodeId, Member>,
+    fn read_snapshot_meta(&self) -> Result<Option<SnapshotMetadata>, StorageError> {
+        Ok(self.read_snapshot_head()?.map(|(meta, _)| meta))
+    }
+
+    /// The snapshot file's metadata and where its data starts. The file is bincode's encoding
+    /// of the metadata, the data's length (u64) and the data, which runs to the file's end.
+    fn read_snapshot_head(&self) -> Result<Option<(SnapshotMetadata, u64)>, StorageError> {
+        let file = match std::fs::File::open(self.dir.join(SNAPSHOT_FILE)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let size = file.metadata()?.len();
+        let mut head = BufReader::new(file);
+        let (meta, len): (SnapshotMetadata, u64) = bincode::deserialize_from(&mut head)?;
+        let start = data_start(&meta)?;
+        if start.checked_add(len) != Some(size) {
+            return Err(StorageError::Corrupt(format!(
+                "the snapshot file holds {size} bytes, not the {start} of its header and the \
+                 {len} of data it names"
+            )));
         }
-        match std::fs::File::open(self.dir.join(SNAPSHOT_FILE)) {
-            Ok(f) => {
-                let head: Head = bincode::deserialize_from(std::io::BufReader::new(f))?;
-                Ok(Some(head.meta))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(Some((meta, start)))
     }
 
     /// The last log index the snapshot on disk covers. openraft purges the log up to a
@@ -159,7 +180,7 @@ impl StateMachine {
         self.durable.subscribe()
     }
 
-    fn snapshot_durable(&self, meta: &SnapshotMeta<NodeId, Member>) {
+    fn snapshot_durable(&self, meta: &SnapshotMetadata) {
         let index = meta.last_log_id.map_or(0, |l| l.index);
         self.durable.send_modify(|d| *d = (*d).max(index));
     }
@@ -288,18 +309,15 @@ impl StateMachine {
         }
     }
 
-    fn read_snapshot_file(&self) -> Result<Option<SnapshotFile>, StorageError> {
-        match std::fs::read(self.dir.join(SNAPSHOT_FILE)) {
-            Ok(bytes) => Ok(Some(bincode::deserialize(&bytes)?)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+    /// The current snapshot's data, for openraft to send.
+    fn snapshot_data(&self, start: u64) -> Result<SnapshotData, StorageError> {
+        Ok(SnapshotData::open(&self.dir.join(SNAPSHOT_FILE), start)?)
     }
 
-    /// Writes a snapshot of the store to the snapshot file as the store is read (bincode's
-    /// encoding of a [`SnapshotFile`]: the metadata, the data's length, the data), and returns
-    /// its metadata: the applied id and membership as of the dump, not as of now.
-    fn write_snapshot_from_store(&self) -> Result<SnapshotMeta<NodeId, Member>, StorageError> {
+    /// Writes a snapshot of the store to the snapshot file as the store is read (the metadata,
+    /// the data's length, the data), and returns its metadata: the applied id and membership
+    /// as of the dump, not as of now.
+    fn write_snapshot_from_store(&self) -> Result<SnapshotMetadata, StorageError> {
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         let mut made = None;
@@ -346,20 +364,38 @@ impl StateMachine {
         Ok(meta)
     }
 
-    fn write_snapshot_file(&self, file: &SnapshotFile) -> Result<(), StorageError> {
-        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
-        // bincode's encoding of the file, in parts: the metadata, then the data as a byte
-        // vector (its length, then the bytes), which is not copied again.
-        let meta = bincode::serialize(&file.meta)?;
-        let len = bincode::serialize(&(file.data.len() as u64))?;
-        crate::durable_file::replace_parts(
+    /// Makes the snapshot file `meta` and the data `data` holds from where it stands to its
+    /// end (copied file to file), durably; returns where the data starts in it.
+    fn write_snapshot_file(
+        &self,
+        meta: &SnapshotMetadata,
+        data: &mut std::fs::File,
+    ) -> Result<u64, StorageError> {
+        let from = data.stream_position()?;
+        let len = data.metadata()?.len().saturating_sub(from);
+        let head = bincode::serialize(&(meta, len))?;
+        crate::durable_file::replace_with(
             &self.dir.join(SNAPSHOT_FILE),
-            &tmp,
-            &[&meta, &len, &file.data],
+            &self.dir.join(INSTALL_TMP),
+            |out| {
+                out.write_all(&head)?;
+                let copied = std::io::copy(data, out)?;
+                if copied != len {
+                    return Err(std::io::Error::other(format!(
+                        "a snapshot's data changed while it was copied ({copied} of {len} bytes)"
+                    )));
+                }
+                Ok(())
+            },
         )?;
-        self.snapshot_durable(&file.meta);
-        Ok(())
+        self.snapshot_durable(meta);
+        Ok(head.len() as u64)
     }
+}
+
+/// Where a snapshot file with `meta` has its data: after the metadata and the data's length.
+fn data_start(meta: &SnapshotMetadata) -> Result<u64, StorageError> {
+    Ok(bincode::serialized_size(meta)? + 8)
 }
 
 /// Most commands applied on the runtime's thread at once (see [`StateMachine::apply`]).
@@ -406,11 +442,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             .map_err(snapshot_write)?;
         // openraft 0.9 keeps only the metadata of a snapshot it asked to be built
         // (`core/sm/worker.rs`: `Response::BuildSnapshot(snap.meta)`), and reads the data
-        // through `get_current_snapshot` (the file) when it sends one. The data is not read
-        // back into memory for it.
+        // through `get_current_snapshot` (the file) when it sends one. What is handed back
+        // here is a handle on the file, not its data.
+        let data = self
+            .snapshot_data(data_start(&meta).map_err(snapshot_read)?)
+            .map_err(snapshot_read)?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(Vec::new())),
+            snapshot: Box::new(data),
         })
     }
 }
@@ -476,27 +515,37 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, RaftStorageError> {
+        let data = SnapshotData::create(&snapshot_data::receiving_path(&self.dir))
+            .map_err(snapshot_write)?;
+        Ok(Box::new(data))
     }
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, Member>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMetadata,
+        snapshot: Box<SnapshotData>,
     ) -> Result<(), RaftStorageError> {
         let sm = self.clone();
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data: snapshot.into_inner(),
-        };
+        let meta = meta.clone();
+        let mut data = snapshot.into_std().await.map_err(snapshot_write)?;
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
-            let dump = Dump::decode(&file.data)?;
+            // Read through once before anything changes: a damaged snapshot is refused whole.
+            let from = data.stream_position()?;
+            Dump::check(&mut BufReader::new(&mut data))?;
+            data.seek(SeekFrom::Start(from))?;
             crash_point(SNAPSHOT_INSTALL_BEFORE);
-            sm.write_snapshot_file(&file)?;
+            let start = sm.write_snapshot_file(&meta, &mut data)?;
+            drop(data);
+            match std::fs::remove_file(snapshot_data::receiving_path(&sm.dir)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
             std::fs::File::open(&sm.dir)?.sync_all()?;
-            sm.mvcc.restore(dump)?;
+            let mut file = std::fs::File::open(sm.dir.join(SNAPSHOT_FILE))?;
+            file.seek(SeekFrom::Start(start))?;
+            sm.mvcc.restore_from(&mut BufReader::new(file))?;
             // The marker goes only once the restored trees are on disk: a crash before that
             // restores again at the next start.
             sm.mvcc.sync()?;
@@ -513,10 +562,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, RaftStorageError> {
-        let file = self.read_snapshot_file().map_err(snapshot_read)?;
-        Ok(file.map(|f| Snapshot {
-            meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+        let Some((meta, start)) = self.read_snapshot_head().map_err(snapshot_read)? else {
+            return Ok(None);
+        };
+        let data = self.snapshot_data(start).map_err(snapshot_read)?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(data),
         }))
     }
 }

@@ -1,6 +1,6 @@
 //! Dumps and restores of the whole state (Raft snapshots, backups), and syncing sled's files.
 
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 
 use super::*;
 
@@ -13,34 +13,119 @@ const DUMP_VERSION: u16 = 1;
 
 impl Dump {
     /// A dump as [`MvccStore::write_dump`] writes it (or as builds before the version mark
-    /// did). A newer version is refused by name, so a member of an older build that is sent a
-    /// snapshot it cannot read says so instead of failing to decode it.
-    pub fn decode(bytes: &[u8]) -> Result<Dump, StorageError> {
-        let body = match bytes.strip_prefix(DUMP_MARK) {
-            Some(rest) => {
-                let (version, body) = rest.split_at_checked(2).ok_or_else(|| {
-                    StorageError::Corrupt("a snapshot cut short in its format version".into())
-                })?;
-                let version = u16::from_le_bytes([version[0], version[1]]);
-                if version > DUMP_VERSION {
-                    return Err(StorageError::Unsupported(format!(
-                        "snapshot format version {version} is not supported by this rkube \
-                         (it reads versions 0 to {DUMP_VERSION}); upgrade this member"
-                    )));
+    /// did), in memory. A newer version is refused by name, so a member of an older build that
+    /// is sent a snapshot it cannot read says so instead of failing to decode it.
+    pub fn decode(mut bytes: &[u8]) -> Result<Dump, StorageError> {
+        let mut trees: Vec<(String, Rows)> = Vec::new();
+        read_dump(&mut bytes, |row| {
+            match row {
+                DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
+                DumpRow::Row(k, v) => {
+                    if let Some((_, rows)) = trees.last_mut() {
+                        rows.push((k.to_vec(), v.to_vec()));
+                    }
                 }
-                body
             }
-            None => bytes,
-        };
-        Ok(bincode::deserialize(body)?)
+            Ok(())
+        })?;
+        Ok(Dump { trees })
+    }
+
+    /// Reads a dump from `input` to its end without keeping it: an error names what is wrong
+    /// with it, as [`Dump::decode`] would.
+    pub fn check(input: &mut impl Read) -> Result<(), StorageError> {
+        read_dump(input, |_| Ok(()))
     }
 }
 
-/// What [`DumpView::rows`] gives: a tree's name, then its rows.
+/// A dump's rows as they are written or read: a tree's name, then its rows.
 pub(super) enum DumpRow<'a> {
-    Tree(&'static str),
+    Tree(&'a str),
     Row(&'a [u8], &'a [u8]),
 }
+
+/// A dump cut short, or a length or name that cannot be.
+fn cut_short(what: &str) -> StorageError {
+    StorageError::Corrupt(format!("a snapshot cut short in {what}"))
+}
+
+fn read_u64(input: &mut impl Read, what: &str) -> Result<u64, StorageError> {
+    let mut b = [0u8; 8];
+    input.read_exact(&mut b).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => cut_short(what),
+        _ => e.into(),
+    })?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// `len` bytes into `buf`, grown as they arrive: a damaged length reads to the end of the
+/// input and fails there, instead of allocating what it claims.
+fn read_into(
+    input: &mut impl Read,
+    len: u64,
+    buf: &mut Vec<u8>,
+    what: &str,
+) -> Result<(), StorageError> {
+    buf.clear();
+    input.take(len).read_to_end(buf)?;
+    if buf.len() as u64 != len {
+        return Err(cut_short(what));
+    }
+    Ok(())
+}
+
+/// Reads a dump as [`MvccStore::write_dump`] writes it (bincode's encoding of a [`Dump`],
+/// after the format's mark and version; or without them, as builds before the mark wrote
+/// it), one row at a time, and gives `visit` each tree's name before its rows.
+pub(super) fn read_dump(
+    input: &mut impl Read,
+    mut visit: impl FnMut(DumpRow<'_>) -> Result<(), StorageError>,
+) -> Result<(), StorageError> {
+    let mut head = [0u8; 8];
+    input
+        .read_exact(&mut head[..DUMP_MARK.len()])
+        .map_err(|_| cut_short("its format mark"))?;
+    let trees = if head[..DUMP_MARK.len()] == DUMP_MARK[..] {
+        let mut version = [0u8; 2];
+        input
+            .read_exact(&mut version)
+            .map_err(|_| cut_short("its format version"))?;
+        let version = u16::from_le_bytes(version);
+        if version > DUMP_VERSION {
+            return Err(StorageError::Unsupported(format!(
+                "snapshot format version {version} is not supported by this rkube \
+                 (it reads versions 0 to {DUMP_VERSION}); upgrade this member"
+            )));
+        }
+        read_u64(input, "its tree count")?
+    } else {
+        // Version 0: the six bytes read are the start of the tree count.
+        input
+            .read_exact(&mut head[DUMP_MARK.len()..])
+            .map_err(|_| cut_short("its tree count"))?;
+        u64::from_le_bytes(head)
+    };
+    let (mut key, mut value) = (Vec::new(), Vec::new());
+    for _ in 0..trees {
+        let len = read_u64(input, "a tree's name")?;
+        read_into(input, len, &mut key, "a tree's name")?;
+        let name = std::str::from_utf8(&key)
+            .map_err(|_| StorageError::Corrupt("a snapshot's tree name is not UTF-8".into()))?;
+        visit(DumpRow::Tree(name))?;
+        let rows = read_u64(input, "a tree's row count")?;
+        for _ in 0..rows {
+            let len = read_u64(input, "a row")?;
+            read_into(input, len, &mut key, "a row")?;
+            let len = read_u64(input, "a row")?;
+            read_into(input, len, &mut value, "a row")?;
+            visit(DumpRow::Row(&key, &value))?;
+        }
+    }
+    Ok(())
+}
+
+/// Rows written to sled at once by a restore.
+const RESTORE_BATCH: usize = 4096;
 
 /// A dump in progress: the small trees and the revision, copied under the index lock; the
 /// history up to that revision is read when the rows are visited (see
@@ -249,6 +334,32 @@ impl MvccStore {
 
     /// Replaces the whole state with a dump.
     pub fn restore(&self, dump: Dump) -> Result<(), StorageError> {
+        self.restore_rows(|visit| {
+            for (name, rows) in &dump.trees {
+                visit(DumpRow::Tree(name))?;
+                for (k, v) in rows {
+                    visit(DumpRow::Row(k, v))?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Replaces the whole state with the dump `input` holds, read as it is written to the
+    /// trees: a dump the size of the store is never in memory. Check it first
+    /// ([`Dump::check`]): one found damaged halfway leaves the trees half restored.
+    pub fn restore_from(&self, input: &mut impl Read) -> Result<(), StorageError> {
+        self.restore_rows(|visit| read_dump(input, visit))
+    }
+
+    /// Replaces the whole state with the rows `rows` gives its visitor (each tree's name
+    /// before its rows; rows of a tree the store does not have are left out).
+    fn restore_rows(
+        &self,
+        rows: impl FnOnce(
+            &mut dyn FnMut(DumpRow<'_>) -> Result<(), StorageError>,
+        ) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         let gate = self
             .compaction_gate
             .write()
@@ -256,15 +367,37 @@ impl MvccStore {
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         // The last commit's redo is about the state being replaced.
         self.trees.redo.clear()?;
-        for (name, tree) in self.trees.all() {
+        let all = self.trees.all();
+        for (_, tree) in all {
             tree.clear()?;
-            if let Some((_, rows)) = dump.trees.iter().find(|(n, _)| n == name) {
-                let mut batch = sled::Batch::default();
-                for (k, v) in rows {
-                    batch.insert(k.as_slice(), v.as_slice());
+        }
+        let mut tree: Option<&sled::Tree> = None;
+        let mut batch = sled::Batch::default();
+        let mut batched = 0;
+        rows(&mut |row| {
+            match row {
+                DumpRow::Tree(name) => {
+                    if let Some(t) = tree {
+                        t.apply_batch(std::mem::take(&mut batch))?;
+                    }
+                    batched = 0;
+                    tree = all.iter().find(|(n, _)| *n == name).map(|(_, t)| *t);
                 }
-                tree.apply_batch(batch)?;
+                DumpRow::Row(k, v) => {
+                    if let Some(t) = tree {
+                        batch.insert(k, v);
+                        batched += 1;
+                        if batched == RESTORE_BATCH {
+                            t.apply_batch(std::mem::take(&mut batch))?;
+                            batched = 0;
+                        }
+                    }
+                }
             }
+            Ok(())
+        })?;
+        if let Some(t) = tree {
+            t.apply_batch(batch)?;
         }
         self.revision.store(
             read_i64(&self.trees.meta, META_REVISION)?,
@@ -324,6 +457,74 @@ impl MvccStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store with `n` keys (a third of them on a lease) and a compaction behind it.
+    fn store_with(n: usize) -> MvccStore {
+        let db = sled::Config::new().temporary(true).open().expect("db");
+        let store = MvccStore::open(&db).expect("store");
+        store
+            .apply(&Command::LeaseGrant { id: 3, ttl: 60 }, Vec::new())
+            .expect("grant");
+        for i in 0..n {
+            let cmd = Command::Txn(TxnRequest {
+                success: vec![Op::Put(PutRequest {
+                    key: format!("k{}", i % (n / 2 + 1)).into_bytes(),
+                    value: vec![i as u8; i % 100],
+                    lease: if i % 3 == 0 { 3 } else { 0 },
+                    ..Default::default()
+                })],
+                ..Default::default()
+            });
+            store.apply(&cmd, Vec::new()).expect("put");
+        }
+        store
+            .apply(&Command::Compact { revision: 5 }, Vec::new())
+            .expect("compact");
+        store
+    }
+
+    #[test]
+    fn a_dump_read_as_it_is_restored_makes_the_same_store() {
+        // More rows than one restore batch.
+        let source = store_with(3 * RESTORE_BATCH);
+        let (bytes, _) = source.dump_encoded(&[]).expect("encoded dump");
+        let target = store_with(10);
+        Dump::check(&mut &bytes[..]).expect("the dump reads");
+        target.restore_from(&mut &bytes[..]).expect("restore");
+        assert_eq!(target.revision(), source.revision());
+        assert_eq!(target.compact_revision(), source.compact_revision());
+        assert_eq!(target.hash_kv(0), source.hash_kv(0));
+        assert_eq!(
+            encode(&target.dump().expect("dump")),
+            encode(&source.dump().expect("dump"))
+        );
+        assert_eq!(
+            target.lease_keys(3).expect("lease keys"),
+            source.lease_keys(3).expect("lease keys")
+        );
+    }
+
+    #[test]
+    fn a_damaged_dump_is_refused_by_what_is_wrong_with_it() {
+        let store = store_with(50);
+        let (bytes, _) = store.dump_encoded(&[]).expect("encoded dump");
+        let refused = |bytes: &[u8]| {
+            let err = Dump::check(&mut &bytes[..]).expect_err("refused");
+            let decoded = Dump::decode(bytes).err().map(|e| e.to_string());
+            assert_eq!(decoded, Some(err.to_string()), "decode and check agree");
+            err.to_string()
+        };
+        assert!(refused(&bytes[..4]).contains("cut short in its format mark"));
+        assert!(refused(&bytes[..bytes.len() - 1]).contains("cut short in a row"));
+        // A row's length damaged to claim more than there is: read to the end, not allocated.
+        let dump = store.dump().expect("dump");
+        let (_, last) = dump.rows("meta").last().expect("a metadata row");
+        let mut long = bytes.clone();
+        let at = long.len() - last.len() - 8;
+        assert_eq!(long[at..at + 8], (last.len() as u64).to_le_bytes());
+        long[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(refused(&long).contains("cut short"));
+    }
 
     #[test]
     fn an_encoded_dump_is_the_dump_encoded() {
