@@ -168,6 +168,17 @@ impl Deployment {
         rows.iter().map(Member::from_json).collect()
     }
 
+    /// The last `tail` lines a container (a server or agent) logged, under a heading.
+    fn logs(&self, name: &str, tail: usize) -> String {
+        let c = self.container(name);
+        let out = Command::new("docker")
+            .args(["logs", "--tail", &tail.to_string(), &c])
+            .output()
+            .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
+            .unwrap_or_default();
+        format!("--- docker logs {c} ---\n{out}")
+    }
+
     /// Waits until the members answer as voters (a leader and followers) and every one of them
     /// has applied what the most advanced one had applied at the look before, and returns them.
     /// The cluster writes all the time (node leases, controllers), so on a busy machine the
@@ -194,18 +205,7 @@ impl Deployment {
             }
             if std::time::Instant::now() >= deadline {
                 // What each member said last, for the next engineer.
-                let logs: Vec<String> = members
-                    .iter()
-                    .map(|m| {
-                        let c = self.container(m);
-                        let out = Command::new("docker")
-                            .args(["logs", "--tail", "30", &c])
-                            .output()
-                            .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
-                            .unwrap_or_default();
-                        format!("--- docker logs {c} ---\n{out}")
-                    })
-                    .collect();
+                let logs: Vec<String> = members.iter().map(|m| self.logs(m, 30)).collect();
                 panic!(
                     "timed out after {BOUND:?} waiting for {members:?} voting and caught up; \
                      last answer from {from}: {rows:?}\n{}",
@@ -238,13 +238,7 @@ impl Deployment {
                     ));
                 }
                 for c in SERVERS.iter().chain(&["a1", "a2"]) {
-                    let c = self.container(c);
-                    let out = Command::new("docker")
-                        .args(["logs", "--tail", "40", &c])
-                        .output()
-                        .map(|o| format!("{}{}", text(&o.stdout), text(&o.stderr)))
-                        .unwrap_or_default();
-                    seen.push(format!("--- docker logs {c} ---\n{out}"));
+                    seen.push(self.logs(c, 40));
                 }
                 panic!(
                     "timed out after {BOUND:?} waiting for {what}\n{}",

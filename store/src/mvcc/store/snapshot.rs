@@ -16,8 +16,17 @@ impl Dump {
     /// did), in memory. A newer version is refused by name, so a member of an older build that
     /// is sent a snapshot it cannot read says so instead of failing to decode it.
     pub fn decode(mut bytes: &[u8]) -> Result<Dump, StorageError> {
+        Dump::collect(|visit| read_dump(&mut bytes, visit))
+    }
+
+    /// The rows `rows` gives its visitor (each tree's name before its rows), kept.
+    fn collect(
+        rows: impl FnOnce(
+            &mut dyn FnMut(DumpRow<'_>) -> Result<(), StorageError>,
+        ) -> Result<(), StorageError>,
+    ) -> Result<Dump, StorageError> {
         let mut trees: Vec<(String, Rows)> = Vec::new();
-        read_dump(&mut bytes, |row| {
+        rows(&mut |row| {
             match row {
                 DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
                 DumpRow::Row(k, v) => {
@@ -222,19 +231,8 @@ impl MvccStore {
 
     /// A raw copy of every tree, consistent with one point of the applied log.
     pub fn dump(&self) -> Result<Dump, StorageError> {
-        let mut trees: Vec<(String, Rows)> = Vec::new();
-        self.dump_view()?.rows(|row| {
-            match row {
-                DumpRow::Tree(name) => trees.push((name.to_string(), Vec::new())),
-                DumpRow::Row(k, v) => {
-                    if let Some((_, rows)) = trees.last_mut() {
-                        rows.push((k.to_vec(), v.to_vec()));
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        Ok(Dump { trees })
+        let view = self.dump_view()?;
+        Dump::collect(|visit| view.rows(visit))
     }
 
     /// [`MvccStore::dump`] as bincode encodes a [`Dump`], with the metadata values under
