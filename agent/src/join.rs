@@ -462,3 +462,61 @@ fn save(dir: &Path, ca_pem: &str, id: &Identity) -> Result<()> {
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's timer on the TCP socket from local port `local` to port `remote` on
+    /// loopback, from /proc/net/tcp: (timer kind, clock ticks until it fires). Kind 2 is
+    /// keepalive (0: none, 1: retransmission).
+    fn tcp_timer(local: u16, remote: u16) -> Option<(u32, u64)> {
+        let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        table.lines().skip(1).find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next()?, 16).ok();
+            if port(f[1])? != local || port(f[2])? != remote {
+                return None;
+            }
+            let (kind, when) = f[5].split_once(':')?;
+            Some((
+                u32::from_str_radix(kind, 16).ok()?,
+                u64::from_str_radix(when, 16).ok()?,
+            ))
+        })
+    }
+
+    #[tokio::test]
+    async fn the_agents_connections_are_probed_when_idle() {
+        // A server that takes the connection and never answers: the client waits on it, idle,
+        // as a watch with no events does.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let api = client(&format!("https://127.0.0.1:{port}"), None, Auth::Anonymous)
+            .await
+            .unwrap();
+        let request = tokio::spawn(async move { api.apiserver_version().await });
+        let (conn, peer) = listener.accept().await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let timer = loop {
+            // Once the client's first bytes are acknowledged, only the keepalive timer is left.
+            match tcp_timer(peer.port(), port) {
+                Some((2, when)) => break when,
+                _ if std::time::Instant::now() > deadline => {
+                    panic!(
+                        "no keepalive timer on the agent's connection: {:?}",
+                        tcp_timer(peer.port(), port)
+                    )
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        // In clock ticks (USER_HZ, 100 a second): the first probe within the idle time.
+        assert!(
+            timer <= KEEPALIVE_IDLE.as_secs() * 100,
+            "first probe in {timer} ticks"
+        );
+        request.abort();
+        drop(conn);
+    }
+}
