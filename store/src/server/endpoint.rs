@@ -299,10 +299,13 @@ async fn acquire(
 ) -> io::Result<Held> {
     if let (Some(iface), IpAddr::V4(v4)) = (&cfg.interface, ip) {
         net::add_address(iface, v4)?;
-        // Announce the new holder; a few times, as a lost frame leaves a neighbour stale.
+        // Announce the new holder; a few times, as a lost frame leaves a neighbour stale, and
+        // for longer than the last holder may keep the address while its connections close
+        // (`CLOSE_WAIT`), as it answers ARP for it until then.
         let (iface, v4) = (iface.clone(), v4);
         tokio::spawn(async move {
-            for _ in 0..3 {
+            let until = Instant::now() + CLOSE_WAIT + Duration::from_millis(500);
+            while Instant::now() < until {
                 if let Err(e) = net::gratuitous_arp(&iface, v4) {
                     tracing::warn!(interface = %iface, error = %e, "gratuitous ARP failed");
                     return;
