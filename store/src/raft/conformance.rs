@@ -35,6 +35,25 @@ impl Member {
     }
 }
 
+/// A leader and a follower, each in a directory of its own (kept alive with it).
+fn leader_and_follower() -> ((tempfile::TempDir, Member), (tempfile::TempDir, Member)) {
+    let member = || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let m = Member::open(dir.path()).expect("open");
+        (dir, m)
+    };
+    (member(), member())
+}
+
+/// Builds a snapshot on `m`, as openraft asks for one.
+async fn build_snapshot(m: &mut Member) -> openraft::storage::Snapshot<TypeConfig> {
+    m.sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .expect("build")
+}
+
 /// Builds a fresh member in its own directory; the directory is the suite's guard.
 struct Builder;
 
@@ -204,10 +223,7 @@ fn log_store_keeps_entries_and_vote_across_a_restart() {
 
 #[tokio::test]
 async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
-    let leader_dir = tempfile::tempdir().expect("tempdir");
-    let follower_dir = tempfile::tempdir().expect("tempdir");
-    let mut leader = Member::open(leader_dir.path()).expect("open");
-    let mut follower = Member::open(follower_dir.path()).expect("open");
+    let ((_leader_dir, mut leader), (_follower_dir, mut follower)) = leader_and_follower();
     leader
         .sm
         .apply([
@@ -230,13 +246,7 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
         .await
         .expect("apply");
 
-    let snapshot = leader
-        .sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("build");
+    let snapshot = build_snapshot(&mut leader).await;
     assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 0, 5)));
     // What openraft sends: the current snapshot, read from its file (it keeps only the
     // metadata of one it had built).
@@ -286,10 +296,7 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
 #[tokio::test]
 async fn a_damaged_snapshot_is_refused_before_it_changes_anything() {
     use tokio::io::AsyncWriteExt;
-    let leader_dir = tempfile::tempdir().expect("tempdir");
-    let follower_dir = tempfile::tempdir().expect("tempdir");
-    let mut leader = Member::open(leader_dir.path()).expect("open");
-    let mut follower = Member::open(follower_dir.path()).expect("open");
+    let ((leader_dir, mut leader), (follower_dir, mut follower)) = leader_and_follower();
     for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
         let e = entry(1, i as u64 + 1, EntryPayload::Normal(put_cmd(k, "1", 0)));
         leader.sm.apply([e]).await.expect("apply");
@@ -299,13 +306,7 @@ async fn a_damaged_snapshot_is_refused_before_it_changes_anything() {
         .apply([entry(1, 1, EntryPayload::Normal(put_cmd("mine", "x", 0)))])
         .await
         .expect("apply");
-    let built = leader
-        .sm
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .expect("build");
+    let built = build_snapshot(&mut leader).await;
     // The data as received, its last byte lost.
     let file = std::fs::read(leader_dir.path().join("snapshot.bin")).expect("snapshot file");
     let data = &file[bincode::serialized_size(&built.meta).expect("size") as usize + 8..];
@@ -350,11 +351,7 @@ async fn an_interrupted_snapshot_install_finishes_at_the_next_start() {
             .await
             .expect("apply");
         // The snapshot file is written ...
-        m.sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
+        build_snapshot(&mut m).await;
         m.sm.apply([entry(1, 2, EntryPayload::Normal(put_cmd("b", "1", 0)))])
             .await
             .expect("apply");
@@ -464,11 +461,7 @@ async fn a_state_machine_behind_the_snapshot_on_disk_is_restored_from_it_at_open
         m.sm.apply([entry(1, 2, EntryPayload::Normal(put_cmd("b", "1", 0)))])
             .await
             .expect("apply");
-        m.sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .expect("build");
+        build_snapshot(&mut m).await;
     }
     // The power cut: the trees lost the second entry, the synced snapshot file did not.
     std::fs::copy(

@@ -122,11 +122,7 @@ impl StateMachine {
         }
         if interrupted || behind {
             if let Some((_, start)) = sm.read_snapshot_head()? {
-                let mut file = std::fs::File::open(dir.join(SNAPSHOT_FILE))?;
-                file.seek(SeekFrom::Start(start))?;
-                Dump::check(&mut BufReader::new(&mut file))?;
-                file.seek(SeekFrom::Start(start))?;
-                sm.mvcc.restore_from(&mut BufReader::new(file))?;
+                sm.restore_from_snapshot_file(start, true)?;
             }
         }
         // What the trees hold now is made durable, so the log may be purged up to it (openraft
@@ -309,6 +305,18 @@ impl StateMachine {
         }
     }
 
+    /// Replaces the trees with the snapshot file's data (which starts at `start`), read as it
+    /// is restored; with `check`, read through once first, so that a damaged file changes
+    /// nothing.
+    fn restore_from_snapshot_file(&self, start: u64, check: bool) -> Result<(), StorageError> {
+        let mut file = std::fs::File::open(self.dir.join(SNAPSHOT_FILE))?;
+        file.seek(SeekFrom::Start(start))?;
+        if check {
+            check_in_place(&mut file)?;
+        }
+        self.mvcc.restore_from(&mut BufReader::new(file))
+    }
+
     /// The current snapshot's data, for openraft to send.
     fn snapshot_data(&self, start: u64) -> Result<SnapshotData, StorageError> {
         Ok(SnapshotData::open(&self.dir.join(SNAPSHOT_FILE), start)?)
@@ -391,6 +399,14 @@ impl StateMachine {
         self.snapshot_durable(meta);
         Ok(head.len() as u64)
     }
+}
+
+/// Reads the dump in `data` from where it stands to its end ([`Dump::check`]), and comes back.
+fn check_in_place(data: &mut std::fs::File) -> Result<(), StorageError> {
+    let from = data.stream_position()?;
+    Dump::check(&mut BufReader::new(&mut *data))?;
+    data.seek(SeekFrom::Start(from))?;
+    Ok(())
 }
 
 /// Where a snapshot file with `meta` has its data: after the metadata and the data's length.
@@ -531,9 +547,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut data = snapshot.into_std().await.map_err(snapshot_write)?;
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             // Read through once before anything changes: a damaged snapshot is refused whole.
-            let from = data.stream_position()?;
-            Dump::check(&mut BufReader::new(&mut data))?;
-            data.seek(SeekFrom::Start(from))?;
+            check_in_place(&mut data)?;
             crash_point(SNAPSHOT_INSTALL_BEFORE);
             let start = sm.write_snapshot_file(&meta, &mut data)?;
             drop(data);
@@ -543,9 +557,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
             std::fs::File::open(&sm.dir)?.sync_all()?;
-            let mut file = std::fs::File::open(sm.dir.join(SNAPSHOT_FILE))?;
-            file.seek(SeekFrom::Start(start))?;
-            sm.mvcc.restore_from(&mut BufReader::new(file))?;
+            // Checked above, as received.
+            sm.restore_from_snapshot_file(start, false)?;
             // The marker goes only once the restored trees are on disk: a crash before that
             // restores again at the next start.
             sm.mvcc.sync()?;

@@ -72,7 +72,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 pub struct Connection {
     stream: TcpStream,
     /// Resolves when the member lets go of the endpoint the connection arrived at.
-    released: Option<watch::Receiver<bool>>,
+    released: Option<watch::Receiver<()>>,
     /// `released`, as polled by reads and writes.
     cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     gone: bool,
@@ -92,7 +92,7 @@ impl Connection {
         }
     }
 
-    fn at_endpoint(stream: TcpStream, released: watch::Receiver<bool>, open: Arc<()>) -> Self {
+    fn at_endpoint(stream: TcpStream, released: watch::Receiver<()>, open: Arc<()>) -> Self {
         Connection {
             stream,
             cut: Some(Box::pin(until_released(released.clone()))),
@@ -130,9 +130,10 @@ impl Connection {
     }
 }
 
-/// Until the holder lets go: the sender says so, or is dropped with its hold.
-async fn until_released(mut released: watch::Receiver<bool>) {
-    let _ = released.wait_for(|r| *r).await;
+/// Until the holder lets go: nothing is ever sent, so this ends when the sender is dropped
+/// with its hold.
+async fn until_released(mut released: watch::Receiver<()>) {
+    let _ = released.changed().await;
 }
 
 impl AsyncRead for Connection {
@@ -200,7 +201,7 @@ impl tonic::transport::server::Connected for Connection {
 struct Held {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Dropped with the hold: every connection accepted at the endpoint is cut.
-    _release: watch::Sender<bool>,
+    _release: watch::Sender<()>,
     /// One count per open connection accepted at the endpoint, and this one.
     open: Arc<()>,
 }
@@ -314,7 +315,7 @@ async fn acquire(
             }
         });
     }
-    let (release, released) = watch::channel(false);
+    let (release, released) = watch::channel(());
     let open = Arc::new(());
     let mut tasks = Vec::new();
     for (addr, to) in [(cfg.api, api), (cfg.client, client)] {
@@ -356,7 +357,7 @@ async fn accept(
     listener: TcpListener,
     to: mpsc::Sender<Connection>,
     cut: bool,
-    released: watch::Receiver<bool>,
+    released: watch::Receiver<()>,
     open: Arc<()>,
 ) {
     loop {
@@ -562,7 +563,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (to, mut accepted) = mpsc::channel(4);
-        let (release, released) = watch::channel(false);
+        let (release, released) = watch::channel(());
         let open = Arc::new(());
         let task = tokio::spawn(accept(listener, to, true, released, open.clone()));
         let held = Held {

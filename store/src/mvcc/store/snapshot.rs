@@ -21,9 +21,7 @@ impl Dump {
 
     /// The rows `rows` gives its visitor (each tree's name before its rows), kept.
     fn collect(
-        rows: impl FnOnce(
-            &mut dyn FnMut(DumpRow<'_>) -> Result<(), StorageError>,
-        ) -> Result<(), StorageError>,
+        rows: impl FnOnce(&mut RowVisitor<'_>) -> Result<(), StorageError>,
     ) -> Result<Dump, StorageError> {
         let mut trees: Vec<(String, Rows)> = Vec::new();
         rows(&mut |row| {
@@ -52,6 +50,9 @@ pub(super) enum DumpRow<'a> {
     Tree(&'a str),
     Row(&'a [u8], &'a [u8]),
 }
+
+/// What a dump's rows are given to, one at a time.
+type RowVisitor<'v> = dyn FnMut(DumpRow<'_>) -> Result<(), StorageError> + 'v;
 
 /// A dump cut short, or a length or name that cannot be.
 fn cut_short(what: &str) -> StorageError {
@@ -354,9 +355,7 @@ impl MvccStore {
     /// before its rows; rows of a tree the store does not have are left out).
     fn restore_rows(
         &self,
-        rows: impl FnOnce(
-            &mut dyn FnMut(DumpRow<'_>) -> Result<(), StorageError>,
-        ) -> Result<(), StorageError>,
+        rows: impl FnOnce(&mut RowVisitor<'_>) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
         let gate = self
             .compaction_gate
