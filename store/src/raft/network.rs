@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -19,6 +19,7 @@ use serde::Serialize;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use super::commit_notice::{CommitNotices, Early};
 use super::stream::{self, Kind, Link};
 use super::wal::Wal;
 use super::{Member, NodeId, TypeConfig};
@@ -39,6 +40,9 @@ pub struct PeerNetwork {
     links: Arc<Mutex<HashMap<String, Arc<Link>>>>,
     /// This member's log: the commit index sent to followers is held to what it has synced.
     log: Option<Arc<Wal>>,
+    /// How long a follower's Success vouches for it to a commit notice (`commit_notice`);
+    /// zero: every notice waits for the follower.
+    vouch: Duration,
 }
 
 impl PeerNetwork {
@@ -51,6 +55,7 @@ impl PeerNetwork {
             stream_tls: TlsConnector::from(Arc::new(stream_tls)),
             links: Arc::default(),
             log: None,
+            vouch: Duration::ZERO,
         }
     }
 
@@ -70,6 +75,15 @@ impl PeerNetwork {
     pub fn holding_commit_to(self, log: Arc<Wal>) -> Self {
         Self {
             log: Some(log),
+            ..self
+        }
+    }
+
+    /// Answers the commit notices of replication at once when the follower's Success for a
+    /// request sent within `heartbeat` vouches for them (`commit_notice`).
+    pub fn answering_commit_notices(self, heartbeat: Duration) -> Self {
+        Self {
+            vouch: heartbeat,
             ..self
         }
     }
@@ -98,6 +112,7 @@ pub struct PeerConnection {
     link: Arc<Link>,
     client: Result<PeerClient<Channel>, String>,
     log: Option<Arc<Wal>>,
+    notices: CommitNotices,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -113,42 +128,43 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             link: self.link(&node.peer_addr),
             client,
             log: self.log.clone(),
+            notices: CommitNotices::new(self.vouch),
         }
     }
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
 
-impl PeerConnection {
-    /// AppendEntries and Vote, on the Raft stream.
-    async fn call<Req, Resp, E>(
-        &self,
-        kind: Kind,
-        req: &Req,
-        option: &RPCOption,
-    ) -> RpcResult<Resp, E>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let (outcome, reply) = self
-            .link
-            .call(kind, &data, option.hard_ttl())
-            .await
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
-        if outcome != stream::ANSWERED {
-            let why = String::from_utf8_lossy(&reply).into_owned();
-            return Err(RPCError::Network(NetworkError::new(
-                &std::io::Error::other(why),
-            )));
-        }
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            bincode::deserialize(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+/// AppendEntries and Vote, on the Raft stream to `target`.
+async fn call<Req, Resp, E>(
+    link: &Link,
+    target: NodeId,
+    kind: Kind,
+    req: &Req,
+    ttl: Duration,
+) -> RpcResult<Resp, E>
+where
+    Req: Serialize,
+    Resp: DeserializeOwned,
+    E: std::error::Error + DeserializeOwned,
+{
+    let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    let (outcome, reply) = link
+        .call(kind, &data, ttl)
+        .await
+        .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+    if outcome != stream::ANSWERED {
+        let why = String::from_utf8_lossy(&reply).into_owned();
+        return Err(RPCError::Network(NetworkError::new(
+            &std::io::Error::other(why),
+        )));
     }
+    let result: Result<Resp, RaftError<NodeId, E>> =
+        bincode::deserialize(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
+}
 
+impl PeerConnection {
     /// InstallSnapshot, on the gRPC channel.
     async fn install<Req, Resp, E>(&mut self, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
     where
@@ -193,7 +209,32 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         if let (Some(log), Some(commit)) = (&self.log, rpc.leader_commit) {
             rpc.leader_commit = log.durable_commit(commit);
         }
-        self.call(Kind::Append, &rpc, &option).await
+        let ttl = option.hard_ttl();
+        match self.notices.early(&rpc, Instant::now()) {
+            Early::Send => {}
+            Early::Answer { response, arm } => {
+                if arm {
+                    let (link, target) = (self.link.clone(), self.target);
+                    tokio::spawn(self.notices.clone().send_later(move |rpc| async move {
+                        call::<_, _, openraft::error::Infallible>(
+                            &link,
+                            target,
+                            Kind::Append,
+                            &rpc,
+                            ttl,
+                        )
+                        .await
+                        .ok()
+                    }));
+                }
+                return Ok(response);
+            }
+        }
+        let sent = Instant::now();
+        self.notices.sending(&rpc);
+        let answer = call(&self.link, self.target, Kind::Append, &rpc, ttl).await;
+        self.notices.answered(&rpc, sent, answer.as_ref().ok());
+        answer
     }
 
     async fn install_snapshot(
@@ -209,6 +250,6 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
-        self.call(Kind::Vote, &rpc, &option).await
+        call(&self.link, self.target, Kind::Vote, &rpc, option.hard_ttl()).await
     }
 }

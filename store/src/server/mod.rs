@@ -324,7 +324,8 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         client_tls.clone(),
         tls.rustls_client(&[crate::raft::stream::ALPN])?,
     )
-    .holding_commit_to(log_store.wal());
+    .holding_commit_to(log_store.wal())
+    .answering_commit_notices(cfg.heartbeat);
     let wal = log_store.wal();
     let raft = Raft::new(id, Arc::new(raft_config), network.clone(), log_store, sm)
         .await
