@@ -27,9 +27,12 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+
+use openraft::error::{Infallible, RPCError, RaftError};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 
-use super::{LogId, NodeId, TypeConfig, Vote};
+use super::{LogId, Member, NodeId, TypeConfig, Vote};
 
 /// How long an answered notice's commit index waits for an append that carries it before it is
 /// sent on its own. A lone client's next write reaches the leader well within it (a round trip
@@ -39,6 +42,8 @@ pub const NOTICE_DELAY: Duration = Duration::from_millis(2);
 
 type Request = AppendEntriesRequest<TypeConfig>;
 type Response = AppendEntriesResponse<NodeId>;
+/// The follower's answer to an AppendEntries, as openraft's network returns it.
+pub type Answer = Result<Response, RPCError<NodeId, Member, RaftError<NodeId, Infallible>>>;
 
 /// The follower's last Success.
 #[derive(Clone)]
@@ -120,8 +125,17 @@ impl CommitNotices {
         }
     }
 
+    /// Sends `rpc` to the follower with `send`, and keeps what the answer vouches for.
+    pub async fn exchange(&self, rpc: &Request, send: impl Future<Output = Answer>) -> Answer {
+        self.sending(rpc);
+        let sent = Instant::now();
+        let answer = send.await;
+        self.answered(rpc, sent, answer.as_ref().ok());
+        answer
+    }
+
     /// `rpc` is about to be sent.
-    pub fn sending(&self, rpc: &Request) {
+    fn sending(&self, rpc: &Request) {
         let mut st = self.lock();
         if rpc.leader_commit > st.told {
             st.told = rpc.leader_commit;
@@ -129,7 +143,7 @@ impl CommitNotices {
     }
 
     /// The follower's answer to `rpc`, sent at `sent` (`None`: no answer came).
-    pub fn answered(&self, rpc: &Request, sent: Instant, answer: Option<&Response>) {
+    fn answered(&self, rpc: &Request, sent: Instant, answer: Option<&Response>) {
         let mut st = self.lock();
         let matching = match answer {
             Some(AppendEntriesResponse::Success) => {
@@ -162,23 +176,18 @@ impl CommitNotices {
     pub async fn send_later<F, Fut>(self, send: F)
     where
         F: FnOnce(Request) -> Fut,
-        Fut: std::future::Future<Output = Option<Response>>,
+        Fut: Future<Output = Answer>,
     {
         tokio::time::sleep(NOTICE_DELAY).await;
         let rpc = {
             let mut st = self.lock();
             st.armed = false;
             match st.pending.take() {
-                Some(rpc) if rpc.leader_commit > st.told => {
-                    st.told = rpc.leader_commit;
-                    rpc
-                }
+                Some(rpc) if rpc.leader_commit > st.told => rpc,
                 _ => return,
             }
         };
-        let sent = Instant::now();
-        let answer = send(rpc.clone()).await;
-        self.answered(&rpc, sent, answer.as_ref());
+        let _ = self.exchange(&rpc, send(rpc.clone())).await;
     }
 }
 
@@ -315,7 +324,7 @@ mod tests {
             let sent = sent.clone();
             async move {
                 sent.lock().unwrap().push(rpc.leader_commit);
-                Some(AppendEntriesResponse::Success)
+                Ok(AppendEntriesResponse::Success)
             }
         };
         // Two notices, one task: it sends the newer.

@@ -216,25 +216,14 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
                 if arm {
                     let (link, target) = (self.link.clone(), self.target);
                     tokio::spawn(self.notices.clone().send_later(move |rpc| async move {
-                        call::<_, _, openraft::error::Infallible>(
-                            &link,
-                            target,
-                            Kind::Append,
-                            &rpc,
-                            ttl,
-                        )
-                        .await
-                        .ok()
+                        call(&link, target, Kind::Append, &rpc, ttl).await
                     }));
                 }
                 return Ok(response);
             }
         }
-        let sent = Instant::now();
-        self.notices.sending(&rpc);
-        let answer = call(&self.link, self.target, Kind::Append, &rpc, ttl).await;
-        self.notices.answered(&rpc, sent, answer.as_ref().ok());
-        answer
+        let send = call(&self.link, self.target, Kind::Append, &rpc, ttl);
+        self.notices.exchange(&rpc, send).await
     }
 
     async fn install_snapshot(
