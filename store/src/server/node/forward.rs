@@ -13,7 +13,7 @@ use crate::error::{MvccError, StoreError};
 use crate::mvcc::{Applied, Command};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::raft::stream::{self, CallError, Kind};
-use crate::raft::{LogId, NodeId};
+use crate::raft::{LogId, NodeId, Vote};
 
 /// A request a follower hands to the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +41,12 @@ pub enum Forward {
     /// Commands proposed on a follower at the same time, in one message
     /// ([`crate::server::batcher`]); answered with one result each, in order.
     ProposeMany(Vec<Command>),
+    /// A read index asked by voter `member`, whose vote, read in its Raft core after the read
+    /// arrived, was `vote`: that member's ack of this leadership (`read_index.rs`).
+    ReadIndexVouched {
+        member: NodeId,
+        vote: Vote,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -234,6 +240,10 @@ impl Node {
                 .await
                 .map(ForwardReply::AppliedMany),
             Forward::ReadIndex => self.read_index().await.map(ForwardReply::ReadIndex),
+            Forward::ReadIndexVouched { member, vote } => self
+                .read_index_vouched(member, vote)
+                .await
+                .map(ForwardReply::ReadIndex),
             Forward::LeaseKeepAlive(id) => self
                 .keep_alive_local(id)
                 .map(|ttl| ForwardReply::KeepAlive { ttl }),
