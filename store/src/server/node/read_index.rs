@@ -86,7 +86,7 @@ impl Node {
     /// This member's request for a read index: vouched for by its own vote, read in its Raft
     /// core now (a vote in the metrics may lag a term behind).
     async fn read_index_request(&self) -> Forward {
-        match self.raft.with_raft_state(|st| st.vote_ref().clone()).await {
+        match self.raft.with_raft_state(|st| *st.vote_ref()).await {
             Ok(vote) => Forward::ReadIndexVouched {
                 member: self.id,
                 vote,
