@@ -145,9 +145,7 @@ fn vouched_read_index(l: &Leadership<'_>) -> Option<u64> {
     // is committed.
     let committed = l.committed.filter(|c| c.leader_id == *l.vote.leader_id())?;
     let majority = match l.voters {
-        [voters] => {
-            voters.contains(&l.me) && voters.contains(&l.member) && 2 * 2 > voters.len()
-        }
+        [voters] => voters.contains(&l.me) && voters.contains(&l.member) && 2 * 2 > voters.len(),
         _ => false,
     };
     (own && majority).then_some(committed.index)
@@ -218,44 +216,92 @@ mod tests {
     #[test]
     fn anything_short_of_a_majority_sharing_this_leadership_takes_the_heartbeat_round() {
         let cases = [
-            ("not leader", Case { is_leader: false, ..Case::vouched() }),
+            (
+                "not leader",
+                Case {
+                    is_leader: false,
+                    ..Case::vouched()
+                },
+            ),
             (
                 "the member is in a later term",
-                Case { member_vote: committed_vote(6, 3), ..Case::vouched() },
+                Case {
+                    member_vote: committed_vote(6, 3),
+                    ..Case::vouched()
+                },
             ),
             (
                 "the member follows an earlier leadership",
-                Case { member_vote: committed_vote(4, 3), ..Case::vouched() },
+                Case {
+                    member_vote: committed_vote(4, 3),
+                    ..Case::vouched()
+                },
             ),
             (
                 "the member only voted, not yet accepted the leader",
-                Case { member_vote: Vote::new(5, 1), ..Case::vouched() },
+                Case {
+                    member_vote: Vote::new(5, 1),
+                    ..Case::vouched()
+                },
             ),
             (
                 "this member's vote is not committed",
-                Case { vote: Vote::new(5, 1), member_vote: Vote::new(5, 1), ..Case::vouched() },
+                Case {
+                    vote: Vote::new(5, 1),
+                    member_vote: Vote::new(5, 1),
+                    ..Case::vouched()
+                },
             ),
             (
                 "the vote is another member's",
-                Case { vote: committed_vote(5, 3), member_vote: committed_vote(5, 3), ..Case::vouched() },
+                Case {
+                    vote: committed_vote(5, 3),
+                    member_vote: committed_vote(5, 3),
+                    ..Case::vouched()
+                },
             ),
-            ("the member is the leader itself", Case { member: 1, ..Case::vouched() }),
+            (
+                "the member is the leader itself",
+                Case {
+                    member: 1,
+                    ..Case::vouched()
+                },
+            ),
             (
                 "nothing of this term committed yet",
-                Case { committed: Some(log_id(4, 3, 39)), ..Case::vouched() },
+                Case {
+                    committed: Some(log_id(4, 3, 39)),
+                    ..Case::vouched()
+                },
             ),
-            ("nothing committed at all", Case { committed: None, ..Case::vouched() }),
+            (
+                "nothing committed at all",
+                Case {
+                    committed: None,
+                    ..Case::vouched()
+                },
+            ),
             (
                 "five voters: two are no majority",
-                Case { voters: vec![BTreeSet::from([1, 2, 3, 4, 5])], ..Case::vouched() },
+                Case {
+                    voters: vec![BTreeSet::from([1, 2, 3, 4, 5])],
+                    ..Case::vouched()
+                },
             ),
             (
                 "four voters: two are no majority",
-                Case { voters: vec![BTreeSet::from([1, 2, 3, 4])], ..Case::vouched() },
+                Case {
+                    voters: vec![BTreeSet::from([1, 2, 3, 4])],
+                    ..Case::vouched()
+                },
             ),
             (
                 "the member is a learner",
-                Case { member: 4, member_vote: committed_vote(5, 1), ..Case::vouched() },
+                Case {
+                    member: 4,
+                    member_vote: committed_vote(5, 1),
+                    ..Case::vouched()
+                },
             ),
             (
                 "a joint configuration",
