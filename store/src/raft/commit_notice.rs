@@ -24,10 +24,9 @@
 //! ones, the leadership checks of linearizable reads, which also use connections of their
 //! own) always go to the follower and wait for its answer.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-use std::future::Future;
 
 use openraft::error::{Infallible, RPCError, RaftError};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};

@@ -83,9 +83,13 @@ impl Node {
         }
     }
 
-    /// This member's request for a read index: vouched for by its own vote, read in its Raft
-    /// core now (a vote in the metrics may lag a term behind).
+    /// This member's request for a read index: on a follower, vouched for by its own vote,
+    /// read in its Raft core now (a vote in the metrics may lag a term behind). A leader serves
+    /// its own request with the heartbeat round, so it reads no vote.
     async fn read_index_request(&self) -> Forward {
+        if self.is_leader() {
+            return Forward::ReadIndex;
+        }
         match self.raft.with_raft_state(|st| *st.vote_ref()).await {
             Ok(vote) => Forward::ReadIndexVouched {
                 member: self.id,
