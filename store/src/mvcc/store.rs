@@ -39,6 +39,7 @@ use crate::error::{MvccError, StorageError};
 mod apply;
 mod commit;
 mod compaction;
+mod history_runs;
 mod interchange;
 mod reads;
 mod snapshot;
@@ -47,6 +48,7 @@ mod validate;
 use apply::stageable_after_others;
 pub use commit::Changes;
 use commit::{StagedKeys, WriteSet};
+use history_runs::{group_records, remove_records, values_in, HistReader, HistValue};
 pub use interchange::HistoryRecord;
 use reads::{live_in, Live};
 pub use validate::validate_txn;
@@ -187,6 +189,31 @@ type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 pub type MetaValues = Vec<Option<Vec<u8>>>;
 
 impl Dump {
+    /// Every tree's rows, the history's one record per row under its own revision: what two
+    /// stores that applied the same commands hold, however the commands were batched into
+    /// commits (see `history_runs`).
+    #[cfg(test)]
+    pub(crate) fn contents(&self) -> Vec<(String, Rows)> {
+        let records = |rows: &Rows| -> Rows {
+            rows.iter()
+                .flat_map(|(k, v)| {
+                    let value = HistValue::parse(k, v.as_slice()).expect("history value");
+                    value
+                        .records()
+                        .map(|(rev, r)| (rev.to_bytes().to_vec(), r.to_vec()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        self.trees
+            .iter()
+            .map(|(n, rows)| match n.as_str() {
+                "hist" => (n.clone(), records(rows)),
+                _ => (n.clone(), rows.clone()),
+            })
+            .collect()
+    }
+
     fn rows(&self, tree: &str) -> &[(Vec<u8>, Vec<u8>)] {
         self.trees
             .iter()
@@ -211,10 +238,15 @@ impl Dump {
 
     /// Live keys in the dump: keys whose last history record is not a deletion.
     pub fn key_count(&self) -> usize {
-        let mut last: HashMap<&[u8], bool> = HashMap::new();
-        for (_, v) in self.rows("hist") {
-            if let Some((key, _, tombstone)) = Record::indexed(v) {
-                last.insert(key, tombstone);
+        let mut last: HashMap<Vec<u8>, bool> = HashMap::new();
+        for (k, v) in self.rows("hist") {
+            let Ok(value) = HistValue::parse(k, v.as_slice()) else {
+                continue;
+            };
+            for (_, record) in value.records() {
+                if let Some((key, _, tombstone)) = Record::indexed(record) {
+                    last.insert(key.to_vec(), tombstone);
+                }
             }
         }
         last.values().filter(|tombstone| !**tombstone).count()
@@ -222,13 +254,16 @@ impl Dump {
 
     /// The same value [`MvccStore::hash_kv`] gives at the dump's revision.
     pub fn hash_kv(&self) -> u32 {
-        let lo = Revision::first_of(self.compact_revision() + 1);
-        let hi = Revision::first_of(self.revision() + 1);
+        let lo = Revision::first_of_rev(self.compact_revision() + 1);
+        let hi = Revision::first_of_rev(self.revision() + 1);
         let mut hasher = crc32fast::Hasher::new();
         for (k, v) in self.rows("hist") {
-            if k.as_slice() >= lo.as_slice() && k.as_slice() < hi.as_slice() {
-                hasher.update(k);
-                hasher.update(v);
+            let Ok(value) = HistValue::parse(k, v.as_slice()) else {
+                continue;
+            };
+            for (rev, record) in value.records_in(lo, hi) {
+                hasher.update(&rev.to_bytes());
+                hasher.update(record);
             }
         }
         hasher.finalize()
@@ -342,27 +377,36 @@ impl MvccStore {
         index.clear();
         for item in self.trees.hist.iter() {
             let (k, v) = item?;
-            let rev = Revision::from_bytes(&k)
-                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            let (key, lease, tombstone) = Record::indexed(&v)
-                .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
-            index.record_read(
-                key,
-                Version {
-                    rev,
-                    tombstone,
-                    lease,
-                },
-            );
+            for (rev, record) in HistValue::parse(&k, v)?.records() {
+                let (key, lease, tombstone) = Record::indexed(record)
+                    .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
+                index.record_read(
+                    key,
+                    Version {
+                        rev,
+                        tombstone,
+                        lease,
+                    },
+                );
+            }
         }
         Ok(())
     }
 
     /// The version a history record holds (none for a deletion).
     fn version_at(&self, rev: Revision) -> Result<Option<KeyValue>, StorageError> {
-        match self.trees.hist.get(rev.to_bytes())? {
+        self.version_read(&mut HistReader::new(&self.trees.hist), rev)
+    }
+
+    /// [`MvccStore::version_at`] through `reader`, which keeps the run it read last.
+    fn version_read(
+        &self,
+        reader: &mut HistReader<'_>,
+        rev: Revision,
+    ) -> Result<Option<KeyValue>, StorageError> {
+        match reader.get(rev)? {
             Some(v) => {
-                let record: Record = decode(&v)?;
+                let record: Record = decode(v)?;
                 Ok((!record.tombstone).then_some(record.kv))
             }
             None => Err(StorageError::Corrupt(format!(

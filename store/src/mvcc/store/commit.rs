@@ -197,12 +197,14 @@ pub(in crate::mvcc) struct Redo {
 }
 
 impl Commit {
-    /// How many writes the commit makes, and how many of them are history records.
+    /// How many writes the commit makes, and how many of them are history values (a record
+    /// or a run of them).
     #[cfg(test)]
     pub(in crate::mvcc) fn write_count(&self) -> (usize, usize) {
+        let writes = || commit_writes(&self.batches, self.redo.other.clone());
         (
-            commit_writes(&self.batches, self.redo.other.clone()).count(),
-            self.redo.records as usize,
+            writes().count(),
+            writes().filter(|(tree, ..)| *tree == TREE_HIST).count(),
         )
     }
 }
@@ -223,14 +225,15 @@ pub(super) fn staged_records(
     })
 }
 
-/// Every write of a commit, in the order [`Redo`] relies on: history, then the rest, each made
-/// (encoded) only when the one before it is written.
+/// Every write of a commit, in the order [`Redo`] relies on: history (in runs: see
+/// [`group_records`]), then the rest, each made (encoded) only when the one before it is
+/// written.
 pub(super) fn commit_writes(
     batches: &[RevisionBatch],
     other: Vec<Write>,
 ) -> impl Iterator<Item = Write> + '_ {
-    staged_records(batches)
-        .map(|(rev, r)| (TREE_HIST, rev.to_bytes().to_vec(), Some(encode(&r))))
+    group_records(staged_records(batches).map(|(rev, r)| (rev, encode(&r))))
+        .map(|(rev, value)| (TREE_HIST, rev.to_bytes().to_vec(), Some(value)))
         .chain(other)
 }
 
@@ -532,8 +535,8 @@ impl MvccStore {
             }
             .to_bytes();
             for item in self.trees.hist.range(first..=last) {
-                let (k, _) = item?;
-                found += 1;
+                let (k, v) = item?;
+                found += HistValue::parse(&k, &v)?.len() as u64;
                 undo.push((TREE_HIST, k.to_vec(), None));
             }
         }

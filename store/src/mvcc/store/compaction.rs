@@ -13,11 +13,7 @@ impl MvccStore {
             .write()
             .unwrap_or_else(|e| e.into_inner());
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
-        let mut hist_batch = sled::Batch::default();
-        for rev in index.compact(revision) {
-            hist_batch.remove(&rev.to_bytes());
-        }
-        t.hist.apply_batch(hist_batch)?;
+        remove_records(&t.hist, index.compact(revision))?;
         t.meta.insert(META_COMPACT, &revision.to_be_bytes())?;
         self.compact_revision.store(revision, Ordering::Release);
         Ok(())

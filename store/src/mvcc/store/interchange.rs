@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{
-    decode, encode, lkey, Dump, MemberAttrs, Record, META_COMPACT, META_COMPACT_SCHEDULED,
-    META_MEMBER_PREFIX, META_REVISION,
+    decode, encode, lkey, Dump, HistValue, MemberAttrs, Record, META_COMPACT,
+    META_COMPACT_SCHEDULED, META_MEMBER_PREFIX, META_REVISION,
 };
 use crate::error::StorageError;
 use crate::mvcc::keys::Revision;
@@ -27,15 +27,23 @@ impl Dump {
     /// The history in revision order: every change since the last compaction, and the last
     /// version at or before it of every key that was live then.
     pub fn history(&self) -> impl Iterator<Item = Result<HistoryRecord, StorageError>> + '_ {
-        self.rows("hist").iter().map(|(k, v)| {
-            let revision = Revision::from_bytes(k)
-                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            let record: Record = decode(v)?;
-            Ok(HistoryRecord {
-                revision,
-                kv: record.kv,
-                tombstone: record.tombstone,
-            })
+        self.rows("hist").iter().flat_map(|(k, v)| {
+            let records: Vec<Result<HistoryRecord, StorageError>> =
+                match HistValue::parse(k, v.as_slice()) {
+                    Ok(value) => value
+                        .records()
+                        .map(|(revision, record)| {
+                            let record: Record = decode(record)?;
+                            Ok(HistoryRecord {
+                                revision,
+                                kv: record.kv,
+                                tombstone: record.tombstone,
+                            })
+                        })
+                        .collect(),
+                    Err(e) => vec![Err(e)],
+                };
+            records
         })
     }
 
@@ -143,8 +151,8 @@ mod tests {
 
     /// The dump's trees that are state (not Raft's or the member's metadata).
     fn state(dump: &Dump) -> Vec<(String, super::super::Rows)> {
-        dump.trees
-            .iter()
+        dump.contents()
+            .into_iter()
             .map(|(n, rows)| {
                 let rows = rows
                     .iter()

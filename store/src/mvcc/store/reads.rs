@@ -192,8 +192,9 @@ impl MvccStore {
             .collect();
         stored.sort_unstable();
         let mut found: Vec<Option<KeyValue>> = vec![None; live.len()];
+        let mut reader = HistReader::new(&self.trees.hist);
         for (rev, i) in stored {
-            found[i] = self.version_at(rev)?;
+            found[i] = self.version_read(&mut reader, rev)?;
         }
         Ok(live
             .into_iter()
@@ -286,43 +287,43 @@ impl MvccStore {
     ) -> Result<Vec<RevisionBatch>, StorageError> {
         let mut out: Vec<RevisionBatch> = Vec::new();
         let mut seen = 0usize;
-        for item in self
-            .trees
-            .hist
-            .range(Revision::first_of(from)..Revision::first_of(to.saturating_add(1)))
-        {
-            let (k, v) = item?;
-            let rev = Revision::from_bytes(&k)
-                .ok_or_else(|| StorageError::Corrupt("history key".into()))?;
-            if seen >= max_events && out.last().is_some_and(|b| b.revision != rev.main) {
-                break;
-            }
-            let record: Record = decode(&v)?;
-            if !range.contains(&record.kv.key) {
-                continue;
-            }
-            let prev = if prev_kv {
-                self.version_before(index, &record.kv.key, rev)?
-            } else {
-                None
-            };
-            let event = Event {
-                kind: if record.tombstone {
-                    EventKind::Delete
+        let (lo, hi) = (
+            Revision::first_of_rev(from),
+            Revision::first_of_rev(to.saturating_add(1)),
+        );
+        'values: for value in values_in(&self.trees.hist, lo, hi) {
+            let value = value?;
+            for (rev, record) in value.records_in(lo, hi) {
+                if seen >= max_events && out.last().is_some_and(|b| b.revision != rev.main) {
+                    break 'values;
+                }
+                let record: Record = decode(record)?;
+                if !range.contains(&record.kv.key) {
+                    continue;
+                }
+                let prev = if prev_kv {
+                    self.version_before(index, &record.kv.key, rev)?
                 } else {
-                    EventKind::Put
-                },
-                kv: record.kv,
-                prev_kv: prev,
-            };
-            seen += 1;
-            match out.last_mut() {
-                Some(batch) if batch.revision == rev.main => batch.events.push(event),
-                _ => out.push(RevisionBatch {
-                    revision: rev.main,
-                    events: vec![event],
-                    restored: false,
-                }),
+                    None
+                };
+                let event = Event {
+                    kind: if record.tombstone {
+                        EventKind::Delete
+                    } else {
+                        EventKind::Put
+                    },
+                    kv: record.kv,
+                    prev_kv: prev,
+                };
+                seen += 1;
+                match out.last_mut() {
+                    Some(batch) if batch.revision == rev.main => batch.events.push(event),
+                    _ => out.push(RevisionBatch {
+                        revision: rev.main,
+                        events: vec![event],
+                        restored: false,
+                    }),
+                }
             }
         }
         Ok(out)
@@ -409,15 +410,19 @@ impl MvccStore {
                 compact_revision: compact,
             });
         }
+        // Record by record under its own revision, as the records were stored before runs
+        // (the runs differ between members: see `history_runs`).
         let mut hasher = crc32fast::Hasher::new();
-        for item in self
-            .trees
-            .hist
-            .range(Revision::first_of(compact + 1)..Revision::first_of(at + 1))
-        {
-            let (k, v) = item.map_err(|_| MvccError::FutureRevision)?;
-            hasher.update(&k);
-            hasher.update(&v);
+        let (lo, hi) = (
+            Revision::first_of_rev(compact + 1),
+            Revision::first_of_rev(at + 1),
+        );
+        for value in values_in(&self.trees.hist, lo, hi) {
+            let value = value.map_err(|_| MvccError::FutureRevision)?;
+            for (rev, record) in value.records_in(lo, hi) {
+                hasher.update(&rev.to_bytes());
+                hasher.update(record);
+            }
         }
         Ok((hasher.finalize(), compact))
     }

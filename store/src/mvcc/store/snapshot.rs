@@ -9,7 +9,9 @@ use super::*;
 /// which the mark's bytes never are; it reads as version 0.
 const DUMP_MARK: &[u8; 6] = b"RKDUMP";
 /// The version [`MvccStore::write_dump`] writes and the highest [`Dump::decode`] reads.
-const DUMP_VERSION: u16 = 1;
+/// Version 2: a history value can be a run of records (`history_runs`), which builds that
+/// read version 1 at most take for a damaged record.
+const DUMP_VERSION: u16 = 2;
 
 impl Dump {
     /// A dump as [`MvccStore::write_dump`] writes it (or as builds before the version mark
@@ -527,7 +529,7 @@ mod tests {
     fn an_encoded_dump_is_the_dump_encoded() {
         let db = sled::Config::new().temporary(true).open().expect("db");
         let store = MvccStore::open(&db).expect("store");
-        let marked = |dump: &Dump| [&b"RKDUMP\x01\x00"[..], &encode(dump)].concat();
+        let marked = |dump: &Dump| [&b"RKDUMP\x02\x00"[..], &encode(dump)].concat();
         let empty = store.dump_encoded(&[META_REVISION]).expect("encoded dump");
         assert_eq!(empty.0, marked(&store.dump().expect("dump")));
         assert_eq!(empty.1, vec![None]);
@@ -564,13 +566,13 @@ mod tests {
             let decoded = Dump::decode(bytes).expect("decodes");
             assert_eq!(encode(&decoded), encode(&dump));
         }
-        let newer = [&b"RKDUMP\x02\x00"[..], &encode(&dump)].concat();
+        let newer = [&b"RKDUMP\x03\x00"[..], &encode(&dump)].concat();
         let refused = Dump::decode(&newer).err().map(|e| e.to_string());
         assert_eq!(
             refused.as_deref(),
             Some(
-                "storage: snapshot format version 2 is not supported by this rkube (it reads \
-                 versions 0 to 1); upgrade this member"
+                "storage: snapshot format version 3 is not supported by this rkube (it reads \
+                 versions 0 to 2); upgrade this member"
             )
         );
         assert_eq!(

@@ -93,9 +93,15 @@ fn staged_commands_end_as_the_same_commands_applied_one_by_one() {
     // [g del]: the six commands that read sled's state or act after the commit stand alone.
     assert_eq!(commits, 9, "commits for {} commands", cmds.len());
     assert_eq!(
-        bincode::serialize(&staged.dump().expect("dump")).expect("encode"),
-        bincode::serialize(&one_by_one.dump().expect("dump")).expect("encode"),
+        staged.dump().expect("dump").contents(),
+        one_by_one.dump().expect("dump").contents(),
         "the same trees"
+    );
+    // One store holds the history in runs of records, the other record by record.
+    assert_eq!(
+        staged.hash_kv(0).expect("hash"),
+        one_by_one.hash_kv(0).expect("hash"),
+        "the same HashKV"
     );
     let events = |rx: &mut tokio::sync::broadcast::Receiver<Arc<RevisionBatch>>| {
         let mut out = Vec::new();
@@ -234,9 +240,15 @@ fn a_delete_range_deletes_each_live_key_once_with_its_last_version() {
         "history replays the same events"
     );
     assert_eq!(
-        bincode::serialize(&staged.dump().expect("dump")).expect("encode"),
-        bincode::serialize(&one_by_one.dump().expect("dump")).expect("encode"),
+        staged.dump().expect("dump").contents(),
+        one_by_one.dump().expect("dump").contents(),
         "the same trees"
+    );
+    // One store holds the history in runs of records, the other record by record.
+    assert_eq!(
+        staged.hash_kv(0).expect("hash"),
+        one_by_one.hash_kv(0).expect("hash"),
+        "the same HashKV"
     );
     assert_eq!(
         range(&staged, req(all())).expect("range").kvs,
@@ -257,12 +269,14 @@ fn a_commit_cut_after_any_of_its_writes_is_whole_or_absent_after_reopening() {
             put_cmd_lease("c", "1", 5),
         ]
     };
+    // Values large enough that the commit's history records fill more than one run.
+    let big = "x".repeat(2_500);
     let next = vec![
-        cmd_put("a", "2"),
-        put_cmd_lease("b", "2", 5),
+        cmd_put("a", &big),
+        put_cmd_lease("b", &big, 5),
         cmd_put("c", "2"),
         Txn::new().then(op_del(KeyRange::single("a"))).cmd(),
-        cmd_put("d", "1"),
+        cmd_put("d", &big),
     ];
     let open = |dir: &std::path::Path| {
         let db = crate::reopen_sled(dir).expect("sled opens");
@@ -279,8 +293,7 @@ fn a_commit_cut_after_any_of_its_writes_is_whole_or_absent_after_reopening() {
         }
         changes
     };
-    let dump =
-        |store: &MvccStore| bincode::serialize(&store.dump().expect("dump")).expect("encode");
+    let dump = |store: &MvccStore| store.dump().expect("dump").contents();
 
     let whole_dir = tempfile::tempdir().expect("tempdir");
     let (_db, whole) = open(whole_dir.path());
@@ -289,6 +302,7 @@ fn a_commit_cut_after_any_of_its_writes_is_whole_or_absent_after_reopening() {
     }
     let before = (dump(&whole), whole.revision());
     let (writes, history) = stage(&whole).into_commit().write_count();
+    assert!(history >= 2, "{history} history values");
     whole.commit(stage(&whole)).expect("commit");
     let after = (dump(&whole), whole.revision());
 
@@ -307,7 +321,7 @@ fn a_commit_cut_after_any_of_its_writes_is_whole_or_absent_after_reopening() {
         let want = if kept >= history { &after } else { &before };
         assert!(
             got == *want,
-            "after {kept} of {writes} writes ({history} history records) the store holds {} \
+            "after {kept} of {writes} writes ({history} history values) the store holds {} \
              (revision {})",
             if got == before {
                 "the state before the commit"
@@ -331,8 +345,7 @@ fn a_commit_cut_while_its_redo_is_written_leaves_the_commit_before_it() {
         let store = MvccStore::open(&db).expect("mvcc store opens");
         (db, store)
     };
-    let dump =
-        |store: &MvccStore| bincode::serialize(&store.dump().expect("dump")).expect("encode");
+    let dump = |store: &MvccStore| store.dump().expect("dump").contents();
     let dir = tempfile::tempdir().expect("tempdir");
     let before = {
         let (db, store) = open(dir.path());

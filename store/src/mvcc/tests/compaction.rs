@@ -170,3 +170,102 @@ fn hash_kv_after_compaction_is_the_same_on_every_store_that_applied_the_same_com
     );
     assert_eq!(one.hash_kv(7), Err(MvccError::FutureRevision));
 }
+
+/// A commit of many records stores them in runs (see `history_runs`), and a compaction can
+/// drop part of a run. A store that committed the same commands one by one holds each record
+/// alone: both read, replay, hash and reopen alike.
+#[test]
+fn a_compaction_inside_runs_of_records_leaves_reads_history_and_hashes_as_record_by_record() {
+    let value = |i: usize| format!("{i:0>120}");
+    let mut cmds: Vec<Command> = (0..300)
+        .map(|i| cmd_put(&format!("k{i:03}"), &value(i)))
+        .collect();
+    // Revision 301: a DeleteRange of 150 keys, one revision of 150 records.
+    cmds.push(Txn::new().then(op_del(between("k100", "k250"))).cmd());
+    cmds.extend((0..50).map(|i| cmd_put(&format!("k{:03}", i * 3), "again")));
+    let last = cmds.len() as i64;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = crate::reopen_sled(dir.path()).expect("sled opens");
+    let batched = MvccStore::open(&db).expect("store");
+    // Committed in batches of 64 commands: runs that span revisions.
+    for chunk in cmds.chunks(64) {
+        let mut changes = batched.changes();
+        for c in chunk {
+            batched
+                .stage(&mut changes, c)
+                .expect("storage")
+                .expect("staged together");
+        }
+        batched.commit(changes).expect("commit");
+    }
+    let single = new_store();
+    for c in &cmds {
+        apply(&single, c.clone());
+    }
+    let runs = db.open_tree("mvcc_hist").expect("tree").len();
+    assert!(
+        runs * 5 < last as usize,
+        "{runs} history values for {last} revisions"
+    );
+
+    let deletes = batched
+        .history(&all(), 301, 301, false, usize::MAX)
+        .expect("history");
+    assert_eq!(deletes[0].events.len(), 150);
+    assert_eq!(
+        deletes,
+        single
+            .history(&all(), 301, 301, false, usize::MAX)
+            .expect("history")
+    );
+    // Drops the DeleteRange's runs, the deleted keys' versions from the runs of the puts, and
+    // the versions that the later puts replaced, keeping the rest of those runs.
+    for s in [&batched, &single] {
+        apply(s, Command::Compact { revision: 320 });
+    }
+    assert!(db.open_tree("mvcc_hist").expect("tree").len() < runs);
+    let check = |a: &MvccStore, b: &MvccStore| {
+        assert_eq!(
+            a.dump().expect("dump").contents(),
+            b.dump().expect("dump").contents()
+        );
+        for at in [0, 320, 330, last] {
+            assert_eq!(a.hash_kv(at), b.hash_kv(at), "HashKV at {at}");
+        }
+        for at in [320, 321, 340, last] {
+            let r = |s: &MvccStore| {
+                range(
+                    s,
+                    RangeRequest {
+                        revision: at,
+                        ..req(all())
+                    },
+                )
+                .expect("range")
+                .kvs
+            };
+            assert_eq!(r(a), r(b), "range at {at}");
+        }
+        for from in [320, 321, 340] {
+            let h = |s: &MvccStore| {
+                s.history(&all(), from, last, true, usize::MAX)
+                    .expect("history")
+            };
+            assert_eq!(h(a), h(b), "history from {from}");
+        }
+        // 150 keys outside the DeleteRange, and 16 put again after it.
+        assert_eq!(range(a, req(all())).expect("range").kvs.len(), 166);
+    };
+    check(&batched, &single);
+    assert_eq!(
+        get(&batched, "k299"),
+        Some(kv("k299", &value(299), 300, 300, 1))
+    );
+    // The key index is rebuilt from the runs left after the compaction.
+    drop(batched);
+    drop(db);
+    let db = crate::reopen_sled(dir.path()).expect("sled reopens");
+    let reopened = MvccStore::open(&db).expect("store reopens");
+    check(&reopened, &single);
+}
