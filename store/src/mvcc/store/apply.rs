@@ -179,11 +179,13 @@ impl MvccStore {
                 let live = live_in(index, &req.range, &[ws.base, &ws.own.overlay]);
                 let deleted = live.len() as i64;
                 let mut prev_kvs = Vec::new();
+                // In key order: into the overlay at once below.
+                let mut gone = Vec::with_capacity(live.len());
                 let mut delete = |key: Bytes, lease: i64, prev: Option<KeyValue>| {
                     if lease != 0 {
                         ws.detach(lease, &key);
                     }
-                    ws.own.overlay.insert(key.clone(), None);
+                    gone.push(key.clone());
                     if req.prev_kv {
                         prev_kvs.extend(prev.clone());
                     }
@@ -211,6 +213,7 @@ impl MvccStore {
                         }
                     }
                 }
+                stage_deletions(&mut ws.own.overlay, gone);
                 Ok(OpResult::Delete(DeleteResult { deleted, prev_kvs }))
             }
             Op::Txn(inner) => Ok(OpResult::Txn(self.apply_txn(index, inner, current, ws)?)),
@@ -280,5 +283,16 @@ impl MvccStore {
             return Err(MvccError::FutureRevision);
         }
         Ok(())
+    }
+}
+
+/// Marks `keys` (in key order) deleted in `overlay`. Into an empty overlay (a DeleteRange on
+/// its own) the map is built from the sorted keys at once: inserted one by one, 220,000 keys of
+/// 256 bytes were a tenth of a member's time applying the delete, in key comparisons.
+fn stage_deletions(overlay: &mut StagedKeys, keys: Vec<Bytes>) {
+    if overlay.is_empty() {
+        *overlay = keys.into_iter().map(|k| (k, None)).collect();
+    } else {
+        overlay.extend(keys.into_iter().map(|k| (k, None)));
     }
 }

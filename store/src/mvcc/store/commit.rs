@@ -166,7 +166,13 @@ impl Changes {
                 restored: false,
             });
         }
-        self.keys.extend(staged.overlay);
+        // Moved, not inserted again, when nothing was staged before (a DeleteRange on its own
+        // changes hundreds of thousands of keys).
+        if self.keys.is_empty() {
+            self.keys = staged.overlay;
+        } else {
+            self.keys.extend(staged.overlay);
+        }
         self.lease_puts.extend(staged.lease_puts);
         self.lease_removes.extend(staged.lease_removes);
         self.lkeys.extend(staged.lkeys);
