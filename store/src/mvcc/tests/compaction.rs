@@ -205,7 +205,7 @@ fn a_compaction_inside_runs_of_records_leaves_reads_history_and_hashes_as_record
     }
     let runs = db.open_tree("mvcc_hist").expect("tree").len();
     assert!(
-        runs * 5 < last as usize,
+        runs * 3 < last as usize,
         "{runs} history values for {last} revisions"
     );
 
