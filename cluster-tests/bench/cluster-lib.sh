@@ -82,3 +82,24 @@ stop() { # stop NAME BIN DIR
   kill -9 "$(cat "$3"/e1.pid)" "$(cat "$3"/e2.pid)" "$(cat "$3"/e3.pid)" 2>/dev/null
 }
 
+# start_variant R V: the cluster of variant V (NAME=BINARY) for round R on fresh data dirs under
+# WORK; sets name, bin, d (its dir), base (its first port) and E (its endpoints). Prints an
+# error line and returns 1 when it does not start.
+start_variant() {
+  name=${2%%=*} bin=${2#*=} d=$WORK/r$1-$name
+  rm -rf "$d"; mkdir -p "$d"
+  base=$((PORT + 30 * ($1 % 10)))
+  E=$(eps "$base")
+  if ! start "$name" "$bin" "$d" "$base"; then
+    echo "round=$1 variant=$name error=start-failed"; stop "$name" "$bin" "$d"; return 1
+  fi
+}
+
+# round_order R: VARIANTS in the order of round R (every other round reversed), into `order`.
+round_order() {
+  local i
+  order=("${VARIANTS[@]}")
+  if [ $(($1 % 2)) = 0 ]; then
+    order=(); for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do order+=("${VARIANTS[$i]}"); done
+  fi
+}

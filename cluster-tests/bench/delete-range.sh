@@ -26,19 +26,9 @@ pid() { cat "${PIDF//%/$1}"; }
 max_hwm() { for m in 1 2 3; do hwm "$(pid "$m")"; done | sort -n | tail -1; }
 
 for r in $(seq 1 "$ROUNDS"); do
-  order=("${VARIANTS[@]}")
-  # Alternate: every other round in reverse.
-  if [ $((r % 2)) = 0 ]; then
-    order=(); for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do order+=("${VARIANTS[$i]}"); done
-  fi
+  round_order "$r"
   for v in "${order[@]}"; do
-    name=${v%%=*} bin=${v#*=} d=$WORK/r$r-$name
-    rm -rf "$d"; mkdir -p "$d"
-    base=$((PORT + 30 * (r % 10)))
-    E=$(eps "$base")
-    if ! start "$name" "$bin" "$d" "$base"; then
-      echo "round=$r variant=$name error=start-failed"; stop "$name" "$bin" "$d"; continue
-    fi
+    start_variant "$r" "$v" || continue
     "$RKUBE" bench --endpoints "$E" "${TLS[@]}" put --clients 256 --total "$TOTAL" --key-space "$TOTAL" \
       --key-size "$KEY" --val-size "$VAL" >"$d/load.log" 2>&1
     run_hwm=$(max_hwm)

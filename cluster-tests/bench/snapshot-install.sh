@@ -33,19 +33,9 @@ installs() {
 pid() { cat "${PIDF//%/$1}"; }
 
 for r in $(seq 1 "$ROUNDS"); do
-  order=("${VARIANTS[@]}")
-  # Alternate: every other round in reverse.
-  if [ $((r % 2)) = 0 ]; then
-    order=(); for ((i = ${#VARIANTS[@]} - 1; i >= 0; i--)); do order+=("${VARIANTS[$i]}"); done
-  fi
+  round_order "$r"
   for v in "${order[@]}"; do
-    name=${v%%=*} bin=${v#*=} d=$WORK/r$r-$name
-    rm -rf "$d"; mkdir -p "$d"
-    base=$((PORT + 30 * (r % 10)))
-    E=$(eps "$base")
-    if ! start "$name" "$bin" "$d" "$base"; then
-      echo "round=$r variant=$name error=start-failed"; stop "$name" "$bin" "$d"; continue
-    fi
+    start_variant "$r" "$v" || continue
     l=$(leader "$E"); f=$((l % 3 + 1))
     kill -9 "$(pid "$f")"
     "$RKUBE" bench --endpoints "$E" "${TLS[@]}" put --clients 64 --total "$TOTAL" --key-space "$TOTAL" \
