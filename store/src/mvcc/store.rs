@@ -258,12 +258,18 @@ impl Dump {
         let hi = Revision::first_of_rev(self.revision() + 1);
         let mut hasher = crc32fast::Hasher::new();
         for (k, v) in self.rows("hist") {
-            let Ok(value) = HistValue::parse(k, v.as_slice()) else {
-                continue;
-            };
-            for (rev, record) in value.records_in(lo, hi) {
-                hasher.update(&rev.to_bytes());
-                hasher.update(record);
+            match HistValue::parse(k, v.as_slice()) {
+                Ok(value) => {
+                    for (rev, record) in value.records_in(lo, hi) {
+                        hasher.update(&rev.to_bytes());
+                        hasher.update(record);
+                    }
+                }
+                // A damaged value still changes the hash, as it did before runs.
+                Err(_) => {
+                    hasher.update(k);
+                    hasher.update(v);
+                }
             }
         }
         hasher.finalize()
