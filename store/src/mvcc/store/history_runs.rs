@@ -31,10 +31,11 @@ const HEAD: usize = RUN_MAGIC.len() + 4;
 const ENTRY: usize = 8 + 8 + 4;
 
 /// Encodes `records` (in revision order) as one history value: the lone record, or a run.
-pub(super) fn encode_value(records: &[(Revision, Vec<u8>)]) -> Vec<u8> {
-    match records {
-        [(_, one)] => one.clone(),
-        _ => run_value(records),
+/// A lone record is moved, not copied: it is the usual put, on the commit path.
+pub(super) fn encode_value(mut records: Vec<(Revision, Vec<u8>)>) -> Vec<u8> {
+    match records.len() {
+        1 => records.pop().map(|(_, one)| one).unwrap_or_default(),
+        _ => run_value(&records),
     }
 }
 
@@ -214,7 +215,7 @@ pub(super) fn group_records(
             bytes += ENTRY + next.len();
             run.extend(records.next());
         }
-        Some((run[0].0, encode_value(&run)))
+        Some((run[0].0, encode_value(run)))
     })
 }
 
@@ -450,7 +451,7 @@ mod tests {
     fn a_damaged_run_is_refused() {
         let records: Vec<(Revision, Vec<u8>)> =
             (0..3).map(|s| (rev(5, s), record(rev(5, s), 30))).collect();
-        let good = encode_value(&records);
+        let good = encode_value(records.clone());
         let key = rev(5, 0).to_bytes();
         assert_eq!(HistValue::parse(&key, &good[..]).expect("parses").len(), 3);
         // Cut short, one byte too many, a count past the end, a key after its first record,
@@ -465,7 +466,7 @@ mod tests {
         assert!(HistValue::parse(&rev(5, 1).to_bytes(), &good[..]).is_err());
         let mut swapped = records.clone();
         swapped.swap(0, 1);
-        assert!(HistValue::parse(&key, &encode_value(&swapped)[..]).is_err());
+        assert!(HistValue::parse(&key, &encode_value(swapped)[..]).is_err());
         assert!(HistValue::parse(&key[..15], &good[..]).is_err());
     }
 }
