@@ -27,6 +27,9 @@ leader() {
 
 hwm() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
 
+# pid M: the pid of member M (1-3) of the cluster `start` started last.
+pid() { cat "${PIDF//%/$1}"; }
+
 # pki: the certificates every cluster uses (PKI, TLS), made by an rkube cluster started once.
 pki() {
   PKI=$WORK/pki

@@ -30,7 +30,6 @@ ETCD_ARGS=()
 . "$(dirname "$0")/cluster-lib.sh"
 pki
 
-pid() { cat "${PIDF//%/$1}"; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 

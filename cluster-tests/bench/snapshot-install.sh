@@ -30,7 +30,6 @@ installs() {
       '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'
 }
 
-pid() { cat "${PIDF//%/$1}"; }
 
 for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
