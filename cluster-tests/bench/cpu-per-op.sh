@@ -38,17 +38,18 @@ for r in $(seq 1 "$ROUNDS"); do
   for v in "${order[@]}"; do
     start_variant "$r" "$v" || continue
     lead=$(leader "$E")
-    declare -A t0=()
+    t0=()
     for m in 1 2 3; do t0[$m]=$(ticks "$(pid "$m")"); done
     if [ "${WORKLOAD[0]}" = checkperf ]; then
       /usr/bin/time -f "client_cpu_s=%U+%S" -o "$d/client.time" env ETCDCTL_API=3 etcdctl \
         --endpoints "$E" "${TLS[@]}" check perf --load="$CHECKPERF_LOAD" >"$d/client.out" 2>&1
-      ops=$(tr '\r' '\n' <"$d/client.out" | grep -o 'Throughput[^0-9]*[0-9]*' | grep -o '[0-9]*$')
-      ops=$((${ops:-0} * 60))
+      ops_s=$(tr '\r' '\n' <"$d/client.out" | grep -o 'Throughput[^0-9]*[0-9]*' | grep -o '[0-9]*$')
+      ops=$((${ops_s:-0} * 60))
     else
       /usr/bin/time -f "client_cpu_s=%U+%S" -o "$d/client.time" "$RKUBE" bench \
         --endpoints "$(echo "$E" | cut -d, -f"$lead")" "${TLS[@]}" "${WORKLOAD[@]}" >"$d/client.out" 2>&1
       ops=$(grep -o 'samples=[0-9]*' "$d/client.out" | tail -1 | cut -d= -f2)
+      ops_s=$(grep -o 'throughput=[0-9]*' "$d/client.out" | tail -1 | cut -d= -f2)
     fi
     client=$(grep -o 'client_cpu_s=[0-9.+]*' "$d/client.time" | cut -d= -f2 | bc)
     line="round=$r variant=$name ops=${ops:-0}"
@@ -61,8 +62,6 @@ for r in $(seq 1 "$ROUNDS"); do
           follower=$((follower + 1)); line="$line follower${follower}_us=$us"; fi
       done
       c=$(echo "$client * 1000000 / $ops" | bc)
-      if [ "${WORKLOAD[0]}" = checkperf ]; then ops_s=$((ops / 60)); else
-        ops_s=$(grep -o 'throughput=[0-9]*' "$d/client.out" | tail -1 | cut -d= -f2); fi
       line="$line ops_per_s=$ops_s client_us=$c all_us=$((sum + c))"
     else
       line="$line error=$(tail -1 "$d/client.out" | tr ' ' _)"
