@@ -19,7 +19,7 @@ for r in json.load(sys.stdin):
 # leader EPS: which member (1-3) leads.
 leader() {
   local lead i=0 m
-  lead=$(status_field "$1" leader | head -1)
+  lead=$(status_field "$1" leader | sed -n 1p)
   for m in $(status_field "$1" member); do
     i=$((i + 1)); [ "$m" = "$lead" ] && echo "$i"
   done
@@ -87,11 +87,15 @@ stop() { # stop NAME BIN DIR
 
 # start_variant R V: the cluster of variant V (NAME=BINARY) for round R on fresh data dirs under
 # WORK; sets name, bin, d (its dir), base (its first port) and E (its endpoints). Prints an
-# error line and returns 1 when it does not start.
+# error line and returns 1 when it does not start. Each call takes the next of ten port ranges,
+# so a cluster never reuses the ports of the one stopped just before it (a member of etcd
+# killed a moment earlier can still hold its peer port: rkube then could not listen on it).
+STARTS=0
 start_variant() {
   name=${2%%=*} bin=${2#*=} d=$WORK/r$1-$name
   rm -rf "$d"; mkdir -p "$d"
-  base=$((PORT + 30 * ($1 % 10)))
+  STARTS=$((STARTS + 1))
+  base=$((PORT + 30 * (STARTS % 10)))
   E=$(eps "$base")
   if ! start "$name" "$bin" "$d" "$base"; then
     echo "round=$1 variant=$name error=start-failed"; stop "$name" "$bin" "$d"; return 1

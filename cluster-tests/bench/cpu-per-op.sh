@@ -3,7 +3,7 @@
 # /proc/PID/stat and the client's rusage) divided by the operations done, on a fresh
 # three-member cluster per round and variant, the variants alternating. One line per round and
 # variant: the operations per second, the leader's and each follower's CPU per operation, the
-# client's, and their sum. A system that spends less CPU per operation leaves more of a small
+# client's, their sum, and the largest member's peak RSS. A system that spends less CPU per operation leaves more of a small
 # machine to the others: on two cores the three members and the client share what there is.
 #
 # A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd (then RKUBE names the
@@ -62,11 +62,15 @@ for r in $(seq 1 "$ROUNDS"); do
           follower=$((follower + 1)); line="$line follower${follower}_us=$us"; fi
       done
       c=$(echo "$client * 1000000 / $ops" | bc)
-      line="$line ops_per_s=$ops_s client_us=$c all_us=$((sum + c))"
+      peak=0
+      for m in 1 2 3; do h=$(hwm "$(pid "$m")"); [ "${h:-0}" -gt "$peak" ] && peak=$h; done
+      line="$line ops_per_s=$ops_s client_us=$c all_us=$((sum + c)) peak_rss_kb=$peak"
     else
       line="$line error=$(tail -1 "$d/client.out" | tr ' ' _)"
     fi
     echo "$line"
     stop "$name" "$bin" "$d"
+    # The members' data (a check perf run leaves about 3.5 GiB of it); their logs stay.
+    find "$d" -mindepth 1 -maxdepth 1 -type d -name '[ne][0-9]' -exec rm -rf {} +
   done
 done
