@@ -1,7 +1,13 @@
 # Helpers shared by the benchmarks that start three-member clusters of rkube or etcd on fresh
-# data dirs with the same certificates (snapshot-install.sh, delete-range.sh). Sourced; the
-# caller sets WORK and RKUBE, and RKUBE_UP_ARGS / ETCD_ARGS (arrays of extra flags), before
-# calling `pki` and `start`.
+# data dirs with the same certificates (snapshot-install.sh, delete-range.sh, cpu-per-op.sh).
+# Sourced; the caller sets WORK and RKUBE, and RKUBE_UP_ARGS / ETCD_ARGS (arrays of extra
+# flags), before calling `pki` and `start`. A variant named etcd or etcd-SOMETHING is etcd.
+
+# The threads `rkube up` gives each of its three members (up/members.rs, worker_share), given
+# to each etcd member as GOMAXPROCS, as vs-etcd.sh does.
+ETCD_GOMAXPROCS=${ETCD_GOMAXPROCS:-$(n=$(($(nproc) / 3)); echo $((n > 0 ? n : 1)))}
+
+is_etcd() { case $1 in etcd | etcd-*) return 0 ;; esac; return 1; }
 
 eps() { echo "https://127.0.0.1:$1,https://127.0.0.1:$(($1 + 10)),https://127.0.0.1:$(($1 + 20))"; }
 
@@ -47,7 +53,7 @@ pki() {
 # and START (the command that starts member % again).
 start() {
   local name=$1 bin=$2 d=$3 base=$4 i c cluster=""
-  if [ "$name" != etcd ]; then
+  if ! is_etcd "$name"; then
     cp -r "$PKI" "$d/pki"
     timeout 120 "$bin" up --dir "$d" --base-port "$base" --store-only --detach \
       "${RKUBE_UP_ARGS[@]}" >"$d/up.log" 2>&1 || return 1
@@ -58,7 +64,7 @@ start() {
   for i in 1 2 3; do
     c=$((base + 10 * (i - 1)))
     cat >"$d/e$i.start" <<EOF
-"$bin" --name e$i --data-dir "$d/e$i" ${ETCD_ARGS[*]} \\
+GOMAXPROCS=$ETCD_GOMAXPROCS "$bin" --name e$i --data-dir "$d/e$i" ${ETCD_ARGS[*]} \\
   --listen-client-urls https://127.0.0.1:$c --advertise-client-urls https://127.0.0.1:$c \\
   --listen-peer-urls https://127.0.0.1:$((c + 1)) --initial-advertise-peer-urls https://127.0.0.1:$((c + 1)) \\
   --listen-metrics-urls http://127.0.0.1:$((c + 2)) \\
@@ -79,7 +85,7 @@ EOF
 }
 
 stop() { # stop NAME BIN DIR
-  if [ "$1" != etcd ]; then timeout 60 "$2" down --dir "$3" >/dev/null 2>&1; return; fi
+  if ! is_etcd "$1"; then timeout 60 "$2" down --dir "$3" >/dev/null 2>&1; return; fi
   kill "$(cat "$3"/e1.pid)" "$(cat "$3"/e2.pid)" "$(cat "$3"/e3.pid)" 2>/dev/null
   sleep 2
   kill -9 "$(cat "$3"/e1.pid)" "$(cat "$3"/e2.pid)" "$(cat "$3"/e3.pid)" 2>/dev/null

@@ -6,8 +6,9 @@
 # client's, their sum, and the largest member's peak RSS. A system that spends less CPU per operation leaves more of a small
 # machine to the others: on two cores the three members and the client share what there is.
 #
-# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd (then RKUBE names the
-# rkube binary whose `up` makes the certificates and whose `bench` is the client).
+# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd or etcd-SUFFIX (then
+# RKUBE names the rkube binary whose `up` makes the certificates and whose `bench` is the
+# client).
 #
 #   cluster-tests/bench/cpu-per-op.sh NAME=BINARY [NAME=BINARY ...] -- put --clients 1 --total 5000
 #   cluster-tests/bench/cpu-per-op.sh NAME=BINARY [NAME=BINARY ...] -- checkperf

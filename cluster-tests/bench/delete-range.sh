@@ -6,8 +6,9 @@
 # the largest member's peak RSS during the delete (VmHWM, reset just before it) and over the
 # whole run. ROUNDS rounds (3).
 #
-# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd (then RKUBE names the
-# rkube binary whose `up` makes the certificates and whose `bench put` loads both systems).
+# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd or etcd-SUFFIX (then
+# RKUBE names the rkube binary whose `up` makes the certificates and whose `bench put` loads
+# both systems).
 #
 #   cluster-tests/bench/delete-range.sh NAME=BINARY [NAME=BINARY ...] > results.txt
 #   WORK=DIR ROUNDS=3 TOTAL=220000 KEY=256 VAL=256 PORT=25379 (all optional)

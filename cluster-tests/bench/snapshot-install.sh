@@ -6,8 +6,9 @@
 # how long that took from its start, the follower's peak RSS (VmHWM since its start) and the
 # leader's (reset just before the follower starts, so it covers the send). ROUNDS rounds (3).
 #
-# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd (then RKUBE names the
-# rkube binary whose `up` makes the certificates and whose `bench put` loads both systems).
+# A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd or etcd-SUFFIX (then
+# RKUBE names the rkube binary whose `up` makes the certificates and whose `bench put` loads
+# both systems).
 #
 #   cluster-tests/bench/snapshot-install.sh NAME=BINARY [NAME=BINARY ...] > results.txt
 #   WORK=DIR ROUNDS=3 TOTAL=200000 VAL=1024 PORT=25379 (all optional)
@@ -26,7 +27,7 @@ pki
 # installs NAME BASE N: snapshots member N received since its start (its metrics).
 installs() {
   curl -sf "http://127.0.0.1:$(($2 + 10 * ($3 - 1) + 2))/metrics" |
-    awk -v m="$([ "$1" = etcd ] && echo etcd_network_snapshot_receive_success || echo rkube_raft_snapshot_installs)" \
+    awk -v m="$(is_etcd "$1" && echo etcd_network_snapshot_receive_success || echo rkube_raft_snapshot_installs)" \
       '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'
 }
 
