@@ -3,8 +3,9 @@
 # /proc/PID/stat and the client's rusage) divided by the operations done, on a fresh
 # three-member cluster per round and variant, the variants alternating. One line per round and
 # variant: the operations per second, the leader's and each follower's CPU per operation, the
-# client's, their sum, and the largest member's peak RSS. A system that spends less CPU per operation leaves more of a small
-# machine to the others: on two cores the three members and the client share what there is.
+# client's, their sum, and the largest member's peak RSS. A system that spends less CPU per
+# operation leaves more of a small machine to the others: on two cores the three members and
+# the client share what there is. The members' data dirs are removed after each run.
 #
 # A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd or etcd-SUFFIX (then
 # RKUBE names the rkube binary whose `up` makes the certificates and whose `bench` is the
