@@ -3,9 +3,9 @@
 # VAL bytes, all distinct keys) and snapshots after every 1,000 entries, purging the log behind
 # it, then the follower starts again and catches up from a snapshot. One line per variant and
 # round, the variants alternating: the leader's snapshot size, whether the follower caught up and
-# how long that took from its start (and, within it, how long until the follower named its
-# leader), the follower's peak RSS (VmHWM since its start) and the leader's (reset just before
-# the follower starts, so it covers the send). ROUNDS rounds (3).
+# how long that took from its start (and, within it, how long until the follower's endpoint
+# status first answered naming a leader), the follower's peak RSS (VmHWM since its start) and
+# the leader's (reset just before the follower starts, so it covers the send). ROUNDS rounds (3).
 #
 # A variant is NAME=BINARY: an rkube binary, or etcd's when NAME is etcd or etcd-SUFFIX (then
 # RKUBE names the rkube binary whose `up` makes the certificates and whose `bench put` loads
@@ -59,7 +59,7 @@ for r in $(seq 1 "$ROUNDS"); do
     done
     took=$(awk -v a="$start_s" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
     echo "round=$r variant=$name caught_up=$ok installs=$(installs "$name" "$base" "$f")" \
-      "snapshot_bytes=$snap leader_known_s=$known catch_up_s=$took" \
+      "snapshot_bytes=$snap status_leader_s=$known catch_up_s=$took" \
       "follower_hwm_kib=$(hwm "$(pid "$f")") leader_hwm_kib=$(hwm "$(pid "$l")")"
     stop "$name" "$bin" "$d"
     [ -n "${KEEP:-}" ] || rm -rf "$d"
