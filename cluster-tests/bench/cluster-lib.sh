@@ -33,6 +33,9 @@ leader() {
 
 hwm() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
 
+# max_hwm: the largest peak RSS (kB) among the members of the cluster `start` started last.
+max_hwm() { for m in 1 2 3; do hwm "$(pid "$m")"; done | sort -n | tail -1; }
+
 # pid M: the pid of member M (1-3) of the cluster `start` started last.
 pid() { cat "${PIDF//%/$1}"; }
 

@@ -64,9 +64,7 @@ for r in $(seq 1 "$ROUNDS"); do
           follower=$((follower + 1)); line="$line follower${follower}_us=$us"; fi
       done
       c=$(echo "$client * 1000000 / $ops" | bc)
-      peak=0
-      for m in 1 2 3; do h=$(hwm "$(pid "$m")"); [ "${h:-0}" -gt "$peak" ] && peak=$h; done
-      line="$line ops_per_s=$ops_s client_us=$c all_us=$((sum + c)) peak_rss_kb=$peak"
+      line="$line ops_per_s=$ops_s client_us=$c all_us=$((sum + c)) peak_rss_kb=$(max_hwm)"
     else
       line="$line error=$(tail -1 "$d/client.out" | tr ' ' _)"
     fi

@@ -23,8 +23,6 @@ ETCD_ARGS=()
 . "$(dirname "$0")/cluster-lib.sh"
 pki
 
-max_hwm() { for m in 1 2 3; do hwm "$(pid "$m")"; done | sort -n | tail -1; }
-
 for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
   for v in "${order[@]}"; do

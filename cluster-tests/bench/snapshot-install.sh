@@ -32,6 +32,8 @@ installs() {
       '$1 == m || index($1, m "{") == 1 {s += $2} END {print s + 0}'
 }
 
+# since T: seconds (one decimal) from T, a `date +%s.%N` reading, until now.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}'; }
 
 for r in $(seq 1 "$ROUNDS"); do
   round_order "$r"
@@ -51,13 +53,13 @@ for r in $(seq 1 "$ROUNDS"); do
       if [ "$known" = - ]; then
         ls=($(status_field "$E" leader))
         [ "${#ls[@]}" = 3 ] && [ "${ls[$((f - 1))]}" != 0 ] &&
-          known=$(awk -v a="$start_s" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+          known=$(since "$start_s")
       fi
       a=($(status_field "$E" applied))
       if [ "${#a[@]}" = 3 ] && [ "${a[$((f - 1))]}" -ge "$((a[l - 1] - 5))" ]; then ok=1; break; fi
       sleep 0.1
     done
-    took=$(awk -v a="$start_s" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
+    took=$(since "$start_s")
     echo "round=$r variant=$name caught_up=$ok installs=$(installs "$name" "$base" "$f")" \
       "snapshot_bytes=$snap status_leader_s=$known catch_up_s=$took" \
       "follower_hwm_kib=$(hwm "$(pid "$f")") leader_hwm_kib=$(hwm "$(pid "$l")")"
