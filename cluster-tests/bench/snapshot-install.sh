@@ -13,6 +13,8 @@
 #
 #   cluster-tests/bench/snapshot-install.sh NAME=BINARY [NAME=BINARY ...] > results.txt
 #   WORK=DIR ROUNDS=3 TOTAL=200000 VAL=1024 PORT=25379 (all optional)
+#   PERF_S=SECONDS: `perf record -a` of the whole machine for that long from the follower's
+#   start, into WORK/perf-rROUND-NAME.data (kept; read it with `perf report -i`).
 set -u
 WORK=${WORK:-$(mktemp -d)} ROUNDS=${ROUNDS:-3} PORT=${PORT:-25379}
 TOTAL=${TOTAL:-200000} VAL=${VAL:-1024}
@@ -46,6 +48,10 @@ for r in $(seq 1 "$ROUNDS"); do
     # The leader's newest snapshot as it would send it: rkube's snapshot file, etcd's database.
     snap=$(find "$d/n$l" "$d/e$l" \( -name snapshot.bin -o -path '*/snap/db' \) -printf '%s\n' 2>/dev/null | head -1)
     echo 5 >"/proc/$(pid "$l")/clear_refs"
+    if [ -n "${PERF_S:-}" ]; then
+      perf record -a -g -F 999 -o "$WORK/perf-r$r-$name.data" -- sleep "$PERF_S" >/dev/null 2>&1 &
+      perf_pid=$!
+    fi
     start_s=$(date +%s.%N)
     sh -c "${START//%/$f}" >>"$d/up.log" 2>&1
     ok=0 deadline=$((SECONDS + 300)) known=-
@@ -63,6 +69,7 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "round=$r variant=$name caught_up=$ok installs=$(installs "$name" "$base" "$f")" \
       "snapshot_bytes=$snap status_leader_s=$known catch_up_s=$took" \
       "follower_hwm_kib=$(hwm "$(pid "$f")") leader_hwm_kib=$(hwm "$(pid "$l")")"
+    [ -z "${PERF_S:-}" ] || wait "$perf_pid"
     stop "$name" "$bin" "$d"
     [ -n "${KEEP:-}" ] || rm -rf "$d"
   done

@@ -23,6 +23,7 @@ use std::io::{BufReader, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
@@ -532,6 +533,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, RaftStorageError> {
+        tracing::info!("receiving a snapshot from the leader");
         let data = SnapshotData::create(&snapshot_data::receiving_path(&self.dir))
             .map_err(snapshot_write)?;
         Ok(Box::new(data))
@@ -546,8 +548,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let meta = meta.clone();
         let mut data = snapshot.into_std().await.map_err(snapshot_write)?;
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
+            let began = Instant::now();
             // Read through once before anything changes: a damaged snapshot is refused whole.
             check_in_place(&mut data)?;
+            let checked = began.elapsed();
             crash_point(SNAPSHOT_INSTALL_BEFORE);
             let start = sm.write_snapshot_file(&meta, &mut data)?;
             drop(data);
@@ -557,14 +561,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
             std::fs::File::open(&sm.dir)?.sync_all()?;
+            let saved = began.elapsed();
             // Checked above, as received.
             sm.restore_from_snapshot_file(start, false)?;
+            let restored = began.elapsed();
             // The marker goes only once the restored trees are on disk: a crash before that
             // restores again at the next start.
             sm.mvcc.sync()?;
             std::fs::remove_file(sm.dir.join(INSTALL_MARKER))?;
             crash_point(SNAPSHOT_INSTALL_AFTER);
             sm.installs.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                snapshot = %meta.snapshot_id,
+                check_ms = checked.as_millis() as u64,
+                save_ms = (saved - checked).as_millis() as u64,
+                restore_ms = (restored - saved).as_millis() as u64,
+                sync_ms = (began.elapsed() - restored).as_millis() as u64,
+                "installed the leader's snapshot"
+            );
             Ok(())
         })
         .await

@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status};
 use super::node::{Forward, Node};
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::Payload;
+use crate::raft::network::SnapshotChunk;
 use crate::raft::stream::{self, Kind};
 
 /// Accepts peer connections until `stop`: a connection that asked for the Raft stream is served
@@ -142,8 +143,10 @@ impl Peer for PeerService {
         &self,
         request: Request<Payload>,
     ) -> Result<Response<Payload>, Status> {
-        let req = decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
-        reply(&self.0.raft.install_snapshot(req).await).map_err(|e| Status::internal(e.to_string()))
+        let req: SnapshotChunk =
+            decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
+        reply(&self.0.raft.install_snapshot(req.into()).await)
+            .map_err(|e| Status::internal(e.to_string()))
     }
 
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
