@@ -27,6 +27,7 @@ pub(super) struct Version {
 type Versions = Vec<Version>;
 
 #[derive(Default)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 pub(super) struct KeyIndex {
     /// Each key once, shared with the events and staged changes that name it.
     keys: BTreeMap<Bytes, Versions>,

@@ -48,7 +48,7 @@ mod validate;
 use apply::stageable_after_others;
 pub use commit::Changes;
 use commit::{StagedKeys, WriteSet};
-use history_runs::{group_records, remove_records, values_in, HistReader, HistValue};
+use history_runs::{group_records, remove_records, values_in, HistReader, HistValue, Runs};
 pub use interchange::HistoryRecord;
 use reads::{live_in, Live};
 pub use validate::validate_txn;

@@ -201,22 +201,56 @@ impl<V: AsRef<[u8]>> HistValue<V> {
 /// Groups a commit's encoded records (in revision order) into history values: runs of up to
 /// [`RUN_BYTES`], each under its first revision. A record larger than that stays alone.
 pub(super) fn group_records(
-    records: impl Iterator<Item = (Revision, Vec<u8>)>,
+    mut records: impl Iterator<Item = (Revision, Vec<u8>)>,
 ) -> impl Iterator<Item = (Revision, Vec<u8>)> {
-    let mut records = records.peekable();
-    std::iter::from_fn(move || {
-        let first = records.next()?;
-        let mut bytes = ENTRY + first.1.len();
-        let mut run = vec![first];
-        while let Some((_, next)) = records.peek() {
-            if HEAD + bytes + ENTRY + next.len() > RUN_BYTES {
-                break;
+    let mut runs = Runs::new(RUN_BYTES);
+    std::iter::from_fn(move || loop {
+        match records.next() {
+            Some((rev, record)) => {
+                if let Some(value) = runs.push(rev, record) {
+                    return Some(value);
+                }
             }
-            bytes += ENTRY + next.len();
-            run.extend(records.next());
+            None => return runs.finish(),
         }
-        Some((run[0].0, encode_value(run)))
     })
+}
+
+/// Records of consecutive revisions grouped into history values as they come: runs of up to
+/// `limit` bytes, each under its first revision; a record larger than that stays alone.
+pub(super) struct Runs {
+    limit: usize,
+    records: Vec<(Revision, Vec<u8>)>,
+    /// The run's bytes after its head.
+    bytes: usize,
+}
+
+impl Runs {
+    pub(super) fn new(limit: usize) -> Self {
+        Runs {
+            limit,
+            records: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds the next record (in revision order); returns the value in progress if the record
+    /// does not fit in it.
+    pub(super) fn push(&mut self, rev: Revision, record: Vec<u8>) -> Option<(Revision, Vec<u8>)> {
+        let full =
+            !self.records.is_empty() && HEAD + self.bytes + ENTRY + record.len() > self.limit;
+        let closed = if full { self.finish() } else { None };
+        self.bytes += ENTRY + record.len();
+        self.records.push((rev, record));
+        closed
+    }
+
+    /// The value in progress, if any, under its first revision.
+    pub(super) fn finish(&mut self) -> Option<(Revision, Vec<u8>)> {
+        let first = self.records.first()?.0;
+        self.bytes = 0;
+        Some((first, encode_value(std::mem::take(&mut self.records))))
+    }
 }
 
 /// The history value holding `rev`, if any: the value under `rev`, or the run before it.
