@@ -15,7 +15,8 @@
 //! never [`RUN_MAGIC`]. How a commit groups its records depends on how the commands were
 //! batched, which differs between members: HashKV, backups in etcd's format and the key count
 //! read the records one by one, never the runs. Raft snapshots copy the values as they are
-//! (dump format version 2).
+//! (dump format version 2), and a restore groups the records again into runs of its own size
+//! (`RESTORE_RUN_BYTES`), across commits: it writes the whole history at once.
 
 use super::*;
 
