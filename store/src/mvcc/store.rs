@@ -165,6 +165,21 @@ struct Trees {
     redo: sled::Tree,
 }
 
+/// Adds the encoded history record of `rev` to `index` (records come in revision order).
+fn index_record(index: &mut KeyIndex, rev: Revision, record: &[u8]) -> Result<(), StorageError> {
+    let (key, lease, tombstone) =
+        Record::indexed(record).ok_or_else(|| StorageError::Corrupt("history record".into()))?;
+    index.record_read(
+        key,
+        Version {
+            rev,
+            tombstone,
+            lease,
+        },
+    );
+    Ok(())
+}
+
 impl Trees {
     fn all(&self) -> [(&'static str, &sled::Tree); 4] {
         [
@@ -384,16 +399,7 @@ impl MvccStore {
         for item in self.trees.hist.iter() {
             let (k, v) = item?;
             for (rev, record) in HistValue::parse(&k, v)?.records() {
-                let (key, lease, tombstone) = Record::indexed(record)
-                    .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
-                index.record_read(
-                    key,
-                    Version {
-                        rev,
-                        tombstone,
-                        lease,
-                    },
-                );
+                index_record(index, rev, record)?;
             }
         }
         Ok(())

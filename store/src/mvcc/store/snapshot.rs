@@ -403,16 +403,7 @@ impl MvccStore {
                     };
                     if in_hist {
                         for (rev, record) in HistValue::parse(k, v)?.records() {
-                            let (key, lease, tombstone) = Record::indexed(record)
-                                .ok_or_else(|| StorageError::Corrupt("history record".into()))?;
-                            index.record_read(
-                                key,
-                                Version {
-                                    rev,
-                                    tombstone,
-                                    lease,
-                                },
-                            );
+                            index_record(&mut index, rev, record)?;
                             if let Some((rev, value)) = runs.push(rev, record.to_vec()) {
                                 batch.insert(&rev.to_bytes(), value);
                                 batched += 1;
