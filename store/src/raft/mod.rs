@@ -51,6 +51,7 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
+pub type SnapshotMetadata = openraft::SnapshotMeta<NodeId, Member>;
 pub type RaftStorageError = openraft::StorageError<NodeId>;
 
 pub(crate) fn storage_err(

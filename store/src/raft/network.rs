@@ -22,7 +22,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use super::commit_notice::{CommitNotices, Early};
 use super::stream::{self, Kind, Link};
 use super::wal::Wal;
-use super::{Member, NodeId, TypeConfig, Vote};
+use super::{Member, NodeId, SnapshotMetadata, TypeConfig, Vote};
 use crate::proto::peer::peer_client::PeerClient;
 use crate::proto::peer::Payload;
 
@@ -34,7 +34,7 @@ use crate::proto::peer::Payload;
 #[derive(Serialize, Deserialize)]
 pub(crate) struct SnapshotChunk {
     vote: Vote,
-    meta: openraft::SnapshotMeta<NodeId, Member>,
+    meta: SnapshotMetadata,
     offset: u64,
     #[serde(with = "crate::mvcc::byte_vec")]
     data: Vec<u8>,

@@ -31,8 +31,8 @@ use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
 use super::snapshot_data::{self, SnapshotData};
 use super::wal::Wal;
 use super::{
-    sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, Member, NodeId,
-    RaftStorageError, StoredMembership, TypeConfig,
+    sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, RaftStorageError,
+    SnapshotMetadata, StoredMembership, TypeConfig,
 };
 use crate::error::StorageError;
 use crate::failpoints::{
@@ -49,7 +49,6 @@ pub(crate) const META_MEMBERSHIP: &[u8] = b"raft_membership";
 /// How many commands of a batch entry are applied: (its log id, count). Committed with each
 /// command, so a crash in the middle of a batch resumes after the last applied command.
 pub(super) const META_BATCH_PROGRESS: &[u8] = b"raft_batch_progress";
-type SnapshotMetadata = SnapshotMeta<NodeId, Member>;
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 /// What an install writes the snapshot file under before it renames it into place (not the

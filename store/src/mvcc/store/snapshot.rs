@@ -146,6 +146,18 @@ const RESTORE_BATCH: usize = 4096;
 /// program, 2026-12-07).
 const RESTORE_RUN_BYTES: usize = 4096;
 
+/// Puts the history value `Runs` closed, if any, into `batch` under its revision; returns how
+/// many values it put.
+fn put_value(batch: &mut sled::Batch, value: Option<(Revision, Vec<u8>)>) -> usize {
+    match value {
+        Some((rev, value)) => {
+            batch.insert(&rev.to_bytes(), value);
+            1
+        }
+        None => 0,
+    }
+}
+
 /// A dump in progress: the small trees and the revision, copied under the index lock; the
 /// history up to that revision is read when the rows are visited (see
 /// [`MvccStore::dump_view`]).
@@ -388,9 +400,7 @@ impl MvccStore {
             match row {
                 DumpRow::Tree(name) => {
                     if let Some(t) = tree {
-                        if let Some((rev, value)) = runs.finish() {
-                            batch.insert(&rev.to_bytes(), value);
-                        }
+                        put_value(&mut batch, runs.finish());
                         t.apply_batch(std::mem::take(&mut batch))?;
                     }
                     batched = 0;
@@ -404,10 +414,7 @@ impl MvccStore {
                     if in_hist {
                         for (rev, record) in HistValue::parse(k, v)?.records() {
                             index_record(&mut index, rev, record)?;
-                            if let Some((rev, value)) = runs.push(rev, record.to_vec()) {
-                                batch.insert(&rev.to_bytes(), value);
-                                batched += 1;
-                            }
+                            batched += put_value(&mut batch, runs.push(rev, record.to_vec()));
                         }
                     } else {
                         batch.insert(k, v);
@@ -422,9 +429,7 @@ impl MvccStore {
             Ok(())
         })?;
         if let Some(t) = tree {
-            if let Some((rev, value)) = runs.finish() {
-                batch.insert(&rev.to_bytes(), value);
-            }
+            put_value(&mut batch, runs.finish());
             t.apply_batch(batch)?;
         }
         self.revision.store(
