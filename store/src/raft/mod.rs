@@ -1,12 +1,13 @@
 //! Consensus: openraft over a write-ahead log of its own (`wal`) and the MVCC store in sled.
 //! One file per openraft trait: the log storage, the state machine, and the network (the Raft
-//! stream per peer in `stream`, and a tonic client per peer for snapshots); `commit_notice`
+//! stream per peer in `stream`, and a connection per snapshot in `snapshot_stream`); `commit_notice`
 //! answers the network's commit-only heartbeats at once when the follower has vouched for them.
 
 pub mod commit_notice;
 pub mod log_store;
 pub mod network;
 pub mod snapshot_data;
+pub mod snapshot_stream;
 pub mod state_machine;
 pub mod stream;
 pub mod wal;

@@ -1,69 +1,31 @@
-//! openraft's network: AppendEntries and Vote on the Raft stream to each peer (`stream`), and
-//! InstallSnapshot and forwarded requests on one tonic channel per peer, both over mutual TLS
-//! and carrying bincode payloads.
+//! openraft's network: AppendEntries and Vote on the Raft stream to each peer (`stream`),
+//! snapshots whole on a connection of their own (`snapshot_stream`), and the elections'
+//! forwarded requests on one tonic channel per peer, all over mutual TLS and carrying bincode
+//! payloads.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::storage::Snapshot;
+use openraft::OptionalSend;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::commit_notice::{CommitNotices, Early};
+use super::snapshot_stream;
 use super::stream::{self, Kind, Link};
 use super::wal::Wal;
-use super::{Member, NodeId, SnapshotMetadata, TypeConfig, Vote};
-use crate::proto::peer::peer_client::PeerClient;
-use crate::proto::peer::Payload;
-
-/// openraft's InstallSnapshot request as it travels between members: the same fields in the
-/// same order, with the chunk's bytes written and read as one byte string. serde's `Vec<u8>`
-/// goes one element at a time, and decoding the chunks that way took half of a follower's
-/// CPU while it received a 200 MB snapshot (`perf`, 2026-12-07). bincode encodes both ways
-/// alike, so the bytes on the wire are the same.
-#[derive(Serialize, Deserialize)]
-pub(crate) struct SnapshotChunk {
-    vote: Vote,
-    meta: SnapshotMetadata,
-    offset: u64,
-    #[serde(with = "crate::mvcc::byte_vec")]
-    data: Vec<u8>,
-    done: bool,
-}
-
-impl From<InstallSnapshotRequest<TypeConfig>> for SnapshotChunk {
-    fn from(r: InstallSnapshotRequest<TypeConfig>) -> Self {
-        SnapshotChunk {
-            vote: r.vote,
-            meta: r.meta,
-            offset: r.offset,
-            data: r.data,
-            done: r.done,
-        }
-    }
-}
-
-impl From<SnapshotChunk> for InstallSnapshotRequest<TypeConfig> {
-    fn from(c: SnapshotChunk) -> Self {
-        InstallSnapshotRequest {
-            vote: c.vote,
-            meta: c.meta,
-            offset: c.offset,
-            data: c.data,
-            done: c.done,
-        }
-    }
-}
+use super::{Member, NodeId, TypeConfig, Vote};
 
 /// Builds peer channels. Cloned into openraft; every clone shares one lazily connected channel
 /// per peer address.
@@ -76,6 +38,8 @@ pub struct PeerNetwork {
     tls: ClientTlsConfig,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     stream_tls: TlsConnector,
+    /// `stream_tls` offering [`snapshot_stream::ALPN`] instead.
+    snapshot_tls: TlsConnector,
     links: Arc<Mutex<HashMap<String, Arc<Link>>>>,
     /// This member's log: the commit index sent to followers is held to what it has synced.
     log: Option<Arc<Wal>>,
@@ -85,13 +49,19 @@ pub struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    /// `tls` for the gRPC channels, `stream_tls` (offering [`stream::ALPN`]) for the Raft
-    /// stream.
+    /// `tls` for the gRPC channels, `stream_tls` for the Raft stream and snapshot streams
+    /// (the ALPN protocols it offers are replaced by each one's own).
     pub fn new(tls: ClientTlsConfig, stream_tls: rustls::ClientConfig) -> Self {
+        let offering = |alpn: &[u8]| {
+            let mut config = stream_tls.clone();
+            config.alpn_protocols = vec![alpn.to_vec()];
+            TlsConnector::from(Arc::new(config))
+        };
         Self {
             tls,
             channels: Arc::default(),
-            stream_tls: TlsConnector::from(Arc::new(stream_tls)),
+            stream_tls: offering(stream::ALPN),
+            snapshot_tls: offering(snapshot_stream::ALPN),
             links: Arc::default(),
             log: None,
             vouch: Duration::ZERO,
@@ -148,8 +118,9 @@ impl PeerNetwork {
 
 pub struct PeerConnection {
     target: NodeId,
+    addr: String,
     link: Arc<Link>,
-    client: Result<PeerClient<Channel>, String>,
+    snapshot_tls: TlsConnector,
     log: Option<Arc<Wal>>,
     notices: CommitNotices,
 }
@@ -158,14 +129,11 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> Self::Network {
-        let client = self
-            .channel(&node.peer_addr)
-            .map(PeerClient::new)
-            .map_err(|e| e.to_string());
         PeerConnection {
             target,
+            addr: node.peer_addr.clone(),
             link: self.link(&node.peer_addr),
-            client,
+            snapshot_tls: self.snapshot_tls.clone(),
             log: self.log.clone(),
             notices: CommitNotices::new(self.vouch),
         }
@@ -203,42 +171,6 @@ where
     result.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
 }
 
-impl PeerConnection {
-    /// InstallSnapshot, on the gRPC channel.
-    async fn install<Req, Resp, E>(&mut self, req: &Req, option: &RPCOption) -> RpcResult<Resp, E>
-    where
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    {
-        let client = match &mut self.client {
-            Ok(c) => c,
-            Err(e) => {
-                return Err(RPCError::Unreachable(Unreachable::new(
-                    &std::io::Error::other(e.clone()),
-                )))
-            }
-        };
-        let data = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let mut request = tonic::Request::new(Payload { data });
-        request.set_timeout(option.hard_ttl());
-        let reply =
-            client
-                .install_snapshot(request)
-                .await
-                .map_err(|status| match status.code() {
-                    tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Cancelled => RPCError::Unreachable(Unreachable::new(&status)),
-                    _ => RPCError::Network(NetworkError::new(&status)),
-                })?;
-        let result: Result<Resp, RaftError<NodeId, E>> =
-            bincode::deserialize(&reply.into_inner().data)
-                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
-    }
-}
-
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
         &mut self,
@@ -265,12 +197,27 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         self.notices.exchange(&rpc, send).await
     }
 
-    async fn install_snapshot(
+    /// The snapshot whole, on a connection of its own (`snapshot_stream`), instead of
+    /// openraft's chunks.
+    async fn full_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        vote: Vote,
+        snapshot: Snapshot<TypeConfig>,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         option: RPCOption,
-    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.install(&SnapshotChunk::from(rpc), &option).await
+    ) -> snapshot_stream::Sent {
+        let send = snapshot_stream::send(
+            &self.addr,
+            self.target,
+            &self.snapshot_tls,
+            vote,
+            snapshot,
+            option.hard_ttl(),
+        );
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            sent = send => sent,
+        }
     }
 
     async fn vote(
@@ -279,41 +226,5 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
         call(&self.link, self.target, Kind::Vote, &rpc, option.hard_ttl()).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(data: Vec<u8>) -> InstallSnapshotRequest<TypeConfig> {
-        InstallSnapshotRequest {
-            vote: Vote::new_committed(3, 7),
-            meta: openraft::SnapshotMeta {
-                last_log_id: Some(openraft::LogId::new(
-                    openraft::CommittedLeaderId::new(3, 7),
-                    4999,
-                )),
-                last_membership: Default::default(),
-                snapshot_id: "3-4999-1".into(),
-            },
-            offset: 3 << 20,
-            data,
-            done: true,
-        }
-    }
-
-    /// A chunk is encoded as openraft's request is, byte for byte, and reads back whole.
-    #[test]
-    fn a_snapshot_chunk_travels_as_openraft_s_request_does() {
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        let theirs = bincode::serialize(&request(data.clone())).unwrap();
-        let ours = bincode::serialize(&SnapshotChunk::from(request(data.clone()))).unwrap();
-        assert_eq!(ours, theirs);
-        let back: InstallSnapshotRequest<TypeConfig> =
-            bincode::deserialize::<SnapshotChunk>(&theirs)
-                .unwrap()
-                .into();
-        assert_eq!(back, request(data));
     }
 }

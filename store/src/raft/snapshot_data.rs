@@ -18,6 +18,7 @@ pub struct SnapshotData {
     file: tokio::fs::File,
     /// Where the data starts in the file.
     base: u64,
+    path: PathBuf,
 }
 
 impl SnapshotData {
@@ -29,6 +30,7 @@ impl SnapshotData {
         Ok(SnapshotData {
             file: tokio::fs::File::from_std(file),
             base,
+            path: path.to_path_buf(),
         })
     }
 
@@ -43,7 +45,13 @@ impl SnapshotData {
         Ok(SnapshotData {
             file: tokio::fs::File::from_std(file),
             base: 0,
+            path: path.to_path_buf(),
         })
+    }
+
+    /// The file the data is in.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The file, positioned at the start of the data, once pending writes are done.
@@ -56,9 +64,27 @@ impl SnapshotData {
     }
 }
 
-/// The file a follower receives a snapshot's data into, in the data dir.
-pub(super) fn receiving_path(dir: &Path) -> PathBuf {
-    dir.join("snapshot.receiving")
+/// What the names of the files a follower receives snapshots into start with.
+const RECEIVING: &str = "snapshot.receiving";
+
+/// The file a follower receives its `n`th snapshot since start into, in the data dir: one per
+/// snapshot, so that a stream the leader gave up and its next one never share a file.
+pub(super) fn receiving_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("{RECEIVING}.{n}"))
+}
+
+/// Removes the files snapshots were being received into when the member stopped.
+pub(super) fn remove_received(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with(RECEIVING) {
+            match std::fs::remove_file(entry.path()) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 impl AsyncRead for SnapshotData {
@@ -154,7 +180,7 @@ mod tests {
     #[tokio::test]
     async fn chunks_received_at_their_offsets_make_the_data() {
         let dir = tempfile::tempdir().unwrap();
-        let path = receiving_path(dir.path());
+        let path = receiving_path(dir.path(), 0);
         std::fs::write(&path, b"an older, longer receipt").unwrap();
         let mut data = SnapshotData::create(&path).unwrap();
         // openraft's receiver: each chunk at its offset (here one out of order).
@@ -167,5 +193,22 @@ mod tests {
         let mut all = String::new();
         std::io::Read::read_to_string(&mut file, &mut all).unwrap();
         assert_eq!(all, "helloworld");
+    }
+
+    #[test]
+    fn each_received_snapshot_has_a_file_of_its_own_and_leftovers_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (receiving_path(dir.path(), 0), receiving_path(dir.path(), 1));
+        assert_ne!(a, b);
+        for p in [&a, &b] {
+            std::fs::write(p, b"part of a snapshot").unwrap();
+        }
+        std::fs::write(dir.path().join("snapshot.bin"), b"kept").unwrap();
+        remove_received(dir.path()).unwrap();
+        assert!(!a.exists() && !b.exists(), "a received file was left");
+        assert!(
+            dir.path().join("snapshot.bin").exists(),
+            "another file was removed"
+        );
     }
 }

@@ -65,6 +65,8 @@ pub struct StateMachine {
     counter: Arc<AtomicU64>,
     /// Snapshots installed from a leader since start.
     pub installs: Arc<AtomicU64>,
+    /// Snapshots begun to be received since start (each gets a file of its own).
+    receiving: Arc<AtomicU64>,
     /// The last log index that durable state covers (the snapshot file on disk, raised once a
     /// new one is durable, or the trees as synced at open). The log store waits for it before it persists a purge (see
     /// [`StateMachine::snapshot_watermark`]).
@@ -94,6 +96,7 @@ impl StateMachine {
             dir: dir.to_path_buf(),
             counter: Arc::new(AtomicU64::new(0)),
             installs: Arc::new(AtomicU64::new(0)),
+            receiving: Arc::new(AtomicU64::new(0)),
             durable: Arc::new(tokio::sync::watch::channel(0).0),
             log: None,
         };
@@ -101,12 +104,11 @@ impl StateMachine {
         // synced lazily) while the snapshot on disk, which the log may be purged behind, did
         // not: both start from the snapshot, and openraft applies the log again from there.
         let interrupted = dir.join(INSTALL_MARKER).exists();
-        // What a crash left half written: a snapshot being received or copied into place.
-        for left in [snapshot_data::receiving_path(dir), dir.join(INSTALL_TMP)] {
-            match std::fs::remove_file(left) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                _ => {}
-            }
+        // What a crash left half written: snapshots being received or copied into place.
+        snapshot_data::remove_received(dir)?;
+        match std::fs::remove_file(dir.join(INSTALL_TMP)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
         }
         let meta = sm.read_snapshot_meta()?;
         let applied = sm.applied()?;
@@ -533,7 +535,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, RaftStorageError> {
         tracing::info!("receiving a snapshot from the leader");
-        let data = SnapshotData::create(&snapshot_data::receiving_path(&self.dir))
+        let n = self.receiving.fetch_add(1, Ordering::Relaxed);
+        let data = SnapshotData::create(&snapshot_data::receiving_path(&self.dir, n))
             .map_err(snapshot_write)?;
         Ok(Box::new(data))
     }
@@ -545,6 +548,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), RaftStorageError> {
         let sm = self.clone();
         let meta = meta.clone();
+        let received = snapshot.path().to_path_buf();
         let mut data = snapshot.into_std().await.map_err(snapshot_write)?;
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let began = Instant::now();
@@ -554,7 +558,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             crash_point(SNAPSHOT_INSTALL_BEFORE);
             let start = sm.write_snapshot_file(&meta, &mut data)?;
             drop(data);
-            match std::fs::remove_file(snapshot_data::receiving_path(&sm.dir)) {
+            match std::fs::remove_file(&received) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
                 _ => {}
             }

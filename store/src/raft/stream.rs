@@ -269,29 +269,7 @@ impl Link {
     }
 
     async fn connect(&self) -> io::Result<Conn> {
-        let (host, _) = self.addr.rsplit_once(':').ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("peer address {} has no port", self.addr),
-            )
-        })?;
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let name = rustls::pki_types::ServerName::try_from(host)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let tcp = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(&self.addr))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
-        tcp.set_nodelay(true)?;
-        let tls = self.connector.connect(name, tcp).await?;
-        if tls.get_ref().1.alpn_protocol() != Some(ALPN) {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the peer does not offer the Raft stream (is it running the same rkube version?)",
-            ));
-        }
+        let tls = connect(&self.addr, &self.connector, ALPN).await?;
         let (reader, writer) = tokio::io::split(tls);
         let waiting = Arc::new(Waiting::default());
         let reader = tokio::spawn(read_answers(reader, waiting.clone())).abort_handle();
@@ -302,6 +280,42 @@ impl Link {
             next: 0,
         })
     }
+}
+
+/// A mutual-TLS connection to the peer at `addr` (`host:port`) that agreed to the ALPN protocol
+/// `alpn`: the Raft stream's, or a snapshot stream's (`snapshot_stream`).
+pub(crate) async fn connect(
+    addr: &str,
+    connector: &TlsConnector,
+    alpn: &[u8],
+) -> io::Result<TlsStream<TcpStream>> {
+    let (host, _) = addr.rsplit_once(':').ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("peer address {addr} has no port"),
+        )
+    })?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let tcp = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    tcp.set_nodelay(true)?;
+    let tls = connector.connect(name, tcp).await?;
+    if tls.get_ref().1.alpn_protocol() != Some(alpn) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "the peer does not offer {} (is it running the same rkube version?)",
+                String::from_utf8_lossy(alpn)
+            ),
+        ));
+    }
+    Ok(tls)
 }
 
 /// Hands each answer to the call waiting for it, until the connection ends.
@@ -322,13 +336,13 @@ async fn read_answers(mut reader: ReadHalf<TlsStream<TcpStream>>, waiting: Arc<W
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::net::TcpListener;
     use tokio_rustls::TlsAcceptor;
 
     /// A member's TLS material, made in `dir`.
-    fn material(dir: &std::path::Path) -> rkube_pki::TlsMaterial {
+    pub(crate) fn material(dir: &std::path::Path) -> rkube_pki::TlsMaterial {
         rkube_pki::init_ca(dir).expect("ca");
         rkube_pki::issue(dir, "m", "m", None, &["127.0.0.1".into()], true, true).expect("cert");
         rkube_pki::TlsFiles::for_member(dir, "m")

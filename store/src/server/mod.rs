@@ -394,7 +394,11 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
             tracing::error!(error = %e, "peer server failed");
         }
     }));
-    let peer_tls = tls.rustls_server(&[crate::raft::stream::ALPN, b"h2"])?;
+    let peer_tls = tls.rustls_server(&[
+        crate::raft::stream::ALPN,
+        crate::raft::snapshot_stream::ALPN,
+        b"h2",
+    ])?;
     tasks.push(tokio::spawn(peer::accept(
         node.clone(),
         peer_listener,

@@ -1,6 +1,6 @@
-//! The peer port: the Raft stream (AppendEntries and Vote, `raft::stream`) and the gRPC peer
-//! service (InstallSnapshot, forwarded requests from followers), told apart by each
-//! connection's ALPN protocol.
+//! The peer port: the Raft stream (AppendEntries and Vote, `raft::stream`), snapshot streams
+//! (`raft::snapshot_stream`) and the gRPC peer service (the elections' forwarded requests),
+//! told apart by each connection's ALPN protocol.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,11 +16,12 @@ use tonic::{Request, Response, Status};
 use super::node::{Forward, Node};
 use crate::proto::peer::peer_server::Peer;
 use crate::proto::peer::Payload;
-use crate::raft::network::SnapshotChunk;
+use crate::raft::snapshot_stream;
 use crate::raft::stream::{self, Kind};
 
-/// Accepts peer connections until `stop`: a connection that asked for the Raft stream is served
-/// here, any other (gRPC, `h2`) is handed to the tonic server through `grpc`.
+/// Accepts peer connections until `stop`: a connection that asked for the Raft stream or a
+/// snapshot stream is served here, any other (gRPC, `h2`) is handed to the tonic server through
+/// `grpc`.
 pub(super) async fn accept(
     node: Arc<Node>,
     listener: TcpListener,
@@ -52,10 +53,19 @@ pub(super) async fn accept(
                 }
                 Err(_) => return,
             };
-            if conn.get_ref().1.alpn_protocol() == Some(stream::ALPN) {
-                serve_stream(node, conn, stop).await;
-            } else {
-                let _ = grpc.send(conn).await;
+            match conn.get_ref().1.alpn_protocol() {
+                Some(stream::ALPN) => serve_stream(node, conn, stop).await,
+                Some(snapshot_stream::ALPN) => {
+                    let ttl = Duration::from_millis(node.raft.config().install_snapshot_timeout);
+                    let mut stop = stop;
+                    tokio::select! {
+                        _ = stopped(&mut stop) => {}
+                        _ = snapshot_stream::serve(&node.raft, conn, ttl) => {}
+                    }
+                }
+                _ => {
+                    let _ = grpc.send(conn).await;
+                }
             }
         });
     }
@@ -139,16 +149,6 @@ fn reply<T: Serialize>(value: &T) -> Result<Response<Payload>, bincode::Error> {
 
 #[tonic::async_trait]
 impl Peer for PeerService {
-    async fn install_snapshot(
-        &self,
-        request: Request<Payload>,
-    ) -> Result<Response<Payload>, Status> {
-        let req: SnapshotChunk =
-            decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
-        reply(&self.0.raft.install_snapshot(req.into()).await)
-            .map_err(|e| Status::internal(e.to_string()))
-    }
-
     async fn forward(&self, request: Request<Payload>) -> Result<Response<Payload>, Status> {
         let req: Forward = decode(request).map_err(|e| Status::invalid_argument(undecodable(e)))?;
         reply(&self.0.serve_forward(req).await).map_err(|e| Status::internal(e.to_string()))
