@@ -293,6 +293,70 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
     assert_eq!(all_keys(&follower.sm), all_keys(&leader.sm));
 }
 
+/// A snapshot received as a snapshot stream receives it, the snapshot file's head before the
+/// data, becomes the follower's snapshot file as it is: moved into place, not copied.
+#[tokio::test]
+async fn a_snapshot_received_with_its_file_s_head_is_moved_into_place() {
+    use std::os::unix::fs::MetadataExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ((_leader_dir, mut leader), (follower_dir, mut follower)) = leader_and_follower();
+    for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
+        leader
+            .sm
+            .apply([entry(
+                1,
+                i as u64 + 1,
+                EntryPayload::Normal(put_cmd(k, k, 0)),
+            )])
+            .await
+            .expect("apply");
+    }
+    build_snapshot(&mut leader).await;
+    let sent = leader
+        .sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot was built");
+    let mut bytes = Vec::new();
+    let mut data = sent.snapshot;
+    data.read_to_end(&mut bytes).await.expect("read data");
+    let mut received = follower
+        .sm
+        .begin_receiving_snapshot()
+        .await
+        .expect("receive");
+    let head =
+        super::state_machine::snapshot_file_head(&sent.meta, bytes.len() as u64).expect("head");
+    received.write_head(&head).await.expect("head");
+    received.write_all(&bytes).await.expect("data");
+    let path = received.path().to_path_buf();
+    let inode = std::fs::metadata(&path).expect("received").ino();
+    follower
+        .sm
+        .install_snapshot(&sent.meta, received)
+        .await
+        .expect("install");
+    let file = follower_dir.path().join("snapshot.bin");
+    assert_eq!(
+        std::fs::metadata(&file).expect("snapshot file").ino(),
+        inode,
+        "the received file was copied, not moved into place"
+    );
+    assert!(!path.exists(), "the received file is still there");
+    assert_eq!(all_keys(&follower.sm), all_keys(&leader.sm));
+    // The file reads back as the member's snapshot after a restart.
+    drop(follower);
+    let mut again = Member::open(follower_dir.path()).expect("reopen");
+    let current = again
+        .sm
+        .get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("the snapshot is there");
+    assert_eq!(current.meta, sent.meta);
+}
+
 #[tokio::test]
 async fn a_damaged_snapshot_is_refused_before_it_changes_anything() {
     use tokio::io::AsyncWriteExt;

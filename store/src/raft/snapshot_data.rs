@@ -54,6 +54,26 @@ impl SnapshotData {
         &self.path
     }
 
+    /// Where the data starts in its file.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Writes `head` before the data of a file just created to receive into: the data then
+    /// starts after it.
+    pub async fn write_head(&mut self, head: &[u8]) -> io::Result<()> {
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+        if self.base != 0 || self.file.seek(SeekFrom::End(0)).await? != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a head goes only into an empty snapshot file",
+            ));
+        }
+        self.file.write_all(head).await?;
+        self.base = head.len() as u64;
+        Ok(())
+    }
+
     /// The file, positioned at the start of the data, once pending writes are done.
     pub(super) async fn into_std(self) -> io::Result<std::fs::File> {
         let mut file = self.file;
@@ -71,6 +91,14 @@ const RECEIVING: &str = "snapshot.receiving";
 /// snapshot, so that a stream the leader gave up and its next one never share a file.
 pub(super) fn receiving_path(dir: &Path, n: u64) -> PathBuf {
     dir.join(format!("{RECEIVING}.{n}"))
+}
+
+/// Whether `path` is a file that snapshots are received into in `dir`.
+pub(super) fn is_received(dir: &Path, path: &Path) -> bool {
+    path.parent() == Some(dir)
+        && path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(RECEIVING))
 }
 
 /// Removes the files snapshots were being received into when the member stopped.

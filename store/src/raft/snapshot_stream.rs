@@ -36,6 +36,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt
 use tokio_rustls::TlsConnector;
 
 use super::snapshot_data::SnapshotData;
+use super::state_machine::snapshot_file_head;
 use super::stream::{self, ANSWERED, REFUSED};
 use super::{snapshot_read, NodeId, Raft, SnapshotMetadata, TypeConfig, Vote};
 
@@ -254,6 +255,11 @@ where
     let began = std::time::Instant::now();
     let mut data = receiver.begin().await?;
     let _file = ReceivingFile(data.path().to_path_buf());
+    // Received as the snapshot file it becomes, so that the install need not copy it.
+    let file_head = snapshot_file_head(&meta, len).map_err(|e| e.to_string())?;
+    data.write_head(&file_head)
+        .await
+        .map_err(|e| format!("writing a received snapshot: {e}"))?;
     let mut buf = vec![0u8; PIECE.min(len as usize)];
     let mut got = 0u64;
     while got < len {
@@ -324,7 +330,16 @@ mod tests {
         }
 
         async fn install(&self, vote: Vote, snapshot: Snapshot<TypeConfig>) -> Installed {
-            let bytes = std::fs::read(snapshot.snapshot.path()).expect("received file");
+            let file = std::fs::read(snapshot.snapshot.path()).expect("received file");
+            // The snapshot file's head comes first.
+            let base = snapshot.snapshot.base() as usize;
+            let head = snapshot_file_head(&snapshot.meta, (file.len() - base) as u64).unwrap();
+            assert_eq!(
+                file[..base],
+                head[..],
+                "the received file does not start with its head"
+            );
+            let bytes = file[base..].to_vec();
             self.installed
                 .lock()
                 .unwrap()

@@ -374,6 +374,35 @@ impl StateMachine {
         Ok(meta)
     }
 
+    /// Moves a received file into place as the snapshot file when it is one already, its data
+    /// (from `base`) after the head that `meta` and the data's length make: a snapshot stream
+    /// writes that head before the data (`snapshot_stream`), so that the data need not be
+    /// copied. Returns where the data starts, or None when the file is not laid out so.
+    fn adopt_received(
+        &self,
+        meta: &SnapshotMetadata,
+        path: &Path,
+        data: &mut std::fs::File,
+        base: u64,
+    ) -> Result<Option<u64>, StorageError> {
+        use std::os::unix::fs::FileExt;
+        let len = data.metadata()?.len().saturating_sub(base);
+        let head = snapshot_file_head(meta, len)?;
+        if base == 0 || head.len() as u64 != base {
+            return Ok(None);
+        }
+        let mut found = vec![0u8; head.len()];
+        data.read_exact_at(&mut found, 0)?;
+        if found != head {
+            return Ok(None);
+        }
+        data.sync_all()?;
+        std::fs::rename(path, self.dir.join(SNAPSHOT_FILE))?;
+        std::fs::File::open(&self.dir)?.sync_all()?;
+        self.snapshot_durable(meta);
+        Ok(Some(base))
+    }
+
     /// Makes the snapshot file `meta` and the data `data` holds from where it stands to its
     /// end (copied file to file), durably; returns where the data starts in it.
     fn write_snapshot_file(
@@ -383,7 +412,7 @@ impl StateMachine {
     ) -> Result<u64, StorageError> {
         let from = data.stream_position()?;
         let len = data.metadata()?.len().saturating_sub(from);
-        let head = bincode::serialize(&(meta, len))?;
+        let head = snapshot_file_head(meta, len)?;
         crate::durable_file::replace_with(
             &self.dir.join(SNAPSHOT_FILE),
             &self.dir.join(INSTALL_TMP),
@@ -409,6 +438,14 @@ fn check_in_place(data: &mut std::fs::File) -> Result<(), StorageError> {
     Dump::check(&mut BufReader::new(&mut *data))?;
     data.seek(SeekFrom::Start(from))?;
     Ok(())
+}
+
+/// What a snapshot file holds before its data: `meta` and the data's length, `len`.
+pub(super) fn snapshot_file_head(
+    meta: &SnapshotMetadata,
+    len: u64,
+) -> Result<Vec<u8>, bincode::Error> {
+    bincode::serialize(&(meta, len))
 }
 
 /// Where a snapshot file with `meta` has its data: after the metadata and the data's length.
@@ -548,7 +585,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), RaftStorageError> {
         let sm = self.clone();
         let meta = meta.clone();
-        let received = snapshot.path().to_path_buf();
+        let received = snapshot_data::is_received(&self.dir, snapshot.path())
+            .then(|| (snapshot.path().to_path_buf(), snapshot.base()));
         let mut data = snapshot.into_std().await.map_err(snapshot_write)?;
         tokio::task::spawn_blocking(move || -> Result<(), StorageError> {
             let began = Instant::now();
@@ -556,11 +594,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             check_in_place(&mut data)?;
             let checked = began.elapsed();
             crash_point(SNAPSHOT_INSTALL_BEFORE);
-            let start = sm.write_snapshot_file(&meta, &mut data)?;
+            let adopted = match &received {
+                Some((path, base)) => sm.adopt_received(&meta, path, &mut data, *base)?,
+                None => None,
+            };
+            let start = match adopted {
+                Some(start) => start,
+                None => sm.write_snapshot_file(&meta, &mut data)?,
+            };
             drop(data);
-            match std::fs::remove_file(&received) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                _ => {}
+            if let Some((path, _)) = &received {
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                    _ => {}
+                }
             }
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
             std::fs::File::open(&sm.dir)?.sync_all()?;
