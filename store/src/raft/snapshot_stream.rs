@@ -29,7 +29,7 @@ use std::io::{self, SeekFrom};
 use std::time::Duration;
 
 use openraft::error::{Fatal, NetworkError, RemoteError, StreamingError, Unreachable};
-use openraft::raft::SnapshotResponse;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse};
 use openraft::storage::Snapshot;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
@@ -155,8 +155,10 @@ fn decode_answer(target: NodeId, outcome: u8, payload: &[u8]) -> Sent {
 
 /// What a follower needs to take a snapshot: openraft, or a stand-in in tests.
 pub trait Receiver {
-    /// The vote this member holds now.
-    fn vote(&self) -> Vote;
+    /// Takes `vote` as its leader's, as a heartbeat from that leader would make it, so that
+    /// the member knows its leader while the data comes; returns the member's own vote
+    /// instead when that is higher.
+    fn accept(&self, vote: Vote) -> impl Future<Output = Result<Option<Vote>, String>> + Send;
     /// A fresh place to receive a snapshot's data into.
     fn begin(&self) -> impl Future<Output = Result<Box<SnapshotData>, String>> + Send;
     /// Installs a received snapshot, if `vote` still allows it.
@@ -168,8 +170,20 @@ pub trait Receiver {
 }
 
 impl Receiver for Raft {
-    fn vote(&self) -> Vote {
-        self.metrics().borrow().vote
+    /// An AppendEntries with no entries and no previous log id: openraft checks and saves the
+    /// vote, and nothing else changes (no log id to match, no commit index).
+    async fn accept(&self, vote: Vote) -> Result<Option<Vote>, String> {
+        let heartbeat = AppendEntriesRequest {
+            vote,
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        };
+        match self.append_entries(heartbeat).await {
+            Ok(AppendEntriesResponse::HigherVote(mine)) => Ok(Some(mine)),
+            Ok(_) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     async fn begin(&self) -> Result<Box<SnapshotData>, String> {
@@ -241,9 +255,8 @@ where
     let Head { vote, meta, len } = bincode::deserialize(&head).map_err(|e| {
         format!("undecodable snapshot head (is the peer running the same rkube version?): {e}")
     })?;
-    let mine = receiver.vote();
-    if vote < mine {
-        // As openraft's own check would answer after the transfer.
+    if let Some(mine) = receiver.accept(vote).await? {
+        // What openraft's install would answer after the transfer.
         return Ok(Ok(SnapshotResponse::new(mine)));
     }
     within(ttl, "asking for the snapshot's data", async {
@@ -309,13 +322,15 @@ mod tests {
     struct Follower {
         dir: PathBuf,
         vote: Vote,
+        accepted: Mutex<Vec<Vote>>,
         begun: Mutex<u64>,
         installed: Mutex<Vec<(Vote, SnapshotMetadata, Vec<u8>)>>,
     }
 
     impl Receiver for Follower {
-        fn vote(&self) -> Vote {
-            self.vote
+        async fn accept(&self, vote: Vote) -> Result<Option<Vote>, String> {
+            self.accepted.lock().unwrap().push(vote);
+            Ok((vote < self.vote).then_some(self.vote))
         }
 
         async fn begin(&self) -> Result<Box<SnapshotData>, String> {
@@ -352,6 +367,7 @@ mod tests {
         Arc::new(Follower {
             dir: dir.to_path_buf(),
             vote,
+            accepted: Mutex::default(),
             begun: Mutex::new(0),
             installed: Mutex::default(),
         })
@@ -440,6 +456,11 @@ mod tests {
         .await
         .expect("sent");
         assert_eq!(sent.vote, f.vote);
+        assert_eq!(
+            *f.accepted.lock().unwrap(),
+            [leader_vote],
+            "the follower was not told its leader before the data"
+        );
         let installed = f.installed.lock().unwrap();
         assert_eq!(installed.len(), 1);
         let (vote, got_meta, bytes) = &installed[0];
