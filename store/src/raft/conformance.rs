@@ -46,6 +46,14 @@ fn leader_and_follower() -> ((tempfile::TempDir, Member), (tempfile::TempDir, Me
 }
 
 /// Builds a snapshot on `m`, as openraft asks for one.
+/// What openraft sends a follower: the member's current snapshot, read from its file.
+async fn current_snapshot(m: &mut Member) -> openraft::storage::Snapshot<TypeConfig> {
+    m.sm.get_current_snapshot()
+        .await
+        .expect("read")
+        .expect("a snapshot was built")
+}
+
 async fn build_snapshot(m: &mut Member) -> openraft::storage::Snapshot<TypeConfig> {
     m.sm.get_snapshot_builder()
         .await
@@ -250,12 +258,7 @@ async fn a_snapshot_carries_the_mvcc_state_to_another_member() {
     assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 0, 5)));
     // What openraft sends: the current snapshot, read from its file (it keeps only the
     // metadata of one it had built).
-    let sent = leader
-        .sm
-        .get_current_snapshot()
-        .await
-        .expect("read")
-        .expect("a snapshot was built");
+    let sent = current_snapshot(&mut leader).await;
     assert_eq!(sent.meta, snapshot.meta);
     let mut received = follower
         .sm
@@ -312,12 +315,7 @@ async fn a_snapshot_received_with_its_file_s_head_is_moved_into_place() {
             .expect("apply");
     }
     build_snapshot(&mut leader).await;
-    let sent = leader
-        .sm
-        .get_current_snapshot()
-        .await
-        .expect("read")
-        .expect("a snapshot was built");
+    let sent = current_snapshot(&mut leader).await;
     let mut bytes = Vec::new();
     let mut data = sent.snapshot;
     data.read_to_end(&mut bytes).await.expect("read data");

@@ -394,6 +394,34 @@ mod tests {
         (addr, TlsConnector::from(Arc::new(client)))
     }
 
+    /// A leader's and a follower's directories under one temporary one, and the follower,
+    /// holding `vote`, serving snapshot streams.
+    struct Pair {
+        dir: tempfile::TempDir,
+        send_dir: PathBuf,
+        recv_dir: PathBuf,
+        follower: Arc<Follower>,
+        addr: String,
+        connector: TlsConnector,
+    }
+
+    async fn pair(vote: Vote) -> Pair {
+        let dir = tempfile::tempdir().expect("dir");
+        let (send_dir, recv_dir) = (dir.path().join("leader"), dir.path().join("follower"));
+        std::fs::create_dir_all(&send_dir).unwrap();
+        std::fs::create_dir_all(&recv_dir).unwrap();
+        let follower = follower(&recv_dir, vote);
+        let (addr, connector) = listen(dir.path(), follower.clone()).await;
+        Pair {
+            dir,
+            send_dir,
+            recv_dir,
+            follower,
+            addr,
+            connector,
+        }
+    }
+
     fn meta() -> SnapshotMetadata {
         SnapshotMetadata {
             last_log_id: Some(crate::raft::LogId::new(
@@ -436,12 +464,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_snapshot_arrives_whole_and_is_installed_with_the_leader_s_vote() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (send_dir, recv_dir) = (dir.path().join("leader"), dir.path().join("follower"));
-        std::fs::create_dir_all(&send_dir).unwrap();
-        std::fs::create_dir_all(&recv_dir).unwrap();
-        let f = follower(&recv_dir, Vote::new_committed(3, 1));
-        let (addr, connector) = listen(dir.path(), f.clone()).await;
+        let Pair {
+            dir: _dir,
+            send_dir,
+            recv_dir,
+            follower: f,
+            addr,
+            connector,
+        } = pair(Vote::new_committed(3, 1)).await;
         // More than two pieces, the last one short.
         let data: Vec<u8> = (0..(2 * PIECE + 12_345)).map(|i| (i % 251) as u8).collect();
         let leader_vote = Vote::new_committed(3, 1);
@@ -480,11 +510,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_cut_short_installs_nothing_and_leaves_no_file() {
-        let dir = tempfile::tempdir().expect("dir");
-        let recv_dir = dir.path().join("follower");
-        std::fs::create_dir_all(&recv_dir).unwrap();
-        let f = follower(&recv_dir, Vote::new_committed(3, 1));
-        let (addr, connector) = listen(dir.path(), f.clone()).await;
+        let Pair {
+            dir: _dir,
+            recv_dir,
+            follower: f,
+            addr,
+            connector,
+            ..
+        } = pair(Vote::new_committed(3, 1)).await;
         let mut conn = stream::connect(&addr, &connector, ALPN)
             .await
             .expect("connect");
@@ -521,12 +554,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_with_a_higher_vote_answers_before_the_data() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (send_dir, recv_dir) = (dir.path().join("leader"), dir.path().join("follower"));
-        std::fs::create_dir_all(&send_dir).unwrap();
-        std::fs::create_dir_all(&recv_dir).unwrap();
-        let f = follower(&recv_dir, Vote::new(4, 3));
-        let (addr, connector) = listen(dir.path(), f.clone()).await;
+        let Pair {
+            dir: _dir,
+            send_dir,
+            follower: f,
+            addr,
+            connector,
+            ..
+        } = pair(Vote::new(4, 3)).await;
         let sent = send(
             &addr,
             2,
