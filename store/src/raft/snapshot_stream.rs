@@ -13,16 +13,16 @@
 //! 2. the follower answers [`SEND`] to ask for the data, or, when it has already seen a higher
 //!    vote, its final answer at once (nothing is sent for nothing);
 //! 3. the leader sends the data, `len` bytes, as they are;
-//! 4. the follower installs it through openraft (`Raft::install_full_snapshot`) and answers with
-//!    openraft's bincode-encoded result ([`stream::ANSWERED`]), or why it could not
-//!    ([`stream::REFUSED`]).
+//! 4. the follower installs it through openraft (`Raft::install_full_snapshot`), sending
+//!    [`INSTALLING`] every third of the call's time while it does, and answers with openraft's
+//!    bincode-encoded result ([`stream::ANSWERED`]), or why it could not ([`stream::REFUSED`]).
 //!
 //! A stream the leader gives up (openraft cancels it, or a timeout) is dropped with its
 //! connection: the follower reads a short stream, installs nothing and removes what it received.
 //! Each stream receives into a file of its own, so a stream that outlives its leader's interest
-//! never mixes with the next one. Every read and write, and the wait for the follower's answer,
-//! must make progress within the call's time (openraft's `install_snapshot_timeout`); the
-//! transfer as a whole may take longer.
+//! never mixes with the next one. Every read and write, and every wait for the follower's next
+//! frame, must make progress within the call's time (openraft's `install_snapshot_timeout`); the
+//! transfer and the install as a whole may take longer.
 
 use std::future::Future;
 use std::io::{self, SeekFrom};
@@ -45,6 +45,10 @@ pub const ALPN: &[u8] = b"rkube-snapshot/1";
 
 /// The follower's answer to the head: send the data.
 pub const SEND: u8 = 2;
+/// A frame the follower sends while it installs, so that the leader's wait for the answer
+/// makes progress however long the install takes (a large store's restore may outlast the
+/// call's time).
+pub const INSTALLING: u8 = 3;
 
 /// How much of the data each side moves at a time, through one buffer reused for the whole
 /// stream.
@@ -140,10 +144,16 @@ pub async fn send(
     within(ttl, "sending the snapshot's data", conn.flush())
         .await
         .map_err(network)?;
-    let (outcome, payload) = answer_frame(&mut conn, ttl).await.map_err(network)?;
-    decode_answer(target, outcome, &payload)
+    loop {
+        match answer_frame(&mut conn, ttl).await.map_err(network)? {
+            (INSTALLING, _) => continue,
+            (outcome, payload) => return decode_answer(target, outcome, &payload),
+        }
+    }
 }
 
+// openraft's error type is what it is.
+#[allow(clippy::result_large_err)]
 fn decode_answer(target: NodeId, outcome: u8, payload: &[u8]) -> Sent {
     if outcome != ANSWERED {
         let why = String::from_utf8_lossy(payload).into_owned();
@@ -302,7 +312,34 @@ where
         meta,
         snapshot: data,
     };
-    Ok(receiver.install(vote, snapshot).await)
+    Ok(installing(conn, receiver.install(vote, snapshot), ttl).await)
+}
+
+/// Waits for `install`, telling the leader every third of `ttl` that it is still going. If the
+/// leader is gone, the install goes on all the same (openraft's cannot be called off).
+async fn installing<S: AsyncWrite + Unpin>(
+    conn: &mut S,
+    install: impl Future<Output = Installed>,
+    ttl: Duration,
+) -> Installed {
+    let mut install = std::pin::pin!(install);
+    let mut tick = tokio::time::interval(ttl / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut leader_listens = true;
+    loop {
+        tokio::select! {
+            installed = &mut install => return installed,
+            _ = tick.tick(), if leader_listens => {
+                leader_listens = within(ttl, "telling the leader the install goes on", async {
+                    conn.write_all(&stream::frame(0, INSTALLING, &[])).await?;
+                    conn.flush().await
+                })
+                .await
+                .is_ok();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -325,6 +362,8 @@ mod tests {
         accepted: Mutex<Vec<Vote>>,
         begun: Mutex<u64>,
         installed: Mutex<Vec<(Vote, SnapshotMetadata, Vec<u8>)>>,
+        /// How long each install takes.
+        install_takes: Duration,
     }
 
     impl Receiver for Follower {
@@ -359,12 +398,14 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push((vote, snapshot.meta, bytes));
+            tokio::time::sleep(self.install_takes).await;
             Ok(SnapshotResponse::new(self.vote))
         }
     }
 
-    fn follower(dir: &Path, vote: Vote) -> Arc<Follower> {
+    fn follower(dir: &Path, vote: Vote, install_takes: Duration) -> Arc<Follower> {
         Arc::new(Follower {
+            install_takes,
             dir: dir.to_path_buf(),
             vote,
             accepted: Mutex::default(),
@@ -373,9 +414,9 @@ mod tests {
         })
     }
 
-    /// Serves snapshot streams on loopback with `f`; returns the address and a connector to
-    /// reach it.
-    async fn listen(dir: &Path, f: Arc<Follower>) -> (String, TlsConnector) {
+    /// Serves snapshot streams on loopback with `f`, each read and write within `ttl`; returns
+    /// the address and a connector to reach it.
+    async fn listen(dir: &Path, f: Arc<Follower>, ttl: Duration) -> (String, TlsConnector) {
         let m = material(dir);
         let acceptor = TlsAcceptor::from(Arc::new(m.rustls_server(&[ALPN]).expect("server")));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -385,7 +426,7 @@ mod tests {
                 let (acceptor, f) = (acceptor.clone(), f.clone());
                 tokio::spawn(async move {
                     if let Ok(tls) = acceptor.accept(tcp).await {
-                        serve(&*f, tls, TTL).await;
+                        serve(&*f, tls, ttl).await;
                     }
                 });
             }
@@ -397,7 +438,7 @@ mod tests {
     /// A leader's and a follower's directories under one temporary one, and the follower,
     /// holding `vote`, serving snapshot streams.
     struct Pair {
-        dir: tempfile::TempDir,
+        _dir: tempfile::TempDir,
         send_dir: PathBuf,
         recv_dir: PathBuf,
         follower: Arc<Follower>,
@@ -405,15 +446,28 @@ mod tests {
         connector: TlsConnector,
     }
 
+    impl Pair {
+        /// Sends the follower a snapshot of `data` with the leader's `vote`, within `ttl`.
+        async fn send(&self, vote: Vote, data: &[u8], ttl: Duration) -> Sent {
+            let snapshot = snapshot(&self.send_dir, data);
+            send(&self.addr, 2, &self.connector, vote, snapshot, ttl).await
+        }
+    }
+
     async fn pair(vote: Vote) -> Pair {
+        pair_with(vote, TTL, Duration::ZERO).await
+    }
+
+    /// As [`pair`], the follower serving within `ttl` and taking `install_takes` per install.
+    async fn pair_with(vote: Vote, ttl: Duration, install_takes: Duration) -> Pair {
         let dir = tempfile::tempdir().expect("dir");
         let (send_dir, recv_dir) = (dir.path().join("leader"), dir.path().join("follower"));
         std::fs::create_dir_all(&send_dir).unwrap();
         std::fs::create_dir_all(&recv_dir).unwrap();
-        let follower = follower(&recv_dir, vote);
-        let (addr, connector) = listen(dir.path(), follower.clone()).await;
+        let follower = follower(&recv_dir, vote, install_takes);
+        let (addr, connector) = listen(dir.path(), follower.clone(), ttl).await;
         Pair {
-            dir,
+            _dir: dir,
             send_dir,
             recv_dir,
             follower,
@@ -464,61 +518,41 @@ mod tests {
 
     #[tokio::test]
     async fn a_snapshot_arrives_whole_and_is_installed_with_the_leader_s_vote() {
-        let Pair {
-            dir: _dir,
-            send_dir,
-            recv_dir,
-            follower: f,
-            addr,
-            connector,
-        } = pair(Vote::new_committed(3, 1)).await;
+        let p = pair(Vote::new_committed(3, 1)).await;
+        let (f, recv_dir) = (&p.follower, &p.recv_dir);
         // More than two pieces, the last one short.
         let data: Vec<u8> = (0..(2 * PIECE + 12_345)).map(|i| (i % 251) as u8).collect();
         let leader_vote = Vote::new_committed(3, 1);
-        let sent = send(
-            &addr,
-            2,
-            &connector,
-            leader_vote,
-            snapshot(&send_dir, &data),
-            TTL,
-        )
-        .await
-        .expect("sent");
+        let sent = p.send(leader_vote, &data, TTL).await.expect("sent");
         assert_eq!(sent.vote, f.vote);
         assert_eq!(
             *f.accepted.lock().unwrap(),
             [leader_vote],
             "the follower was not told its leader before the data"
         );
-        let installed = f.installed.lock().unwrap();
-        assert_eq!(installed.len(), 1);
-        let (vote, got_meta, bytes) = &installed[0];
-        assert_eq!(*vote, leader_vote);
-        assert_eq!(*got_meta, meta());
-        assert_eq!(bytes.len(), data.len());
-        assert!(
-            *bytes == data,
-            "the received data differs from the sent data"
-        );
-        drop(installed);
+        {
+            let installed = f.installed.lock().unwrap();
+            assert_eq!(installed.len(), 1);
+            let (vote, got_meta, bytes) = &installed[0];
+            assert_eq!(*vote, leader_vote);
+            assert_eq!(*got_meta, meta());
+            assert_eq!(bytes.len(), data.len());
+            assert!(
+                *bytes == data,
+                "the received data differs from the sent data"
+            );
+        }
         until("the received file is removed", || {
-            received(&recv_dir).is_empty()
+            received(recv_dir).is_empty()
         })
         .await;
     }
 
     #[tokio::test]
     async fn a_stream_cut_short_installs_nothing_and_leaves_no_file() {
-        let Pair {
-            dir: _dir,
-            recv_dir,
-            follower: f,
-            addr,
-            connector,
-            ..
-        } = pair(Vote::new_committed(3, 1)).await;
-        let mut conn = stream::connect(&addr, &connector, ALPN)
+        let p = pair(Vote::new_committed(3, 1)).await;
+        let (f, recv_dir) = (&p.follower, &p.recv_dir);
+        let mut conn = stream::connect(&p.addr, &p.connector, ALPN)
             .await
             .expect("connect");
         let head = Head {
@@ -543,7 +577,7 @@ mod tests {
         // The leader gives up: the connection goes with the call.
         drop(conn);
         until("the received file is removed", || {
-            received(&recv_dir).is_empty()
+            received(recv_dir).is_empty()
         })
         .await;
         assert!(
@@ -554,24 +588,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_with_a_higher_vote_answers_before_the_data() {
-        let Pair {
-            dir: _dir,
-            send_dir,
-            follower: f,
-            addr,
-            connector,
-            ..
-        } = pair(Vote::new(4, 3)).await;
-        let sent = send(
-            &addr,
-            2,
-            &connector,
-            Vote::new_committed(3, 1),
-            snapshot(&send_dir, &[1u8; 5000]),
-            TTL,
-        )
-        .await
-        .expect("answered");
+        let p = pair(Vote::new(4, 3)).await;
+        let f = &p.follower;
+        let sent = p
+            .send(Vote::new_committed(3, 1), &[1u8; 5000], TTL)
+            .await
+            .expect("answered");
         assert_eq!(
             sent.vote,
             Vote::new(4, 3),
@@ -579,5 +601,18 @@ mod tests {
         );
         assert_eq!(*f.begun.lock().unwrap(), 0, "data was received for nothing");
         assert!(f.installed.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_install_that_outlasts_the_call_s_time_is_still_answered() {
+        let ttl = Duration::from_millis(400);
+        let p = pair_with(Vote::new_committed(3, 1), ttl, 4 * ttl).await;
+        let f = &p.follower;
+        let sent = p
+            .send(Vote::new_committed(3, 1), &[5u8; 5000], ttl)
+            .await
+            .expect("answered after a long install");
+        assert_eq!(sent.vote, f.vote);
+        assert_eq!(f.installed.lock().unwrap().len(), 1);
     }
 }
