@@ -43,6 +43,8 @@ use super::{snapshot_read, NodeId, Raft, SnapshotMetadata, TypeConfig, Vote};
 /// The ALPN protocol name of a snapshot stream.
 pub const ALPN: &[u8] = b"rkube-snapshot/1";
 
+/// The kind of the leader's first frame, the head.
+const HEAD: u8 = 0;
 /// The follower's answer to the head: send the data.
 pub const SEND: u8 = 2;
 /// A frame the follower sends while it installs, so that the leader's wait for the answer
@@ -116,7 +118,7 @@ pub async fn send(
         .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
     let head = bincode::serialize(&Head { vote, meta, len }).map_err(network)?;
     within(ttl, "sending the snapshot's head", async {
-        conn.write_all(&stream::frame(0, 0, &head)).await?;
+        conn.write_all(&stream::frame(0, HEAD, &head)).await?;
         conn.flush().await
     })
     .await
@@ -258,7 +260,13 @@ where
     )
     .await
     {
-        Ok(Some((_, _, payload))) => payload,
+        Ok(Some((_, HEAD, payload))) => payload,
+        Ok(Some((_, kind, _))) => {
+            return Err(format!(
+                "a snapshot stream began with a frame of kind {kind}, not its head (is the peer \
+                 running the same rkube version?)"
+            ))
+        }
         Ok(None) => return Err("the leader closed the snapshot stream before its head".into()),
         Err(e) => return Err(e.to_string()),
     };
@@ -561,7 +569,9 @@ mod tests {
             len: 10 * PIECE as u64,
         };
         let head = bincode::serialize(&head).unwrap();
-        conn.write_all(&stream::frame(0, 0, &head)).await.unwrap();
+        conn.write_all(&stream::frame(0, HEAD, &head))
+            .await
+            .unwrap();
         conn.flush().await.unwrap();
         let (_, outcome, _) = stream::read_frame(&mut conn)
             .await
