@@ -314,6 +314,10 @@ pub struct MvccStore {
     revision: AtomicI64,
     compact_revision: AtomicI64,
     hub: broadcast::Sender<Arc<RevisionBatch>>,
+    /// The active alarms as committed, a copy of `META_ALARMS` kept by every write of it: a
+    /// member's status and quota checks read them without the key index's lock, which a
+    /// snapshot's restore holds for its whole length (seconds for a large store).
+    alarms: RwLock<Vec<Alarm>>,
     /// Watchers running on the hub, counted by the watcher sets (`super::watch`).
     pub(in crate::mvcc) watchers: AtomicUsize,
 }
@@ -369,9 +373,11 @@ impl MvccStore {
             revision: AtomicI64::new(0),
             compact_revision: AtomicI64::new(0),
             hub: broadcast::channel(4096).0,
+            alarms: RwLock::default(),
             watchers: AtomicUsize::new(0),
         };
         store.finish_redo()?;
+        store.reload_alarms()?;
         for name in DROPPED_TREES {
             if db.drop_tree(name)? {
                 tracing::info!(

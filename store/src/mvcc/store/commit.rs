@@ -308,10 +308,7 @@ impl MvccStore {
         let index = &*index;
         let mut ws = WriteSet::new(current + 1, &changes.keys);
         let no_space = || -> Result<bool, StorageError> {
-            Ok(self
-                .alarms_unlocked()?
-                .iter()
-                .any(|a| a.kind == AlarmKind::NoSpace))
+            Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
         };
         let output = match cmd {
             Command::Batch(_) => {
@@ -359,7 +356,7 @@ impl MvccStore {
                 member,
                 alarm,
             } => {
-                let mut alarms = self.alarms_unlocked()?;
+                let mut alarms = self.alarms()?;
                 let this = Alarm {
                     member: *member,
                     kind: *alarm,
@@ -485,7 +482,9 @@ impl MvccStore {
         writes: impl IntoIterator<Item = Write>,
     ) -> Result<(), StorageError> {
         let t = &self.trees;
+        let mut alarms = false;
         for (tree, key, value) in writes {
+            alarms |= tree == TREE_META && key == META_ALARMS;
             let tree = match tree {
                 TREE_HIST => &t.hist,
                 TREE_LEASES => &t.leases,
@@ -497,6 +496,9 @@ impl MvccStore {
                 Some(v) => tree.insert(key, v)?,
                 None => tree.remove(key)?,
             };
+        }
+        if alarms {
+            self.reload_alarms()?;
         }
         Ok(())
     }

@@ -382,17 +382,24 @@ impl MvccStore {
         Ok(out)
     }
 
-    /// The active alarms, in member then kind order.
+    /// The active alarms, in member then kind order, as last committed (while a snapshot is
+    /// being restored: as before it).
     pub fn alarms(&self) -> Result<Vec<Alarm>, StorageError> {
-        let _guard = self.read_lock();
-        self.alarms_unlocked()
+        Ok(self
+            .alarms
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone())
     }
 
-    pub(super) fn alarms_unlocked(&self) -> Result<Vec<Alarm>, StorageError> {
-        match self.trees.meta.get(META_ALARMS)? {
-            Some(v) => decode(&v),
-            None => Ok(Vec::new()),
-        }
+    /// Reads the alarms from the metadata tree into the copy [`MvccStore::alarms`] returns.
+    pub(super) fn reload_alarms(&self) -> Result<(), StorageError> {
+        let alarms = match self.trees.meta.get(META_ALARMS)? {
+            Some(v) => decode(&v)?,
+            None => Vec::new(),
+        };
+        *self.alarms.write().unwrap_or_else(|e| e.into_inner()) = alarms;
+        Ok(())
     }
 
     /// A hash of the key history in (compact revision, `revision`], equal on every member that

@@ -438,6 +438,7 @@ impl MvccStore {
         );
         self.compact_revision
             .store(read_i64(&self.trees.meta, META_COMPACT)?, Ordering::Release);
+        self.reload_alarms()?;
         drop(index);
         drop(gate);
         // A dump taken between a compaction's commit and its work carries it half done.
@@ -468,6 +469,7 @@ impl MvccStore {
         }
         batch.insert(META_BASELINE_PENDING, &[][..]);
         self.trees.meta.apply_batch(batch)?;
+        self.reload_alarms()?;
         if bump > 0 {
             let revision = self.revision();
             self.compact(revision)?;

@@ -73,3 +73,74 @@ fn a_nospace_alarm_refuses_what_takes_space_and_nothing_else() {
     assert!(s.alarms().expect("alarms").is_empty());
     assert!(put(&s, "b", "2").output.is_ok());
 }
+
+/// A reader of `bytes` that stops at its first read until told to go on: a restore reading it
+/// holds the key index meanwhile, as it does for the seconds a large snapshot takes.
+struct Paused {
+    bytes: std::io::Cursor<Vec<u8>>,
+    reached: Option<std::sync::mpsc::Sender<()>>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl std::io::Read for Paused {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(reached) = self.reached.take() {
+            let _ = reached.send(());
+            let _ = self.go.recv();
+        }
+        self.bytes.read(buf)
+    }
+}
+
+/// A member's status reads the alarms: they answer while a snapshot's restore holds the key
+/// index (with what was committed before it), and are the snapshot's once it is restored.
+#[test]
+fn alarms_answer_during_a_restore_and_follow_it() {
+    use std::sync::mpsc::channel;
+    use std::time::Duration;
+    let source = new_store();
+    put(&source, "a", "1");
+    alarm(&source, true, 3);
+    let (bytes, _) = source.dump_encoded(&[]).expect("dump");
+    let target = new_store();
+    alarm(&target, true, 9);
+    let nospace = |member| Alarm {
+        member,
+        kind: AlarmKind::NoSpace,
+    };
+
+    let (reached, at_read) = channel();
+    let (go, paused) = channel();
+    let restoring = {
+        let target = target.clone();
+        std::thread::spawn(move || {
+            target.restore_from(&mut Paused {
+                bytes: std::io::Cursor::new(bytes),
+                reached: Some(reached),
+                go: paused,
+            })
+        })
+    };
+    at_read
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the restore began reading");
+    let (tx, rx) = channel();
+    {
+        let target = target.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(target.alarms());
+        });
+    }
+    let during = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the alarms did not answer while a restore ran")
+        .expect("alarms");
+    assert_eq!(
+        during,
+        [nospace(9)],
+        "not the alarms committed before the restore"
+    );
+    go.send(()).expect("go on");
+    restoring.join().expect("restore thread").expect("restore");
+    assert_eq!(target.alarms().expect("alarms"), [nospace(3)]);
+}
