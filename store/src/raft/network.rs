@@ -4,10 +4,9 @@
 //! payloads.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use std::future::Future;
 
 use openraft::error::{
     NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable,
@@ -27,12 +26,13 @@ use super::stream::{self, Kind, Link};
 use super::wal::Wal;
 use super::{Member, NodeId, TypeConfig, Vote};
 
-/// Builds peer channels. Cloned into openraft; every clone shares one lazily connected channel
-/// per peer address.
+/// Builds peer connections. Cloned into openraft; every clone shares one Raft stream and one
+/// lazily connected gRPC channel (the elections' calls) per peer address.
 ///
 /// openraft asks for a new client for every leadership check of a linearizable read, so the
-/// channels are kept: a fresh channel would cost a TCP connect and a TLS handshake per read,
-/// which on a loaded machine outlasts the heartbeat-long deadline of that check.
+/// connections are kept: a fresh one would cost a TCP connect and a TLS handshake per read,
+/// which on a loaded machine outlasts the heartbeat-long deadline of that check. A snapshot
+/// gets a connection of its own each time (`snapshot_stream`).
 #[derive(Clone)]
 pub struct PeerNetwork {
     tls: ClientTlsConfig,
