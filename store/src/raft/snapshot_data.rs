@@ -1,10 +1,11 @@
 //! A Raft snapshot's data as openraft moves it: a file, never the whole dump in memory.
 //!
-//! openraft reads the data it sends to a follower in chunks (seek, read), and writes the chunks
-//! a follower receives at their offsets (seek, write), through [`SnapshotData`]. Sent, it is the
-//! data part of the member's snapshot file, which starts after the file's header (the metadata
-//! and the data's length), so offsets are shifted by the header's size; received, it is a file
-//! of its own in the data dir, which the install copies into the snapshot file.
+//! Sent, [`SnapshotData`] is the data part of the member's snapshot file, which starts after the
+//! file's header (the metadata and the data's length), so offsets are shifted by the header's
+//! size; a snapshot stream (`snapshot_stream`) reads it through. Received, it is a file of its
+//! own in the data dir (`receiving_path`): a snapshot stream writes the snapshot file's head and
+//! then the data into it, and the install moves it into place; data received without that head
+//! (openraft's own storage tests write at offsets, seek and write) is copied instead.
 
 use std::io::{self, SeekFrom};
 use std::path::{Path, PathBuf};

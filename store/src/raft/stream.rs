@@ -1,6 +1,7 @@
 //! The Raft stream: AppendEntries and Vote between members as length-prefixed bincode frames on
 //! one long-lived mutual-TLS connection per peer. The peer port offers it under the ALPN
-//! protocol [`ALPN`] beside gRPC's `h2` (which keeps InstallSnapshot and forwarded requests).
+//! protocol [`ALPN`] beside snapshot streams (`snapshot_stream`) and gRPC's `h2` (which keeps
+//! the elections' forwarded requests).
 //!
 //! Why not gRPC for these two: with one client, a put's AppendEntries crossed tonic's buffer
 //! task and h2's connection task on the leader, and h2's connection task and a spawned stream
