@@ -690,21 +690,41 @@ impl Cluster {
             .map(|r| r.into_inner().hash)
     }
 
-    /// A metric value from a member's /metrics, if present.
-    pub async fn metric(&self, i: usize, name: &str) -> Option<f64> {
+    /// The response (head and body) to a GET of `path` on member `i`'s metrics address.
+    async fn get_metrics_path(&self, i: usize, path: &str) -> Option<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(&self.members[i].metrics)
             .await
             .ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
             .await
             .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.ok()?;
+        let mut response = String::new();
+        s.read_to_string(&mut response).await.ok()?;
+        Some(response)
+    }
+
+    /// A metric value from a member's /metrics, if present.
+    pub async fn metric(&self, i: usize, name: &str) -> Option<f64> {
+        let body = self.get_metrics_path(i, "/metrics").await?;
         body.lines().find_map(|l| {
             l.strip_prefix(name)
                 .and_then(|rest| rest.trim().parse().ok())
         })
+    }
+
+    /// The kinds of the events in member `i`'s history (its `/status.json`), oldest first.
+    pub async fn event_kinds(&self, i: usize) -> Option<Vec<String>> {
+        let response = self.get_metrics_path(i, "/status.json").await?;
+        let (_, body) = response.split_once("\r\n\r\n")?;
+        let status: serde_json::Value = serde_json::from_str(body).ok()?;
+        let events = status["events"].as_array()?;
+        Some(
+            events
+                .iter()
+                .filter_map(|e| e["kind"].as_str().map(str::to_string))
+                .collect(),
+        )
     }
 
     /// Member `i`'s scheduled snapshot dir (the default, DATA_DIR/snapshots).

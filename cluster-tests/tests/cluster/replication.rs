@@ -2,8 +2,9 @@
 //! back through a snapshot install.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use cluster_tests::{Cluster, Options, WithLogs};
+use cluster_tests::{wait_for, Cluster, Options, WithLogs};
 
 use super::common::check_all_present;
 
@@ -37,4 +38,17 @@ async fn stopped_follower_catches_up_by_snapshot() {
         installs >= 1.0,
         "the follower caught up without installing a snapshot (installs = {installs})"
     );
+    // Each member's history shows its snapshots: the follower's install, the leader's builds.
+    for (member, kind) in [
+        (follower, "raftSnapshotInstalled"),
+        (leader, "raftSnapshotBuilt"),
+    ] {
+        let what = format!("member {member}'s history to show a {kind}");
+        wait_for(&what, Duration::from_secs(30), || async {
+            c.event_kinds(member)
+                .await
+                .filter(|kinds| kinds.iter().any(|k| k == kind))
+        })
+        .await;
+    }
 }

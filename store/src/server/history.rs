@@ -268,17 +268,24 @@ impl Reading {
     }
 }
 
-/// Records the member's history until `stopped`: leader and Raft snapshot changes as openraft
-/// reports them, and a sample every [`SAMPLE_INTERVAL`].
-pub async fn record(node: Arc<Node>, stopped: impl Future<Output = ()>) {
+/// Records the member's history until `stopped`: leader changes and Raft snapshots as openraft
+/// reports them, and a sample every [`SAMPLE_INTERVAL`]. `snapshots` is the state machine's
+/// [`crate::raft::state_machine::StateMachine::snapshot_watermark`]: it moves only when a
+/// snapshot is made durable, so the task wakes for snapshots, not for every write (openraft's
+/// full metrics change with every entry).
+pub async fn record(
+    node: Arc<Node>,
+    mut snapshots: tokio::sync::watch::Receiver<u64>,
+    stopped: impl Future<Output = ()>,
+) {
     tokio::pin!(stopped);
     let history = node.metrics.history.clone();
     history.record(EventKind::Started {
         member: node.name.clone(),
     });
-    let mut raft = node.raft.metrics();
+    let mut server = node.raft.server_metrics();
     // The snapshot already on disk at start is no event.
-    let mut snapshot = raft.borrow().snapshot;
+    let mut snapshot = node.raft.metrics().borrow().snapshot;
     // No leader is known at start; the first one known is an event.
     let mut leader = (None, 0);
     let mut installs = node.metrics.snapshot_installs.load(Ordering::Relaxed);
@@ -295,41 +302,64 @@ pub async fn record(node: Arc<Node>, stopped: impl Future<Output = ()>) {
                 let now = Reading::take(&node);
                 history.push_sample(now.sample_since(&last, Utc::now()));
                 last = now;
-                continue;
             }
-            changed = raft.changed() => {
+            changed = server.changed() => {
                 if changed.is_err() {
                     return;
                 }
+                let (now_leader, term) = {
+                    let m = server.borrow_and_update();
+                    (m.current_leader, m.vote.leader_id().get_term())
+                };
+                // A term change with the same leader is a new election it won again.
+                let seen = (now_leader, if now_leader.is_some() { term } else { 0 });
+                if seen != leader {
+                    history.record(match now_leader {
+                        Some(id) => EventKind::Leader { leader: id, term },
+                        None => EventKind::NoLeader { term },
+                    });
+                    leader = seen;
+                }
             }
-        }
-        let (now_leader, term, now_snapshot) = {
-            let m = raft.borrow();
-            (m.current_leader, m.current_term, m.snapshot)
-        };
-        // A term change with the same leader is a new election it won again.
-        let seen = (now_leader, if now_leader.is_some() { term } else { 0 });
-        if seen != leader {
-            history.record(match now_leader {
-                Some(id) => EventKind::Leader { leader: id, term },
-                None => EventKind::NoLeader { term },
-            });
-            leader = seen;
-        }
-        if now_snapshot != snapshot {
-            if let Some(id) = now_snapshot {
-                let now_installs = node.metrics.snapshot_installs.load(Ordering::Relaxed);
-                let (index, term) = (id.index, id.leader_id.term);
-                history.record(if now_installs != installs {
-                    EventKind::RaftSnapshotInstalled { index, term }
-                } else {
-                    EventKind::RaftSnapshotBuilt { index, term }
-                });
-                installs = now_installs;
+            changed = snapshots.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let durable = *snapshots.borrow_and_update();
+                let Some(now_snapshot) = reported_snapshot(&node, durable).await else {
+                    continue;
+                };
+                if Some(now_snapshot) != snapshot {
+                    let now_installs = node.metrics.snapshot_installs.load(Ordering::Relaxed);
+                    let (index, term) = (now_snapshot.index, now_snapshot.leader_id.term);
+                    history.record(if now_installs != installs {
+                        EventKind::RaftSnapshotInstalled { index, term }
+                    } else {
+                        EventKind::RaftSnapshotBuilt { index, term }
+                    });
+                    installs = now_installs;
+                    snapshot = Some(now_snapshot);
+                }
             }
-            snapshot = now_snapshot;
         }
     }
+}
+
+/// The snapshot openraft reports once it has taken in the one made durable up to index
+/// `durable` (it reports a snapshot after the state machine made it durable); `None` if it does
+/// not within a few seconds (the member is stopping, or a snapshot openraft gave up).
+async fn reported_snapshot(node: &Node, durable: u64) -> Option<crate::raft::LogId> {
+    let mut raft = node.raft.metrics();
+    let wait = async {
+        raft.wait_for(|m| m.snapshot.is_some_and(|s| s.index >= durable))
+            .await
+            .ok()
+            .and_then(|m| m.snapshot)
+    };
+    tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]

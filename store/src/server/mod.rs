@@ -260,6 +260,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .observed(committed.clone(), metrics.fsync_seconds.clone())
         .purging_behind(sm.snapshot_watermark())
         .early_for_leader(id);
+    let snapshot_events = sm.snapshot_watermark();
     let mut sm = sm.applying_durable(log_store.wal());
     metrics.wal = log_store.stats();
     let metrics = Arc::new(metrics);
@@ -491,7 +492,11 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
     if let Some(addr) = cfg.listen_metrics {
         let listener = bind(addr, "metrics").await?;
         let app = metrics::router(node.clone()).merge(status_page.router());
-        tasks.push(tokio::spawn(history::record(node.clone(), stopped())));
+        tasks.push(tokio::spawn(history::record(
+            node.clone(),
+            snapshot_events,
+            stopped(),
+        )));
         tasks.push(tokio::spawn(status_page.clone().poll_members(stopped())));
         let stop_http = stopped();
         tasks.push(tokio::spawn(async move {
@@ -555,7 +560,9 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
 async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
     tokio::pin!(stopped);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut metrics_rx = node.raft.metrics();
+    // Only leader changes matter here: the server metrics change with them, not with every
+    // entry as openraft's full metrics do.
+    let mut metrics_rx = node.raft.server_metrics();
     let mut leader = None;
     let mut published = false;
     loop {
