@@ -186,6 +186,42 @@ async fn commands_apply_in_order_and_survive_a_restart() {
     );
 }
 
+/// A follower applies entries another member led only after the tasks that are ready to run
+/// (among them the AppendEntries answer openraft hands over with those entries); a leader
+/// applies its own entries at once, since its clients wait for them.
+#[tokio::test(flavor = "current_thread")]
+async fn a_follower_applies_after_the_ready_answers_and_a_leader_at_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Member {
+        db: _db,
+        log: _log,
+        sm,
+    } = Member::open(dir.path()).expect("open");
+    let mut sm = sm.answering_first(1);
+    // (the entry's leader, its index, whether a ready task runs before the apply returns)
+    for (leader, index, ready_runs_first) in [(1, 1, false), (2, 2, true), (1, 3, false)] {
+        let ran = Arc::new(AtomicBool::new(false));
+        let answer = ran.clone();
+        tokio::spawn(async move { answer.store(true, Ordering::SeqCst) });
+        let put = put_cmd(&format!("k{index}"), "v", 0);
+        let e = Entry {
+            log_id: log_id(1, leader, index),
+            payload: EntryPayload::Normal(put),
+        };
+        sm.apply([e]).await.expect("apply");
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            ready_runs_first,
+            "entry {index} led by member {leader}, applied by member 1"
+        );
+        // The ready task runs now if it has not yet.
+        tokio::task::yield_now().await;
+        assert!(ran.load(Ordering::SeqCst));
+    }
+    assert_eq!(all_keys(&sm).len(), 3);
+}
+
 #[test]
 fn log_store_keeps_entries_and_vote_across_a_restart() {
     let dir = tempfile::tempdir().expect("tempdir");

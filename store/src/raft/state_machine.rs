@@ -31,7 +31,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta};
 use super::snapshot_data::{self, SnapshotData};
 use super::wal::Wal;
 use super::{
-    sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, RaftStorageError,
+    sm_read, sm_write, snapshot_read, snapshot_write, Entry, LogId, NodeId, RaftStorageError,
     SnapshotMetadata, StoredMembership, TypeConfig,
 };
 use crate::error::StorageError;
@@ -74,6 +74,9 @@ pub struct StateMachine {
     /// The member's log: an entry is applied only once it has synced it (see
     /// [`StateMachine::applying_durable`]).
     log: Option<Arc<Wal>>,
+    /// This member, when entries another member led are applied after the answers that are
+    /// ready (see [`StateMachine::answering_first`]).
+    answering_first: Option<NodeId>,
 }
 
 impl StateMachine {
@@ -89,6 +92,19 @@ impl StateMachine {
         }
     }
 
+    /// Applies entries that another member led (a follower's) only after the tasks ready to
+    /// run have run. On a follower, openraft hands over the entries that an AppendEntries
+    /// commits together with that AppendEntries' answer, once its own entries are synced; the
+    /// apply (a read of the log and a commit to the trees, about 60 µs measured here) would
+    /// otherwise run first and hold the answer the leader waits for to commit the next write.
+    /// A leader's own entries are applied at once: its clients wait for them.
+    pub fn answering_first(self, me: NodeId) -> Self {
+        Self {
+            answering_first: Some(me),
+            ..self
+        }
+    }
+
     /// Opens the state machine, finishing a snapshot installation a crash interrupted.
     pub fn open(mvcc: Arc<MvccStore>, dir: &Path) -> Result<Self, StorageError> {
         let sm = Self {
@@ -99,6 +115,7 @@ impl StateMachine {
             receiving: Arc::new(AtomicU64::new(0)),
             durable: Arc::new(tokio::sync::watch::channel(0).0),
             log: None,
+            answering_first: None,
         };
         // An install a crash interrupted, or trees that lost their last changes (they are
         // synced lazily) while the snapshot on disk, which the log may be purged behind, did
@@ -553,6 +570,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // worker, which the peer service and openraft's own tasks need to answer heartbeats
         // and votes meanwhile.
         let entries: Vec<Entry> = entries.into_iter().collect();
+        if let (Some(me), Some(last)) = (self.answering_first, entries.last()) {
+            if last.log_id.leader_id.node_id != me {
+                tokio::task::yield_now().await;
+            }
+        }
         if let (Some(log), Some(last)) = (&self.log, entries.last()) {
             log.durable(last.log_id.index).await;
         }

@@ -261,7 +261,7 @@ pub async fn start(cfg: ServerConfig) -> Result<RunningServer, ServerError> {
         .purging_behind(sm.snapshot_watermark())
         .early_for_leader(id);
     let snapshot_events = sm.snapshot_watermark();
-    let mut sm = sm.applying_durable(log_store.wal());
+    let mut sm = sm.applying_durable(log_store.wal()).answering_first(id);
     metrics.wal = log_store.stats();
     let metrics = Arc::new(metrics);
 
