@@ -284,6 +284,8 @@ pub async fn record(
         member: node.name.clone(),
     });
     let mut server = node.raft.server_metrics();
+    // A leader known before this task subscribed is an event too.
+    server.mark_changed();
     // The snapshot already on disk at start is no event.
     let mut snapshot = node.raft.metrics().borrow().snapshot;
     // No leader is known at start; the first one known is an event.

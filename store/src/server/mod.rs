@@ -563,6 +563,8 @@ async fn background(node: Arc<Node>, stopped: impl Future<Output = ()>) {
     // Only leader changes matter here: the server metrics change with them, not with every
     // entry as openraft's full metrics do.
     let mut metrics_rx = node.raft.server_metrics();
+    // A leader known before this task subscribed counts too.
+    metrics_rx.mark_changed();
     let mut leader = None;
     let mut published = false;
     loop {
