@@ -271,8 +271,7 @@ impl Reading {
 /// Records the member's history until `stopped`: leader changes and Raft snapshots as openraft
 /// reports them, and a sample every [`SAMPLE_INTERVAL`]. `snapshots` is the state machine's
 /// [`crate::raft::state_machine::StateMachine::snapshot_watermark`]: it moves only when a
-/// snapshot is made durable, so the task wakes for snapshots, not for every write (openraft's
-/// full metrics change with every entry).
+/// snapshot is made durable, so the task wakes for snapshots, not for every write.
 pub async fn record(
     node: Arc<Node>,
     mut snapshots: tokio::sync::watch::Receiver<u64>,
@@ -286,8 +285,12 @@ pub async fn record(
     let mut server = node.raft.server_metrics();
     // A leader known before this task subscribed is an event too.
     server.mark_changed();
+    // openraft's full metrics change with every entry: followed only while a snapshot made
+    // durable waits to be reported.
+    let mut raft = node.raft.metrics();
+    let mut pending: Option<u64> = None;
     // The snapshot already on disk at start is no event.
-    let mut snapshot = node.raft.metrics().borrow().snapshot;
+    let mut snapshot = raft.borrow().snapshot;
     // No leader is known at start; the first one known is an event.
     let mut leader = (None, 0);
     let mut installs = node.metrics.snapshot_installs.load(Ordering::Relaxed);
@@ -327,10 +330,22 @@ pub async fn record(
                 if changed.is_err() {
                     return;
                 }
-                let durable = *snapshots.borrow_and_update();
-                let Some(now_snapshot) = reported_snapshot(&node, durable).await else {
+                // openraft reports the snapshot once its install or build returns, which for
+                // an install is after the restore: follow its metrics until then.
+                pending = Some(*snapshots.borrow_and_update());
+                raft.mark_changed();
+            }
+            changed = raft.changed(), if pending.is_some() => {
+                if changed.is_err() {
+                    return;
+                }
+                let reported = raft.borrow_and_update().snapshot;
+                let Some(now_snapshot) =
+                    reported.filter(|s| pending.is_some_and(|durable| s.index >= durable))
+                else {
                     continue;
                 };
+                pending = None;
                 if Some(now_snapshot) != snapshot {
                     let now_installs = node.metrics.snapshot_installs.load(Ordering::Relaxed);
                     let (index, term) = (now_snapshot.index, now_snapshot.leader_id.term);
@@ -345,23 +360,6 @@ pub async fn record(
             }
         }
     }
-}
-
-/// The snapshot openraft reports once it has taken in the one made durable up to index
-/// `durable` (it reports a snapshot after the state machine made it durable); `None` if it does
-/// not within a few seconds (the member is stopping, or a snapshot openraft gave up).
-async fn reported_snapshot(node: &Node, durable: u64) -> Option<crate::raft::LogId> {
-    let mut raft = node.raft.metrics();
-    let wait = async {
-        raft.wait_for(|m| m.snapshot.is_some_and(|s| s.index >= durable))
-            .await
-            .ok()
-            .and_then(|m| m.snapshot)
-    };
-    tokio::time::timeout(Duration::from_secs(5), wait)
-        .await
-        .ok()
-        .flatten()
 }
 
 #[cfg(test)]
