@@ -690,18 +690,26 @@ impl Cluster {
             .map(|r| r.into_inner().hash)
     }
 
-    /// The response (head and body) to a GET of `path` on member `i`'s metrics address.
-    async fn get_metrics_path(&self, i: usize, path: &str) -> Option<String> {
+    /// The body of a GET of `path` on member `i`'s metrics address, if it answered 200 within
+    /// 30 s.
+    pub async fn get_metrics_path(&self, i: usize, path: &str) -> Option<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(&self.members[i].metrics)
+        let get = async {
+            let mut s = tokio::net::TcpStream::connect(&self.members[i].metrics)
+                .await
+                .ok()?;
+            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+                .await
+                .ok()?;
+            let mut response = String::new();
+            s.read_to_string(&mut response).await.ok()?;
+            Some(response)
+        };
+        let response = tokio::time::timeout(Duration::from_secs(30), get)
             .await
-            .ok()?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut response = String::new();
-        s.read_to_string(&mut response).await.ok()?;
-        Some(response)
+            .ok()??;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
     }
 
     /// A metric value from a member's /metrics, if present.
@@ -715,9 +723,8 @@ impl Cluster {
 
     /// The kinds of the events in member `i`'s history (its `/status.json`), oldest first.
     pub async fn event_kinds(&self, i: usize) -> Option<Vec<String>> {
-        let response = self.get_metrics_path(i, "/status.json").await?;
-        let (_, body) = response.split_once("\r\n\r\n")?;
-        let status: serde_json::Value = serde_json::from_str(body).ok()?;
+        let body = self.get_metrics_path(i, "/status.json").await?;
+        let status: serde_json::Value = serde_json::from_str(&body).ok()?;
         let events = status["events"].as_array()?;
         Some(
             events

@@ -91,22 +91,6 @@ async fn dom(dir: &Path, url: &str) -> String {
     load.stdout
 }
 
-/// GET `path` over HTTP/1.0 from a member's metrics port: the body.
-async fn get(addr: &str, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut response = String::new();
-    tokio::time::timeout(BOUND, s.read_to_string(&mut response))
-        .await
-        .ok()?
-        .ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    (head.split_whitespace().nth(1) == Some("200")).then(|| body.to_string())
-}
-
 /// The `<tr>` of a member on the page.
 fn member_row<'a>(dom: &'a str, name: &str) -> &'a str {
     dom.split("<tr ")
@@ -132,7 +116,7 @@ async fn the_status_page_shows_members_nodes_and_charts_and_a_killed_member_as_u
         BOUND,
         || async {
             let leader = c.leader().await?;
-            let json = get(&c.members[leader].metrics, "/status.json").await?;
+            let json = c.get_metrics_path(leader, "/status.json").await?;
             let report: serde_json::Value = serde_json::from_str(&json).ok()?;
             let members = report["members"].as_array()?;
             let answering = members.iter().filter(|m| m["status"].is_object()).count();
@@ -186,7 +170,8 @@ async fn the_status_page_shows_members_nodes_and_charts_and_a_killed_member_as_u
     }
     assert!(page.contains("data-event=\"leader\""), "{page}");
     // The same page at /status.
-    let status = get(&c.members[leader].metrics, "/status")
+    let status = c
+        .get_metrics_path(leader, "/status")
         .await
         .expect("/status");
     assert!(status.contains("id=\"chart-proposals\""));

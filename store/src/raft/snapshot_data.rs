@@ -107,13 +107,18 @@ pub(super) fn remove_received(dir: &Path) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_name().to_string_lossy().starts_with(RECEIVING) {
-            match std::fs::remove_file(entry.path()) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+            remove_if_present(&entry.path())?;
         }
     }
     Ok(())
+}
+
+/// Removes the file at `path`; one that is already gone is no error.
+pub(super) fn remove_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 impl AsyncRead for SnapshotData {

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeekExt, AsyncWrite, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
-use super::snapshot_data::SnapshotData;
+use super::snapshot_data::{self, SnapshotData};
 use super::state_machine::snapshot_file_head;
 use super::stream::{self, ANSWERED, REFUSED};
 use super::{snapshot_read, NodeId, Raft, SnapshotMetadata, TypeConfig, Vote};
@@ -239,11 +239,8 @@ struct ReceivingFile(std::path::PathBuf);
 
 impl Drop for ReceivingFile {
     fn drop(&mut self) {
-        match std::fs::remove_file(&self.0) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                tracing::warn!(file = %self.0.display(), error = %e, "could not remove a received snapshot")
-            }
-            _ => {}
+        if let Err(e) = snapshot_data::remove_if_present(&self.0) {
+            tracing::warn!(file = %self.0.display(), error = %e, "could not remove a received snapshot")
         }
     }
 }

@@ -123,10 +123,7 @@ impl StateMachine {
         let interrupted = dir.join(INSTALL_MARKER).exists();
         // What a crash left half written: snapshots being received or copied into place.
         snapshot_data::remove_received(dir)?;
-        match std::fs::remove_file(dir.join(INSTALL_TMP)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-            _ => {}
-        }
+        snapshot_data::remove_if_present(&dir.join(INSTALL_TMP))?;
         let meta = sm.read_snapshot_meta()?;
         let applied = sm.applied()?;
         let behind = meta.as_ref().is_some_and(|m| m.last_log_id > applied);
@@ -210,10 +207,9 @@ impl StateMachine {
         self.durable.send_replace(0);
         self.mvcc
             .remove_meta(&[META_APPLIED, META_MEMBERSHIP, META_BATCH_PROGRESS])?;
-        match std::fs::remove_file(self.dir.join(SNAPSHOT_FILE)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
-        }
+        Ok(snapshot_data::remove_if_present(
+            &self.dir.join(SNAPSHOT_FILE),
+        )?)
     }
 
     /// Applies entries in order (warning, as etcd does, when that takes longer than
@@ -626,10 +622,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             drop(data);
             if let Some((path, _)) = &received {
-                match std::fs::remove_file(path) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-                    _ => {}
-                }
+                snapshot_data::remove_if_present(path)?;
             }
             std::fs::File::create(sm.dir.join(INSTALL_MARKER))?.sync_all()?;
             std::fs::File::open(&sm.dir)?.sync_all()?;

@@ -307,9 +307,7 @@ impl MvccStore {
         let index = self.read_lock();
         let index = &*index;
         let mut ws = WriteSet::new(current + 1, &changes.keys);
-        let no_space = || -> Result<bool, StorageError> {
-            Ok(self.alarms()?.iter().any(|a| a.kind == AlarmKind::NoSpace))
-        };
+        let no_space = || self.alarms().iter().any(|a| a.kind == AlarmKind::NoSpace);
         let output = match cmd {
             Command::Batch(_) => {
                 return Err(StorageError::Corrupt(
@@ -317,7 +315,7 @@ impl MvccStore {
                 ))
             }
             // With a NOSPACE alarm active every member refuses what would grow the database.
-            _ if cmd.takes_space() && no_space()? => Err(MvccError::NoSpace),
+            _ if cmd.takes_space() && no_space() => Err(MvccError::NoSpace),
             Command::Txn(txn) => self
                 .apply_txn(index, txn, current, &mut ws)
                 .map(Output::Txn),
@@ -356,7 +354,7 @@ impl MvccStore {
                 member,
                 alarm,
             } => {
-                let mut alarms = self.alarms()?;
+                let mut alarms = self.alarms();
                 let this = Alarm {
                     member: *member,
                     kind: *alarm,

@@ -384,12 +384,11 @@ impl MvccStore {
 
     /// The active alarms, in member then kind order, as last committed (while a snapshot is
     /// being restored: as before it).
-    pub fn alarms(&self) -> Result<Vec<Alarm>, StorageError> {
-        Ok(self
-            .alarms
+    pub fn alarms(&self) -> Vec<Alarm> {
+        self.alarms
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .clone())
+            .clone()
     }
 
     /// Reads the alarms from the metadata tree into the copy [`MvccStore::alarms`] returns.

@@ -19,7 +19,7 @@ fn a_nospace_alarm_refuses_what_takes_space_and_nothing_else() {
     assert_eq!(raised.output, Ok(Output::Alarms(vec![nospace])));
     // Raising it again changes nothing.
     assert_eq!(alarm(&s, true, 3).output, Ok(Output::Alarms(vec![])));
-    assert_eq!(s.alarms().expect("alarms"), [nospace]);
+    assert_eq!(s.alarms(), [nospace]);
 
     let refused: [(&str, Command); 4] = [
         ("put", cmd_put("b", "2")),
@@ -70,7 +70,7 @@ fn a_nospace_alarm_refuses_what_takes_space_and_nothing_else() {
         alarm(&s, false, 3).output,
         Ok(Output::Alarms(vec![nospace]))
     );
-    assert!(s.alarms().expect("alarms").is_empty());
+    assert!(s.alarms().is_empty());
     assert!(put(&s, "b", "2").output.is_ok());
 }
 
@@ -133,8 +133,7 @@ fn alarms_answer_during_a_restore_and_follow_it() {
     }
     let during = rx
         .recv_timeout(Duration::from_secs(10))
-        .expect("the alarms did not answer while a restore ran")
-        .expect("alarms");
+        .expect("the alarms did not answer while a restore ran");
     assert_eq!(
         during,
         [nospace(9)],
@@ -142,5 +141,5 @@ fn alarms_answer_during_a_restore_and_follow_it() {
     );
     go.send(()).expect("go on");
     restoring.join().expect("restore thread").expect("restore");
-    assert_eq!(target.alarms().expect("alarms"), [nospace(3)]);
+    assert_eq!(target.alarms(), [nospace(3)]);
 }

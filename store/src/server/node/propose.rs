@@ -52,7 +52,7 @@ impl Node {
         }
         let raised = self
             .mvcc
-            .alarms()?
+            .alarms()
             .iter()
             .any(|a| a.member == self.id && a.kind == AlarmKind::NoSpace);
         if !raised {
