@@ -18,6 +18,11 @@ mod status;
 mod token;
 mod up;
 
+/// glibc's malloc, keeping sled's freed log buffers for reuse (see the module).
+#[global_allocator]
+static ALLOCATOR: rkube_store::segment_buffers::Allocator =
+    rkube_store::segment_buffers::Allocator::new();
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 

@@ -9,6 +9,7 @@
 //! - [`bolt`]: bbolt's file format, the database etcd's snapshots are.
 //! - TLS: every connection is mutual TLS with the cluster CA's certificates (crate `rkube-pki`).
 //! - [`failpoints`]: crash points in the write path for chaos tests (`RKUBE_FAILPOINTS`).
+//! - [`segment_buffers`]: the `rkube` process's allocator, which keeps sled's log buffers.
 
 pub mod backup;
 pub mod bolt;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod failpoints;
 pub mod mvcc;
 pub mod raft;
+pub mod segment_buffers;
 pub mod server;
 
 /// Generated gRPC code: etcd's v3 API (wire-compatible) and the peer protocol.
