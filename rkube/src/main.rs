@@ -18,13 +18,13 @@ mod status;
 mod token;
 mod up;
 
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
 /// glibc's malloc, keeping sled's freed log buffers for reuse (see the module).
 #[global_allocator]
 static ALLOCATOR: rkube_store::segment_buffers::Allocator =
     rkube_store::segment_buffers::Allocator::new();
-
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -17,8 +17,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-/// The alignment of sled's segment buffers (a page of sled's log); nothing else in rkube asks
-/// for it.
+/// The alignment of sled's segment buffers (a page of sled's log). Whoever asks for the kept
+/// layout may be handed a kept buffer: it is the system allocator's block of that layout.
 const ALIGN: usize = 8192;
 /// Freed buffers with [`ALIGN`] at least this large are kept.
 const MIN_SIZE: usize = 64 * 1024;
