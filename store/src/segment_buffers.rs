@@ -63,7 +63,8 @@ impl Allocator {
     }
 
     /// How many buffers are kept now.
-    pub fn kept(&self) -> usize {
+    #[cfg(test)]
+    fn kept(&self) -> usize {
         self.slots
             .iter()
             .filter(|s| !s.load(Ordering::Relaxed).is_null())

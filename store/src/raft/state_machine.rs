@@ -207,9 +207,7 @@ impl StateMachine {
         self.durable.send_replace(0);
         self.mvcc
             .remove_meta(&[META_APPLIED, META_MEMBERSHIP, META_BATCH_PROGRESS])?;
-        Ok(snapshot_data::remove_if_present(
-            &self.dir.join(SNAPSHOT_FILE),
-        )?)
+        snapshot_data::remove_if_present(&self.dir.join(SNAPSHOT_FILE)).map_err(Into::into)
     }
 
     /// Applies entries in order (warning, as etcd does, when that takes longer than
