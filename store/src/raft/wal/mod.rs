@@ -183,6 +183,9 @@ pub struct Wal {
     held_back: AtomicU64,
     /// Told once a held-back commit index is durable here, so the leader sends it on.
     released: tokio::sync::Notify,
+    /// The sync thread's id, for tests of its scheduling policy.
+    #[cfg(test)]
+    sync_thread: std::sync::OnceLock<libc::pid_t>,
 }
 
 impl Wal {

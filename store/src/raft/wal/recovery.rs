@@ -100,6 +100,8 @@ impl Wal {
             synced: tokio::sync::watch::Sender::new(0),
             held_back: AtomicU64::new(0),
             released: tokio::sync::Notify::new(),
+            #[cfg(test)]
+            sync_thread: std::sync::OnceLock::new(),
         });
         {
             let mut inner = wal.lock();
