@@ -207,7 +207,7 @@ impl Syncer {
                 let inner = wal.lock();
                 (inner.active_file(), inner.writes)
             };
-            if batch.iter().any(|w| matches!(w, Waiter::Nobody)) {
+            if leaders_own {
                 crash_point(RAFT_LOG_LEADER_BEFORE_FSYNC);
             }
             crash_point(RAFT_LOG_BEFORE_FSYNC);
